@@ -1,0 +1,7 @@
+// include/opreg/opreg.h: everything a C++ user of opreg includes.
+#pragma once
+
+#include "opreg/device_types.h"
+#include "opreg/op.h"
+#include "opreg/registry.h"
+#include "opreg/trace.h"

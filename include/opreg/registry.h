@@ -1,0 +1,33 @@
+// include/opreg/registry.h: what opreg knows about the ops it defined: per device type, what
+// serves calls (a kernel, the fallback, or a skipped registration and why), and which fake,
+// autograd and vmap support each op has. `python -m opreg info` prints this.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace opreg {
+
+struct DeviceServing {
+  std::string device_type;  // "cuda", "cpu", "xpu", ...
+  std::string served_by;    // "kernel:<name>" or "skipped: <reason>"
+};
+
+struct OpReport {
+  std::string name;                    // "ns::name"
+  std::string schema;                  // the full schema
+  std::string origin;                  // the library or file that defined it
+  std::vector<DeviceServing> kernels;  // device types with a kernel; all others run the fallback
+  std::string fake;                    // "explicit" or "fallback on meta"
+  std::string autograd;                // "backward", "fallback", "error", "none"
+  std::string vmap;  // "rule", "batch-polymorphic", "fallback", "per-example loop"
+};
+
+std::vector<OpReport> describe_ops();
+OpReport describe_op(const std::string& name);
+bool is_defined(const std::string& name);
+
+// Removes an opreg op and all its registrations (PyTorch forgets the name).
+void undefine(const std::string& name);
+
+}  // namespace opreg

@@ -1,0 +1,42 @@
+"""The opreg command line: ``python -m opreg info | demo | cmake-dir``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import opreg
+from opreg import _demo, _info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m opreg", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    info = commands.add_parser("info", help="each opreg op and what serves it on each device type")
+    info.add_argument(
+        "--load",
+        action="append",
+        default=[],
+        metavar="LIBRARY",
+        help="load a C++ op library first (repeatable)",
+    )
+    info.add_argument("--examples", action="store_true", help="load the example op libraries")
+    commands.add_parser("demo", help="define-by-C++ example op, called on each available device")
+    commands.add_parser("cmake-dir", help="the folder to add to CMAKE_PREFIX_PATH")
+    args = parser.parse_args(argv)
+
+    if args.command == "info":
+        for library in args.load:
+            opreg.load_library(library)
+        if args.examples:
+            opreg.load_library(opreg.example_library())
+        print(_info.format_info())
+    elif args.command == "demo":
+        print(_demo.run())
+    elif args.command == "cmake-dir":
+        print(opreg.cmake_dir())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""The text of ``python -m opreg info``."""
+
+from __future__ import annotations
+
+import torch
+
+import opreg
+
+
+def _device_availability() -> list[str]:
+    lines = []
+    for device_type in opreg.accelerated_device_types():
+        module = getattr(torch, device_type, None)
+        is_available = getattr(module, "is_available", None)
+        if is_available is None:
+            lines.append(f"  {device_type}: no torch.{device_type} module in this PyTorch build")
+        else:
+            count = module.device_count() if is_available() else 0
+            lines.append(f"  {device_type}: {count} device(s) available")
+    return lines
+
+
+def format_info() -> str:
+    lines = [
+        f"opreg {opreg.__version__}, torch {torch.__version__}",
+        "accelerated device types (kernels' default):",
+        *_device_availability(),
+    ]
+    ops = opreg.describe_ops()
+    if not ops:
+        lines.append("no opreg ops defined (load a library with --load, or --examples)")
+    for op in ops:
+        lines.append("")
+        lines.append(format_op(op))
+    return "\n".join(lines)
+
+
+def format_op(op: opreg.OpReport) -> str:
+    lines = [
+        op.name,
+        f"  schema:   {op.schema}",
+        f"  origin:   {op.origin}",
+        *(f"  {s.device_type + ':':9} {s.served_by}" for s in op.kernels),
+        "  others:   fallback",
+        f"  fake:     {op.fake}",
+        f"  autograd: {op.autograd}",
+        f"  vmap:     {op.vmap}",
+    ]
+    return "\n".join(lines)

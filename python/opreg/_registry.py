@@ -1,0 +1,95 @@
+"""What opreg knows about its ops and device types, and loading C++ op libraries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from opreg import _C
+from opreg._public import public
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class DeviceServing:
+    """A device type with a kernel (``kernel:<name>``) or a skipped one (``skipped: <why>``)."""
+
+    device_type: str
+    served_by: str
+
+
+@dataclass(frozen=True)
+class OpReport:
+    """One opreg op: where it came from and what serves it."""
+
+    name: str
+    schema: str
+    origin: str
+    kernels: tuple[DeviceServing, ...]
+    fake: str
+    autograd: str
+    vmap: str
+
+
+def _report(raw: _C.OpReport) -> OpReport:
+    return OpReport(
+        name=raw.name,
+        schema=raw.schema,
+        origin=raw.origin,
+        kernels=tuple(DeviceServing(k.device_type, k.served_by) for k in raw.kernels),
+        fake=raw.fake,
+        autograd=raw.autograd,
+        vmap=raw.vmap,
+    )
+
+
+@public
+def describe_ops() -> list[OpReport]:
+    """Every op defined through opreg, sorted by name."""
+    return [_report(raw) for raw in _C.describe_ops()]
+
+
+@public
+def describe_op(name: str) -> OpReport:
+    """The report of one op, by its qualified name ``namespace::name``."""
+    return _report(_C.describe_op(name))
+
+
+@public
+def accelerated_device_types() -> list[str]:
+    """Device types that kernels serve by default (initially ``["cuda"]``)."""
+    return list(_C.accelerated_device_types())
+
+
+@public
+def register_accelerated_device_type(name: str) -> str:
+    """Add a device type (stripped, lower-cased) to the default set of every kernel.
+
+    Ops defined earlier pick it up at once. A type this PyTorch build does not know is
+    recorded as skipped, with the reason, in each op's report.
+    """
+    return _C.register_accelerated_device_type(name)
+
+
+@public
+def load_library(path: str | Path) -> None:
+    """Load a C++ library whose opreg ops then become ``torch.ops.<ns>.<name>``."""
+    torch.ops.load_library(str(path))
+
+
+@public
+def example_library(name: str = "scale_add") -> Path:
+    """The path of an example op library shipped with opreg (``examples/<name>``)."""
+    path = _PACKAGE_DIR / "lib" / f"libopreg_example_{name}.so"
+    if not path.exists():
+        raise FileNotFoundError(f"opreg: no example library '{name}' at {path}")
+    return path
+
+
+@public
+def cmake_dir() -> Path:
+    """The folder to add to CMAKE_PREFIX_PATH for ``find_package(opreg)``."""
+    return _PACKAGE_DIR / "share" / "cmake" / "opreg"

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# scripts/lint.sh: the same format and lint checks for the whole tree: clang-format for C++,
+# ruff for Python. Pass --fix to rewrite files instead of checking them.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+mapfile -t cxx < <(git ls-files '*.h' '*.cpp' '*.cu')
+if [ "${1:-}" = "--fix" ]; then
+  clang-format -i "${cxx[@]}"
+  ruff format . && ruff check --fix .
+else
+  clang-format --dry-run -Werror "${cxx[@]}"
+  ruff format --check . && ruff check .
+fi

@@ -1,0 +1,114 @@
+// tests/cpp/test_define.cpp: defining ops with the builder, and which implementation serves a call:
+// fallback, kernel, declined kernel, fake, fallback on meta; schema inference; mutation.
+#include "test_util.h"
+
+using opreg_test::call_boxed;
+using opreg_test::impls_of;
+
+namespace {
+
+at::Tensor twice(const at::Tensor& x) { return x * 2; }
+at::Tensor twice_kernel(const at::Tensor& x) { return x + x; }
+
+TEST(Define, FallbackServesEveryDeviceWithoutKernels) {
+  auto op = opreg::op("opreg_cpp::twice_fallback(Tensor x) -> Tensor").fallback(twice).define();
+  auto x = at::randn({5});
+  opreg::TraceScope trace;
+  EXPECT_TRUE(at::equal(op(x), x * 2));
+  auto meta = op(at::empty({3, 4}, at::device(at::kMeta)));
+  EXPECT_EQ(meta.sizes(), (std::vector<int64_t>{3, 4}));
+  EXPECT_EQ(impls_of(trace.records()), (std::vector<std::string>{"fallback", "fallback(meta)"}));
+}
+
+TEST(Define, KernelServesItsDeviceAndDeclinesTheRest) {
+  auto op = opreg::op("opreg_cpp::twice_kernel(Tensor x) -> Tensor")
+                .fallback(twice)
+                .kernel(twice_kernel, opreg::on({"cpu"}).name("cpu_add").accepts(
+                                          [](const at::Tensor& x) { return x.is_contiguous(); }))
+                .define();
+  auto x = at::randn({4, 6});
+  opreg::TraceScope trace;
+  EXPECT_TRUE(at::equal(op(x), x * 2));
+  EXPECT_TRUE(at::equal(op(x.t()), x.t() * 2));
+  EXPECT_EQ(impls_of(trace.records()),
+            (std::vector<std::string>{"kernel:cpu_add", "fallback(declined by kernel:cpu_add)"}));
+  EXPECT_EQ(trace.records()[0].device, "cpu");
+}
+
+TEST(Define, ExplicitFakeServesMeta) {
+  auto op = opreg::op("opreg_cpp::twice_fake(Tensor x) -> Tensor")
+                .fallback(twice)
+                .fake([](const at::Tensor& x) { return at::empty_like(x); })
+                .define();
+  opreg::TraceScope trace;
+  auto out = op(at::empty({2, 3}, at::device(at::kMeta)));
+  EXPECT_TRUE(out.is_meta());
+  EXPECT_EQ(impls_of(trace.records()), (std::vector<std::string>{"fake"}));
+  EXPECT_EQ(opreg::describe_op("opreg_cpp::twice_fake").fake, "explicit");
+}
+
+int64_t count_positive(const at::Tensor& x, int64_t at_least) {
+  return std::max(at_least, (x > 0).sum().item<int64_t>());
+}
+
+TEST(Define, SchemaIsInferredFromTheFallback) {
+  auto op = opreg::op("opreg_cpp::count_positive").fallback(count_positive).define();
+  auto schema = opreg::describe_op("opreg_cpp::count_positive").schema;
+  EXPECT_EQ(schema, "opreg_cpp::count_positive(Tensor _0, int _1) -> int _0");
+  EXPECT_EQ(op(at::tensor({1.0, -1.0, 2.0}), 0), 2);
+}
+
+void add_one_(at::Tensor& x) { x.add_(1); }
+
+TEST(Define, MutationIsDeclaredInTheSchema) {
+  auto op = opreg::op("opreg_cpp::add_one_(Tensor(a!) x) -> ()").fallback(add_one_).define();
+  auto x = at::zeros({3});
+  op(x);
+  EXPECT_TRUE(at::equal(x, at::ones({3})));
+  const auto& schema = opreg_test::find_op("opreg_cpp::add_one_").schema();
+  EXPECT_TRUE(schema.is_mutable());
+}
+
+TEST(Define, BoxedCallsMatchTypedCalls) {
+  opreg::op("opreg_cpp::twice_boxed(Tensor x) -> Tensor").fallback(twice).define();
+  auto x = at::randn({7});
+  auto out = call_boxed("opreg_cpp::twice_boxed", {x});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(at::equal(out[0].toTensor(), x * 2));
+}
+
+TEST(Define, ReplaceSwapsTheImplementation) {
+  opreg::op("opreg_cpp::replaced(Tensor x) -> Tensor").fallback(twice).define();
+  auto op = opreg::op("opreg_cpp::replaced(Tensor x) -> Tensor")
+                .fallback([](const at::Tensor& x) { return x * 3; })
+                .replace()
+                .define();
+  auto x = at::randn({4});
+  EXPECT_TRUE(at::equal(op(x), x * 3));
+}
+
+TEST(Define, UndefineMakesPyTorchForgetTheOp) {
+  opreg::op("opreg_cpp::temporary(Tensor x) -> Tensor").fallback(twice).define();
+  EXPECT_TRUE(opreg::is_defined("opreg_cpp::temporary"));
+  opreg::undefine("opreg_cpp::temporary");
+  EXPECT_FALSE(opreg::is_defined("opreg_cpp::temporary"));
+  EXPECT_FALSE(c10::Dispatcher::singleton().findSchema({"opreg_cpp::temporary", ""}).has_value());
+}
+
+TEST(Define, OriginNamesTheDefiningBinary) {
+  opreg::op("opreg_cpp::with_origin(Tensor x) -> Tensor").fallback(twice).define();
+  EXPECT_CONTAINS(opreg::describe_op("opreg_cpp::with_origin").origin, "opreg_cpp_tests");
+}
+
+TEST(Define, ReportListsKernelsPerDeviceType) {
+  opreg::op("opreg_cpp::reported(Tensor x) -> Tensor")
+      .fallback(twice)
+      .kernel(twice_kernel, opreg::KernelOptions<>().name("accel"))
+      .define();
+  auto report = opreg::describe_op("opreg_cpp::reported");
+  ASSERT_FALSE(report.kernels.empty());
+  EXPECT_EQ(report.kernels[0].device_type, "cuda");
+  EXPECT_EQ(report.kernels[0].served_by, "kernel:accel");
+}
+
+}  // namespace

@@ -1,0 +1,66 @@
+// tests/cpp/test_device_types.cpp: the registry of accelerated device types: unknown types are
+// skipped with a reason, and types registered later reach ops defined earlier.
+#include "test_util.h"
+
+namespace {
+
+at::Tensor identity(const at::Tensor& x) { return x.clone(); }
+
+std::string served_by(const std::string& op, const std::string& device_type) {
+  for (const auto& serving : opreg::describe_op(op).kernels) {
+    if (serving.device_type == device_type) return serving.served_by;
+  }
+  return "";
+}
+
+TEST(DeviceTypes, NamesAreNormalised) {
+  EXPECT_EQ(opreg::normalize_device_type("  CUDA \n"), "cuda");
+}
+
+TEST(DeviceTypes, UnknownTypeIsSkippedWithAReason) {
+  opreg::op("opreg_dev::npu_kernel(Tensor x) -> Tensor")
+      .fallback(identity)
+      .kernel(identity, opreg::on({"npu"}).name("npu_kernel"))
+      .define();
+  EXPECT_EQ(served_by("opreg_dev::npu_kernel", "npu"),
+            "skipped: this PyTorch build does not know the device type 'npu'");
+  // The op still works everywhere through its fallback.
+  auto x = at::randn({3});
+  EXPECT_TRUE(at::equal(opreg_test::call_boxed("opreg_dev::npu_kernel", {x})[0].toTensor(), x));
+}
+
+TEST(DeviceTypes, LaterRegistrationReachesEarlierOps) {
+  opreg::op("opreg_dev::late(Tensor x) -> Tensor")
+      .fallback(identity)
+      .kernel(identity, opreg::KernelOptions<>().name("accel"))
+      .define();
+  EXPECT_EQ(served_by("opreg_dev::late", "xpu"), "");
+  EXPECT_EQ(opreg::register_accelerated_device_type(" XPU "), "xpu");
+  EXPECT_EQ(served_by("opreg_dev::late", "xpu"), "kernel:accel");
+  auto types = opreg::accelerated_device_types();
+  EXPECT_NE(std::find(types.begin(), types.end(), "xpu"), types.end());
+  // Registering again changes nothing.
+  opreg::register_accelerated_device_type("xpu");
+  EXPECT_EQ(opreg::describe_op("opreg_dev::late").kernels.size(), 2u);
+}
+
+TEST(DeviceTypes, KernelWithExplicitDevicesIgnoresTheRegistry) {
+  opreg::op("opreg_dev::cpu_only(Tensor x) -> Tensor")
+      .fallback(identity)
+      .kernel(identity, opreg::on({"cpu"}))
+      .define();
+  opreg::register_accelerated_device_type("privateuseone");
+  auto kernels = opreg::describe_op("opreg_dev::cpu_only").kernels;
+  ASSERT_EQ(kernels.size(), 1u);
+  EXPECT_EQ(kernels[0].device_type, "cpu");
+}
+
+TEST(DeviceTypes, DispatchKeys) {
+  std::string why;
+  EXPECT_EQ(opreg::dispatch_key_for_device_type("cuda", &why), c10::DispatchKey::CUDA);
+  EXPECT_EQ(opreg::dispatch_key_for_device_type("cpu", &why), c10::DispatchKey::CPU);
+  EXPECT_FALSE(opreg::dispatch_key_for_device_type("cuda:0", &why).has_value());
+  EXPECT_CONTAINS(why, "without an index");
+}
+
+}  // namespace

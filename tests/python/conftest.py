@@ -1,0 +1,56 @@
+"""Shared fixtures: the example and test-op libraries, built on demand, and device parameters."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import opreg
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+TEST_OPS_BUILD = REPO / "build" / "tests"
+
+
+def _build_test_ops() -> Path:
+    library = TEST_OPS_BUILD / "libopreg_test_ops.so"
+    if library.exists():
+        return library
+    subprocess.run(
+        [
+            "cmake",
+            "-S",
+            str(REPO / "tests"),
+            "-B",
+            str(TEST_OPS_BUILD),
+            f"-DCMAKE_PREFIX_PATH={opreg.cmake_dir()}",
+        ],
+        check=True,
+        stdout=sys.stderr,
+    )
+    subprocess.run(
+        ["cmake", "--build", str(TEST_OPS_BUILD), "--target", "opreg_test_ops"],
+        check=True,
+        stdout=sys.stderr,
+    )
+    return library
+
+
+@pytest.fixture(scope="session")
+def test_ops_library() -> Path:
+    given = os.environ.get("OPREG_TEST_OPS")
+    library = Path(given) if given else _build_test_ops()
+    opreg.load_library(library)
+    return library
+
+
+@pytest.fixture(scope="session")
+def example_ops() -> None:
+    opreg.load_library(opreg.example_library("scale_add"))
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -7,7 +7,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt-get update -qq
-  apt-get install -y -qq cmake ninja-build g++ libgtest-dev >/dev/null
+  apt-get install -y -qq cmake ninja-build g++ libgtest-dev nlohmann-json3-dev >/dev/null
 fi
 python3 -m pip install -q torch==2.13.0 triton==3.6.0 numpy scikit-build-core pytest \
   ruff clang-format

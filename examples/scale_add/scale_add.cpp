@@ -1,6 +1,7 @@
 // examples/scale_add/scale_add.cpp: an op defined with opreg's C++ API: a fallback in ATen ops,
 // a CPU kernel for the common case that declines the rest, a kernel for the accelerated device
-// types, and a fake. `python -m opreg demo` loads this library and calls the op on each device.
+// types, a fake, an explicit backward, and batch-polymorphism for vmap. `python -m opreg demo`
+// loads this library and calls the op on each device.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <opreg/opreg.h>
@@ -46,6 +47,32 @@ at::Tensor scale_add_fake(const at::Tensor& x, const at::Tensor& y, double alpha
   return at::add(x, y, alpha);
 }
 
+// d/dx = 1 and d/dy = alpha, each summed back over the dims broadcasting added.
+void scale_add_setup(opreg::AutogradContext& ctx, const std::vector<c10::IValue>& inputs,
+                     const std::vector<c10::IValue>& /*outputs*/) {
+  ctx.saved_data["x_sizes"] = inputs[0].toTensor().sym_sizes();  // symbolic under dynamic shapes
+  ctx.saved_data["y_sizes"] = inputs[1].toTensor().sym_sizes();
+  ctx.saved_data["x_dtype"] = inputs[0].toTensor().scalar_type();
+  ctx.saved_data["y_dtype"] = inputs[1].toTensor().scalar_type();
+  ctx.saved_data["alpha"] = inputs[2];
+}
+
+std::vector<at::Tensor> scale_add_backward(opreg::AutogradContext& ctx,
+                                           const std::vector<at::Tensor>& grads) {
+  const auto& grad = grads[0];
+  at::Tensor grad_x, grad_y;
+  if (ctx.needs_input_grad(0)) {
+    grad_x = at::sum_to(grad, ctx.saved_data["x_sizes"].toSymIntVector())
+                 .to(ctx.saved_data["x_dtype"].toScalarType());
+  }
+  if (ctx.needs_input_grad(1)) {
+    grad_y = at::sum_to(grad * ctx.saved_data["alpha"].toDouble(),
+                        ctx.saved_data["y_sizes"].toSymIntVector())
+                 .to(ctx.saved_data["y_dtype"].toScalarType());
+  }
+  return {grad_x, grad_y, at::Tensor()};
+}
+
 const std::vector<c10::ScalarType> kFloatingTypes = {at::kFloat, at::kDouble, at::kHalf,
                                                      at::kBFloat16};
 
@@ -56,6 +83,8 @@ const auto scale_add =
                 opreg::on({"cpu"}).name("cpu_loop").accepts(is_same_shape_contiguous_float))
         .kernel(scale_add_fused, opreg::KernelOptions<>().name("fused").accepts(is_same_dtype))
         .fake(scale_add_fake)
+        .backward(scale_add_backward, scale_add_setup)
+        .batch_polymorphic()  // elementwise: extra leading dims are more elements
         .dtypes("x", kFloatingTypes)
         .dtypes("y", kFloatingTypes)
         .define();

@@ -25,8 +25,10 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include "opreg/autograd.h"
 #include "opreg/check.h"
 #include "opreg/trace.h"
+#include "opreg/vmap.h"
 
 namespace opreg {
 
@@ -89,10 +91,14 @@ struct OpSpec {
   std::function<c10::FunctionSchema()> infer_schema;
   std::shared_ptr<OpRuntime> runtime;
   std::function<torch::CppFunction()> make_fallback;
+  std::shared_ptr<c10::KernelFunction> fallback_kernel;  // the same, callable boxed
   std::function<torch::CppFunction()> make_meta;
   bool explicit_fake = false;
   std::vector<KernelSpec> kernels;
   std::vector<std::pair<std::string, std::vector<c10::ScalarType>>> dtype_rules;
+  AutogradSpec autograd;
+  VmapSpec vmap;
+  bool is_mutable = false;  // set by define() from the schema
   bool replace = false;
   std::string origin;
   const void* caller = nullptr;  // an address in the defining library, for `origin`
@@ -240,6 +246,41 @@ class Op<Ret(Args...)> {
     return std::move(*this);
   }
 
+  // Gradients from an explicit backward: setup_context(ctx, inputs, outputs) then
+  // backward(ctx, grad_outputs) -> one gradient per input. See opreg/autograd.h.
+  Op&& backward(Backward backward, SetupContext setup_context = nullptr) && {
+    spec_.autograd.backward = std::move(backward);
+    spec_.autograd.setup_context = std::move(setup_context);
+    return std::move(*this);
+  }
+
+  // What happens under autograd when no backward is given (default: AutogradPolicy::kFallback).
+  Op&& autograd(AutogradPolicy policy) && {
+    spec_.autograd.policy = policy;
+    return std::move(*this);
+  }
+
+  // vmap (see opreg/vmap.h): an explicit rule; or the op accepts extra leading dimensions on every
+  // tensor argument; or, only for ops whose output shape depends on the data, the per-example
+  // loop. Without any of these the fallback runs on batched tensors.
+  Op&& vmap(VmapRule rule) && {
+    spec_.vmap.rule = std::move(rule);
+    return std::move(*this);
+  }
+  Op&& batch_polymorphic() && {
+    spec_.vmap.batch_polymorphic = true;
+    return std::move(*this);
+  }
+  Op&& vmap_per_example_loop() && {
+    spec_.vmap.per_example_loop = true;
+    return std::move(*this);
+  }
+  // The op draws random numbers: torch.vmap's randomness argument applies to it.
+  Op&& random() && {
+    spec_.vmap.random = true;
+    return std::move(*this);
+  }
+
   // Defining an existing opreg op again is an error unless replacement is asked for.
   Op&& replace(bool replace = true) && {
     spec_.replace = replace;
@@ -254,15 +295,16 @@ class Op<Ret(Args...)> {
   __attribute__((noinline)) OpHandle<Signature> define() && {
     auto runtime = spec_.runtime;
     auto fallback = fallback_;
-    spec_.make_fallback = [=] {
-      return torch::CppFunction([=](Args... args) -> Ret {
-        detail::check_args(*runtime, args...);
-        if (trace_enabled()) {
-          detail::record_trace(runtime->name, "fallback", detail::device_of(args...));
-        }
-        return fallback(args...);
-      });
+    auto checked_fallback = [=](Args... args) -> Ret {
+      detail::check_args(*runtime, args...);
+      if (trace_enabled()) {
+        detail::record_trace(runtime->name, "fallback", detail::device_of(args...));
+      }
+      return fallback(args...);
     };
+    spec_.make_fallback = [=] { return torch::CppFunction(checked_fallback); };
+    spec_.fallback_kernel = std::make_shared<c10::KernelFunction>(
+        c10::KernelFunction::makeFromUnboxedLambda(checked_fallback));
     if (!spec_.make_meta) {
       spec_.make_meta = [=] {
         return torch::CppFunction([=](Args... args) -> Ret {

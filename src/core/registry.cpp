@@ -10,6 +10,7 @@
 //             directly when the kernel declines, so a declined call costs one function call.
 // fake     -> Meta: the explicit fake, or the fallback run on meta tensors with an error that
 //             names the op when the fallback cannot run there.
+// autograd -> Autograd (src/core/autograd.cpp); vmap -> FuncTorchBatched (src/core/vmap.cpp).
 // opreg adds no dispatch of its own in front of PyTorch's dispatcher.
 #include "opreg/registry.h"
 
@@ -26,6 +27,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include "op_internal.h"
 #include "opreg/device_types.h"
 #include "opreg/op.h"
 
@@ -160,8 +162,8 @@ OpReport report_of(const RegisteredOp& op) {
   report.origin = op.origin;
   report.kernels = op.kernels;
   report.fake = op.spec.explicit_fake ? "explicit" : "fallback on meta";
-  report.autograd = "PyTorch's default (no backward registered)";
-  report.vmap = "PyTorch's default (per-example loop)";
+  report.autograd = detail::describe_autograd(op.spec);
+  report.vmap = detail::describe_vmap(op.spec);
   return report;
 }
 
@@ -270,6 +272,7 @@ std::string define(OpSpec spec) {
                     known ? known->debug() : "", "); opreg cannot replace it");
 
   // 4. Registrations. If any step fails, `op` is destroyed and PyTorch forgets the rest.
+  spec.is_mutable = schema.is_mutable();
   op->spec = std::move(spec);
   auto library =
       std::make_unique<torch::Library>(torch::Library::FRAGMENT, op->ns, std::nullopt, "opreg", 0);
@@ -288,6 +291,8 @@ std::string define(OpSpec spec) {
   };
   register_at(c10::DispatchKey::CompositeExplicitAutograd, op->spec.make_fallback(), "fallback");
   register_at(c10::DispatchKey::Meta, op->spec.make_meta(), "fake");
+  register_autograd(*library, op->op_name, op->spec);
+  register_vmap(*library, op->op_name, op->spec);
   op->libraries.push_back(std::move(library));
   register_kernels(*op, reg.device_types);
 

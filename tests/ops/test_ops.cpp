@@ -1,6 +1,6 @@
 // tests/ops/test_ops.cpp: C++-defined ops that the Python tests load (opreg_test::*), each covering
-// one piece of the builder: kernels on CPU with declines, mutation, a fallback that cannot run on
-// meta, a kernel for an unknown device type, a kernel that follows the device-type registry.
+// one piece of the builder: kernels with declines, mutation, a fallback that cannot run on meta,
+// device types, autograd (backwards and policies) and vmap (rules, loop, randomness).
 #include <ATen/ATen.h>
 #include <opreg/opreg.h>
 
@@ -40,5 +40,109 @@ const auto follows_registry = opreg::op("opreg_test::follows_registry(Tensor x) 
                                   .fallback(identity)
                                   .kernel(identity, opreg::KernelOptions<>().name("accel"))
                                   .define();
+
+// ---- autograd ----------------------------------------------------------------------------------
+
+// square's backward calls square_backward, an opreg op with its own fallback and kernels: the
+// backward is device-specific within one op (the CUDA kernel on CUDA, the fallback on CPU).
+at::Tensor square_backward_reference(const at::Tensor& grad, const at::Tensor& x) {
+  return 2 * x * grad;
+}
+at::Tensor square_backward_fused(const at::Tensor& grad, const at::Tensor& x) {
+  return at::mul(x, grad).mul_(2);
+}
+const auto square_backward =
+    opreg::op("opreg_test::square_backward(Tensor grad, Tensor x) -> Tensor")
+        .fallback(square_backward_reference)
+        .kernel(square_backward_fused, opreg::on({"cuda"}).name("cuda"))
+        .define();
+
+at::Tensor square_reference(const at::Tensor& x) { return x * x; }
+const auto square =
+    opreg::op("opreg_test::square(Tensor x) -> Tensor")
+        .fallback(square_reference)
+        .kernel(square_reference, opreg::on({"cuda"}).name("cuda"))
+        .backward(
+            [](opreg::AutogradContext& ctx, const std::vector<at::Tensor>& grads) {
+              auto x = ctx.saved_tensors()[0];
+              return std::vector<at::Tensor>{square_backward(grads[0], x)};
+            },
+            [](opreg::AutogradContext& ctx, const std::vector<c10::IValue>& inputs,
+               const std::vector<c10::IValue>&) { ctx.save_for_backward({inputs[0].toTensor()}); })
+        .define();
+
+// exp saves its output, which must not keep itself alive through its own grad_fn.
+const auto exp_op = opreg::op("opreg_test::exp(Tensor x) -> Tensor")
+                        .fallback([](const at::Tensor& x) { return x.exp(); })
+                        .backward(
+                            [](opreg::AutogradContext& ctx, const std::vector<at::Tensor>& grads) {
+                              return std::vector<at::Tensor>{grads[0] * ctx.saved_tensors()[0]};
+                            },
+                            [](opreg::AutogradContext& ctx, const std::vector<c10::IValue>&,
+                               const std::vector<c10::IValue>& outputs) {
+                              ctx.save_for_backward({outputs[0].toTensor()});
+                            })
+                        .define();
+
+const auto refuses_grad = opreg::op("opreg_test::refuses_grad(Tensor x) -> Tensor")
+                              .fallback([](const at::Tensor& x) { return x.sin(); })
+                              .autograd(opreg::AutogradPolicy::kError)
+                              .define();
+
+const auto wrong_backward_arity =
+    opreg::op("opreg_test::wrong_backward_arity(Tensor x, Tensor y) -> Tensor")
+        .fallback([](const at::Tensor& x, const at::Tensor& y) { return x * y; })
+        .backward([](opreg::AutogradContext&, const std::vector<at::Tensor>& grads) {
+          return std::vector<at::Tensor>{grads[0]};
+        })
+        .define();
+
+const auto wrong_backward_shape =
+    opreg::op("opreg_test::wrong_backward_shape(Tensor x) -> Tensor")
+        .fallback([](const at::Tensor& x) { return x * 2; })
+        .backward([](opreg::AutogradContext&, const std::vector<at::Tensor>& grads) {
+          return std::vector<at::Tensor>{grads[0].sum()};
+        })
+        .define();
+
+// ---- vmap --------------------------------------------------------------------------------------
+
+// Sums the last dim. The rule moves the batch dim to the front and calls the op itself, which
+// sums the last dim of every example at once (and reaches the rule again for an inner vmap).
+const auto rowsum =
+    opreg::op("opreg_test::rowsum(Tensor x) -> Tensor")
+        .fallback([](const at::Tensor& x) { return x.sum(-1); })
+        .vmap([](const opreg::VmapInfo&, const std::vector<std::optional<int64_t>>& in_dims,
+                 const std::vector<c10::IValue>& args) {
+          auto x = args[0].toTensor().movedim(*in_dims[0], 0);
+          auto op = opreg::OpHandle<at::Tensor(const at::Tensor&)>("opreg_test::rowsum");
+          return opreg::VmapResult{{op(x)}, {0}};
+        })
+        .define();
+
+// Its output's size is data-dependent, and the fallback reads a value (.item()): under vmap only
+// the per-example loop can run it.
+const auto normalize_by_max_looped =
+    opreg::op("opreg_test::normalize_by_max_looped(Tensor x) -> Tensor")
+        .fallback(normalize_by_max)
+        .vmap_per_example_loop()
+        .define();
+
+// x + uniform noise: random, batch-polymorphic, no gradient.
+const auto noisy = opreg::op("opreg_test::noisy(Tensor x) -> Tensor")
+                       .fallback([](const at::Tensor& x) { return x + at::rand_like(x); })
+                       .random()
+                       .batch_polymorphic()
+                       .autograd(opreg::AutogradPolicy::kNone)
+                       .define();
+
+const auto bad_vmap_rule =
+    opreg::op("opreg_test::bad_vmap_rule(Tensor x) -> Tensor")
+        .fallback([](const at::Tensor& x) { return x * 2; })
+        .vmap([](const opreg::VmapInfo&, const std::vector<std::optional<int64_t>>&,
+                 const std::vector<c10::IValue>& args) {
+          return opreg::VmapResult{{args[0], args[0]}, {0, 0}};
+        })
+        .define();
 
 }  // namespace

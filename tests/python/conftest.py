@@ -39,17 +39,21 @@ def _build_test_ops() -> Path:
     return library
 
 
-@pytest.fixture(scope="session")
-def test_ops_library() -> Path:
+def _load_libraries() -> Path:
     given = os.environ.get("OPREG_TEST_OPS")
     library = Path(given) if given else _build_test_ops()
     opreg.load_library(library)
+    opreg.load_library(opreg.example_library("scale_add"))
     return library
 
 
+# Loaded at import, so that test modules can name torch.ops.opreg_test.* at their top level.
+TEST_OPS_LIBRARY = _load_libraries()
+
+
 @pytest.fixture(scope="session")
-def example_ops() -> None:
-    opreg.load_library(opreg.example_library("scale_add"))
+def test_ops_library() -> Path:
+    return TEST_OPS_LIBRARY
 
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -13,11 +13,6 @@ from conftest import DEVICES, requires_cuda
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 
-@pytest.fixture(autouse=True)
-def _libraries(example_ops, test_ops_library):
-    del example_ops, test_ops_library
-
-
 def scale_add(x, y, alpha=1.0):
     return torch.ops.opreg_example.scale_add(x, y, alpha)
 

@@ -1,0 +1,76 @@
+// include/opreg/autograd.h: gradients for opreg ops. An explicit backward has the shape of
+// torch.library.register_autograd: setup_context(ctx, inputs, outputs) saves what backward needs;
+// backward(ctx, grad_outputs) returns one gradient per input (undefined where there is none).
+// Without a backward, the op's AutogradPolicy decides (see Note [Autograd policies]).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+namespace torch::autograd {
+struct Node;
+class SavedVariable;
+}  // namespace torch::autograd
+
+namespace opreg {
+
+// Note [Autograd policies]
+// kFallback (default): when grad mode is on and a tensor input requires grad, the fallback runs
+//   under autograd, so gradients are right (PyTorch differentiates its ATen ops) and the kernel
+//   is skipped for that call. Calls without such inputs run the kernel as usual.
+// kError: such calls raise an error naming the op and how to add a backward.
+// kNone: outputs never require grad (random number generation, integer-valued ops).
+enum class AutogradPolicy { kFallback, kError, kNone };
+
+namespace detail {
+struct OpregBackward;
+}
+
+class AutogradContext {
+ public:
+  AutogradContext();
+  ~AutogradContext();
+  AutogradContext(const AutogradContext&) = delete;
+  AutogradContext& operator=(const AutogradContext&) = delete;
+
+  // Tensors the backward needs; inputs and outputs alike (outputs are saved without a cycle).
+  void save_for_backward(std::vector<at::Tensor> tensors);
+  std::vector<at::Tensor> saved_tensors() const;
+
+  // Non-tensor values the backward needs.
+  std::unordered_map<std::string, c10::IValue> saved_data;
+
+  // Whether input `index` (schema position) needs a gradient: in setup_context, whether it
+  // requires grad; in backward, whether the engine will use it.
+  bool needs_input_grad(size_t index) const;
+  size_t num_inputs() const { return input_edges_.size(); }
+
+ private:
+  friend struct detail::OpregBackward;
+  friend class AutogradKernel;
+  std::vector<at::Tensor> to_save_;
+  std::vector<torch::autograd::SavedVariable> saved_;
+  std::vector<int64_t> input_edges_;  // per input: its edge in the node, or -1
+  std::vector<bool> input_requires_grad_;
+  detail::OpregBackward* node_ = nullptr;
+  bool in_backward_ = false;
+};
+
+using SetupContext = std::function<void(AutogradContext& ctx, const std::vector<c10::IValue>& inputs,
+                                        const std::vector<c10::IValue>& outputs)>;
+using Backward = std::function<std::vector<at::Tensor>(
+    AutogradContext& ctx, const std::vector<at::Tensor>& grad_outputs)>;
+
+struct AutogradSpec {
+  AutogradPolicy policy = AutogradPolicy::kFallback;
+  SetupContext setup_context;  // may be empty when backward needs nothing saved
+  Backward backward;
+};
+
+}  // namespace opreg

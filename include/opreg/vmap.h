@@ -1,0 +1,45 @@
+// include/opreg/vmap.h: how opreg ops behave under torch.vmap (see Note [vmap of opreg ops] in
+// src/core/vmap.cpp). In order of preference:
+//   rule:              an explicit batching rule, which may launch batched kernels;
+//   batch_polymorphic: the op accepts extra leading dimensions on every tensor argument, so vmap
+//                      moves the batch dims to the front and calls the op once;
+//   fallback:          the default: the fallback runs on batched tensors and PyTorch batches its
+//                      ATen ops;
+//   per-example loop:  only when asked for (data-dependent output shapes), warned once.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+
+namespace opreg {
+
+enum class Randomness { kError, kSame, kDifferent };
+
+struct VmapInfo {
+  int64_t batch_size = 0;
+  Randomness randomness = Randomness::kError;
+};
+
+struct VmapResult {
+  std::vector<c10::IValue> outputs;              // one per return of the schema
+  std::vector<std::optional<int64_t>> out_dims;  // the batch dim of each, nullopt if none
+};
+
+// rule(info, in_dims, args): args are unwrapped (plain tensors), in_dims[i] is the batch dim of
+// argument i or nullopt. Calls to ops inside the rule run below this vmap level.
+using VmapRule = std::function<VmapResult(
+    const VmapInfo& info, const std::vector<std::optional<int64_t>>& in_dims,
+    const std::vector<c10::IValue>& args)>;
+
+struct VmapSpec {
+  VmapRule rule;
+  bool batch_polymorphic = false;
+  bool per_example_loop = false;
+  bool random = false;  // the op draws from a generator: vmap's randomness applies
+};
+
+}  // namespace opreg

@@ -1,0 +1,271 @@
+// src/core/autograd.cpp: the Autograd-key kernel of every opreg op, and the autograd Node that
+// runs an explicit backward. See Note [Autograd policies] in include/opreg/autograd.h.
+#include "opreg/autograd.h"
+
+#include <sstream>
+#include <type_traits>
+#include <utility>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/VariableTypeUtils.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
+#include <torch/library.h>
+
+#include "opreg/trace.h"
+#include "op_internal.h"
+
+namespace opreg {
+
+AutogradContext::AutogradContext() = default;
+AutogradContext::~AutogradContext() = default;
+
+void AutogradContext::save_for_backward(std::vector<at::Tensor> tensors) {
+  TORCH_CHECK(!in_backward_, "opreg: save_for_backward() belongs in setup_context, not backward");
+  to_save_ = std::move(tensors);
+}
+
+namespace detail {
+
+// PyTorch 2.13 holds autograd nodes in c10::intrusive_ptr, earlier releases in std::shared_ptr.
+using NodePtr = decltype(std::declval<torch::autograd::Node&>().getptr());
+
+template <class T, class Ptr = NodePtr>
+auto make_node() {
+  if constexpr (std::is_same_v<Ptr, std::shared_ptr<torch::autograd::Node>>) {
+    return std::make_shared<T>();
+  } else {
+    return c10::make_intrusive<T>();
+  }
+}
+
+struct OutputMeta {
+  std::vector<c10::SymInt> sizes;
+  at::TensorOptions options;
+};
+
+// The grad_fn of an output of an opreg op with an explicit backward.
+struct OpregBackward : torch::autograd::Node {
+  std::string op_name;
+  std::vector<std::string> arg_names;
+  Backward backward;
+  AutogradContext ctx;
+  std::vector<std::vector<c10::SymInt>> input_sizes;  // per edge
+  std::vector<OutputMeta> outputs;                    // per differentiable output
+
+  std::string name() const override { return op_name + "Backward"; }
+
+  void release_variables() override {
+    ctx.saved_.clear();
+    ctx.saved_data.clear();
+  }
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    if (trace_enabled()) {
+      record_trace(op_name, "backward",
+                   grads.empty() || !grads[0].defined() ? "-" : grads[0].device().str());
+    }
+    std::vector<at::Tensor> grad_outputs(grads.begin(), grads.end());
+    for (size_t i = 0; i < grad_outputs.size(); ++i) {
+      if (!grad_outputs[i].defined()) {
+        grad_outputs[i] = at::zeros_symint(outputs[i].sizes, outputs[i].options);
+      }
+    }
+    ctx.in_backward_ = true;
+    auto result = backward(ctx, grad_outputs);
+    ctx.in_backward_ = false;
+    TORCH_CHECK(result.size() == ctx.input_edges_.size(), op_name, ": backward returned ",
+                result.size(), " gradients, expected ", ctx.input_edges_.size(),
+                " (one per input, undefined for inputs without a gradient)");
+    torch::autograd::variable_list edge_grads(num_outputs());
+    for (size_t i = 0; i < result.size(); ++i) {
+      const auto edge = ctx.input_edges_[i];
+      if (!result[i].defined()) continue;
+      TORCH_CHECK(edge >= 0, op_name, ": backward returned a gradient for input '", arg_names[i],
+                  "', which is not a tensor; return an undefined tensor there");
+      const auto& expected = input_sizes[edge];
+      TORCH_CHECK(result[i].sym_sizes().equals(expected), op_name,
+                  ": backward's gradient for input '", arg_names[i], "' has shape ",
+                  result[i].sym_sizes(), ", expected ", c10::SymIntArrayRef(expected),
+                  " (the input's shape)");
+      edge_grads[edge] = std::move(result[i]);
+    }
+    return edge_grads;
+  }
+};
+
+}  // namespace detail
+
+std::vector<at::Tensor> AutogradContext::saved_tensors() const {
+  std::vector<at::Tensor> tensors;
+  if (node_ == nullptr) return to_save_;
+  auto self = node_->getptr();
+  for (const auto& saved : saved_) tensors.push_back(saved.unpack(self));
+  return tensors;
+}
+
+bool AutogradContext::needs_input_grad(size_t index) const {
+  TORCH_CHECK(index < input_edges_.size(), "opreg: needs_input_grad(", index, "): the op has ",
+              input_edges_.size(), " inputs");
+  if (input_edges_[index] < 0) return false;
+  if (in_backward_ && node_ != nullptr) {
+    return node_->task_should_compute_output(static_cast<size_t>(input_edges_[index]));
+  }
+  return input_requires_grad_[index];
+}
+
+namespace {
+
+bool requires_grad(const c10::IValue& value) {
+  if (value.isTensor()) {
+    const auto& tensor = value.toTensor();
+    return tensor.defined() && tensor.requires_grad();
+  }
+  if (value.isTensorList()) {
+    for (const auto& tensor : value.toTensorList()) {
+      if (static_cast<at::Tensor>(tensor).requires_grad()) return true;
+    }
+  }
+  return false;
+}
+
+void bump_versions_of_mutated_inputs(const c10::FunctionSchema& schema,
+                                     const std::vector<c10::IValue>& inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const auto* alias = schema.arguments()[i].alias_info();
+    if (alias != nullptr && alias->isWrite() && inputs[i].isTensor()) {
+      torch::autograd::increment_version(inputs[i].toTensor());
+    }
+  }
+}
+
+}  // namespace
+
+class AutogradKernel final : public c10::OperatorKernel {
+ public:
+  AutogradKernel(std::shared_ptr<detail::OpRuntime> runtime, AutogradSpec spec,
+                 std::shared_ptr<c10::KernelFunction> fallback)
+      : runtime_(std::move(runtime)), spec_(std::move(spec)), fallback_(std::move(fallback)) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                  torch::jit::Stack* stack) {
+    const auto& schema = op.schema();
+    const size_t num_args = schema.arguments().size();
+    bool any_requires_grad = false;
+    if (c10::GradMode::is_enabled()) {
+      for (auto it = stack->end() - num_args; it != stack->end(); ++it) {
+        any_requires_grad = any_requires_grad || requires_grad(*it);
+      }
+    }
+    // 1. No gradient needed (or never given): run below autograd, kernel included.
+    if (!any_requires_grad || (!spec_.backward && spec_.policy == AutogradPolicy::kNone)) {
+      std::vector<c10::IValue> inputs;
+      if (schema.is_mutable()) inputs.assign(stack->end() - num_args, stack->end());
+      {
+        at::AutoDispatchBelowADInplaceOrView guard;
+        op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
+      }
+      if (schema.is_mutable()) bump_versions_of_mutated_inputs(schema, inputs);
+      return;
+    }
+    // 2. Gradient needed, no backward: the policy decides.
+    if (!spec_.backward) {
+      TORCH_CHECK(spec_.policy != AutogradPolicy::kError, runtime_->name,
+                  ": an input requires grad, but the op has no backward and its autograd policy "
+                  "is 'error'; give it a backward (.backward(setup_context, backward) in C++, "
+                  "backward= in Python), or use the 'fallback' policy");
+      fallback_->callBoxed(op, keys, stack);
+      return;
+    }
+    run_with_backward(op, keys, stack);
+  }
+
+ private:
+  // 3. Explicit backward: run the op below autograd (kernels included), then attach a node.
+  void run_with_backward(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                         torch::jit::Stack* stack) {
+    const auto& schema = op.schema();
+    const size_t num_args = schema.arguments().size();
+    std::vector<c10::IValue> inputs(stack->end() - num_args, stack->end());
+
+    auto node = detail::make_node<detail::OpregBackward>();
+    node->op_name = runtime_->name;
+    node->arg_names = runtime_->arg_names;
+    node->backward = spec_.backward;
+    auto& ctx = node->ctx;
+    std::vector<at::Tensor> edge_tensors;
+    for (const auto& input : inputs) {
+      bool is_tensor = input.isTensor() && input.toTensor().defined();
+      ctx.input_edges_.push_back(is_tensor ? static_cast<int64_t>(edge_tensors.size()) : -1);
+      ctx.input_requires_grad_.push_back(is_tensor && input.toTensor().requires_grad());
+      if (is_tensor) {
+        edge_tensors.push_back(input.toTensor());
+        node->input_sizes.push_back(input.toTensor().sym_sizes().vec());
+      }
+    }
+    node->set_next_edges(torch::autograd::collect_next_edges(edge_tensors));
+
+    {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
+    }
+    const size_t num_returns = schema.returns().size();
+    std::vector<c10::IValue> outputs(stack->end() - num_returns, stack->end());
+    for (auto& output : outputs) {
+      if (!output.isTensor()) continue;
+      auto tensor = output.toTensor();
+      if (!tensor.defined() || !torch::autograd::isDifferentiableType(tensor.scalar_type())) {
+        continue;
+      }
+      node->outputs.push_back({tensor.sym_sizes().vec(), tensor.options()});
+      torch::autograd::set_history(tensor, detail::NodePtr(node));
+    }
+
+    if (spec_.setup_context) spec_.setup_context(ctx, inputs, outputs);
+    for (const auto& tensor : ctx.to_save_) {
+      bool is_output = false;
+      for (const auto& output : outputs) {
+        is_output = is_output || (output.isTensor() && output.toTensor().is_same(tensor));
+      }
+      ctx.saved_.emplace_back(tensor, is_output);
+    }
+    ctx.to_save_.clear();
+    ctx.node_ = node.get();
+  }
+
+  std::shared_ptr<detail::OpRuntime> runtime_;
+  AutogradSpec spec_;
+  std::shared_ptr<c10::KernelFunction> fallback_;
+};
+
+namespace detail {
+
+void register_autograd(torch::Library& library, const std::string& op_name, const OpSpec& spec) {
+  TORCH_CHECK_VALUE(!spec.autograd.backward || !spec.is_mutable, spec.runtime->name,
+                    ": a backward for an op that mutates its inputs is not supported; leave the "
+                    "backward out (the fallback then runs under autograd)");
+  library.impl(op_name.c_str(),
+               torch::dispatch(c10::DispatchKey::Autograd,
+                               torch::CppFunction::makeFromBoxedFunctor(
+                                   std::make_unique<AutogradKernel>(spec.runtime, spec.autograd,
+                                                                    spec.fallback_kernel))));
+}
+
+std::string describe_autograd(const OpSpec& spec) {
+  if (spec.autograd.backward) return "backward";
+  switch (spec.autograd.policy) {
+    case AutogradPolicy::kFallback:
+      return "fallback (no backward: the fallback runs under autograd when grads are needed)";
+    case AutogradPolicy::kError:
+      return "error (no backward: calls needing grads are refused)";
+    case AutogradPolicy::kNone:
+      return "none (outputs never require grad)";
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown autograd policy");
+}
+
+}  // namespace detail
+}  // namespace opreg

@@ -1,0 +1,299 @@
+// src/core/vmap.cpp: the FuncTorchBatched-key kernel of every opreg op.
+//
+// Note [vmap of opreg ops]
+// PyTorch has no public C++ API for batching rules; its Python torch.library.register_vmap costs a
+// Python round trip per call and is not reachable from C++-only programs. opreg registers one
+// boxed C++ kernel at FuncTorchBatched per op and uses functorch's exported plumbing
+// (maybeCurrentDynamicLayer, unwrapTensorAtLevel, makeBatched), the same calls PyTorch's
+// generated batching plumbing makes. At each vmap level the kernel either
+//   - calls the op's rule on the unwrapped arguments,
+//   - moves the batch dims to the front and calls the op once (batch-polymorphic ops), or
+//   - runs the fallback on the batched tensors, so PyTorch batches its ATen ops, or
+//   - loops over the examples, when the op asked for it (warned once per op).
+// Nested vmap needs nothing more: each level unwraps one layer and calls the op again, which
+// reaches this kernel for the next level down. Rules written in Python (the EvoX-style front)
+// are registered the same way, as C++ rules that call back into Python.
+#include "opreg/vmap.h"
+
+#include <ATen/ATen.h>
+#include <ATen/functorch/BatchedTensorImpl.h>
+#include <ATen/functorch/DynamicLayer.h>
+#include <ATen/functorch/PlumbingHelper.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <mutex>
+
+#include "op_internal.h"
+#include "opreg/trace.h"
+
+namespace opreg {
+namespace {
+
+namespace functorch = at::functorch;
+
+Randomness randomness_of(const functorch::DynamicLayer& layer) {
+  switch (layer.randomness()) {
+    case functorch::RandomnessType::Same:
+      return Randomness::kSame;
+    case functorch::RandomnessType::Different:
+      return Randomness::kDifferent;
+    default:
+      return Randomness::kError;
+  }
+}
+
+struct Unwrapped {
+  std::vector<c10::IValue> values;
+  std::vector<std::optional<int64_t>> in_dims;
+  bool any_batched = false;
+};
+
+Unwrapped unwrap(const std::vector<c10::IValue>& args, int64_t level) {
+  Unwrapped unwrapped;
+  for (const auto& arg : args) {
+    if (arg.isTensor() && arg.toTensor().defined()) {
+      auto [value, bdim] = functorch::unwrapTensorAtLevel(arg.toTensor(), level);
+      unwrapped.any_batched = unwrapped.any_batched || bdim.has_value();
+      unwrapped.values.emplace_back(std::move(value));
+      unwrapped.in_dims.push_back(bdim);
+    } else {
+      TORCH_CHECK(!arg.isTensorList() && !arg.isOptionalTensorList(),
+                  "opreg: vmap of ops with Tensor[] arguments needs a rule written for them");
+      unwrapped.values.push_back(arg);
+      unwrapped.in_dims.push_back(std::nullopt);
+    }
+  }
+  return unwrapped;
+}
+
+// Calls the op on plain (unwrapped) arguments, below this vmap level.
+std::vector<c10::IValue> call_below(const c10::OperatorHandle& op, std::vector<c10::IValue> args) {
+  c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::FuncTorchBatched);
+  torch::jit::Stack stack(std::move(args));
+  op.callBoxed(&stack);
+  return stack;
+}
+
+class VmapKernel final : public c10::OperatorKernel {
+ public:
+  VmapKernel(std::shared_ptr<detail::OpRuntime> runtime, VmapSpec spec,
+             std::shared_ptr<c10::KernelFunction> fallback)
+      : runtime_(std::move(runtime)), spec_(std::move(spec)), fallback_(std::move(fallback)) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                  torch::jit::Stack* stack) {
+    auto layer = functorch::maybeCurrentDynamicLayer();
+    TORCH_INTERNAL_ASSERT(layer.has_value(), runtime_->name, ": vmap kernel without a vmap layer");
+    const int64_t level = layer->layerId();
+    const auto randomness = randomness_of(*layer);
+    TORCH_CHECK(!spec_.random || randomness != Randomness::kError, runtime_->name,
+                ": the op is random, and vmap was called with randomness='error'; pass "
+                "randomness='same' or 'different' to torch.vmap");
+
+    const size_t num_args = op.schema().arguments().size();
+    const size_t num_returns = op.schema().returns().size();
+    std::vector<c10::IValue> args(stack->end() - num_args, stack->end());
+
+    if (!spec_.rule && !spec_.batch_polymorphic && !spec_.per_example_loop) {
+      run_fallback(op, keys, stack);
+      return;
+    }
+    auto unwrapped = unwrap(args, level);
+    torch::jit::drop(*stack, num_args);
+    const int64_t batch_size = layer->batchSize().guard_int(__FILE__, __LINE__);
+    const bool expand_all = spec_.random && randomness == Randomness::kDifferent;
+    if (!unwrapped.any_batched && !expand_all) {
+      auto outputs = call_below(op, std::move(unwrapped.values));
+      for (auto& output : outputs) stack->push_back(std::move(output));
+      return;
+    }
+
+    VmapResult result;
+    if (spec_.rule) {
+      trace("vmap:rule", unwrapped);
+      c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::FuncTorchBatched);
+      result = spec_.rule(VmapInfo{batch_size, randomness}, unwrapped.in_dims, unwrapped.values);
+    } else if (spec_.batch_polymorphic) {
+      trace("vmap:batch-polymorphic", unwrapped);
+      result = batch_polymorphic(op, std::move(unwrapped), batch_size);
+    } else {
+      warn_once_about_loop();
+      trace("vmap:per-example loop", unwrapped);
+      result = per_example_loop(op, unwrapped, batch_size);
+    }
+    TORCH_CHECK(result.outputs.size() == num_returns, runtime_->name, ": the vmap rule returned ",
+                result.outputs.size(), " outputs, expected ", num_returns);
+    TORCH_CHECK(result.out_dims.size() == num_returns, runtime_->name,
+                ": the vmap rule returned ", result.out_dims.size(), " out_dims, expected ",
+                num_returns, " (one per output)");
+    for (size_t i = 0; i < num_returns; ++i) {
+      auto& output = result.outputs[i];
+      if (output.isTensor() && result.out_dims[i].has_value()) {
+        stack->push_back(functorch::makeBatched(output.toTensor(), *result.out_dims[i], level));
+      } else {
+        stack->push_back(std::move(output));
+      }
+    }
+  }
+
+ private:
+  void trace(const char* how, const Unwrapped& unwrapped) const {
+    if (!trace_enabled()) return;
+    std::string device = "-";
+    for (const auto& value : unwrapped.values) {
+      if (value.isTensor()) {
+        device = value.toTensor().device().str();
+        break;
+      }
+    }
+    detail::record_trace(runtime_->name, how, device);
+  }
+
+  void run_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                    torch::jit::Stack* stack) const {
+    if (trace_enabled()) detail::record_trace(runtime_->name, "vmap:fallback", "-");
+    try {
+      fallback_->callBoxed(op, keys, stack);
+    } catch (const c10::Error& error) {
+      TORCH_CHECK(false, runtime_->name,
+                  ": its fallback cannot run under vmap; give the op a vmap rule, declare it "
+                  "batch-polymorphic, or ask for the per-example loop. The fallback said: ",
+                  error.what_without_backtrace());
+    }
+  }
+
+  // Every tensor argument gets the batch as its leading dim (unbatched ones are expanded, a
+  // view), and the op runs once.
+  VmapResult batch_polymorphic(const c10::OperatorHandle& op, Unwrapped unwrapped,
+                               int64_t batch_size) const {
+    for (size_t i = 0; i < unwrapped.values.size(); ++i) {
+      if (!unwrapped.values[i].isTensor()) continue;
+      auto value = unwrapped.values[i].toTensor();
+      if (unwrapped.in_dims[i]) {
+        value = value.movedim(*unwrapped.in_dims[i], 0);
+      } else {
+        std::vector<int64_t> sizes{batch_size};
+        sizes.insert(sizes.end(), value.sizes().begin(), value.sizes().end());
+        value = value.unsqueeze(0).expand(sizes);
+      }
+      unwrapped.values[i] = std::move(value);
+    }
+    VmapResult result;
+    result.outputs = call_below(op, std::move(unwrapped.values));
+    for (const auto& output : result.outputs) {
+      result.out_dims.push_back(output.isTensor() ? std::optional<int64_t>(0) : std::nullopt);
+    }
+    return result;
+  }
+
+  VmapResult per_example_loop(const c10::OperatorHandle& op, const Unwrapped& unwrapped,
+                              int64_t batch_size) const {
+    std::vector<std::vector<at::Tensor>> per_output;
+    for (int64_t b = 0; b < batch_size; ++b) {
+      std::vector<c10::IValue> args;
+      for (size_t i = 0; i < unwrapped.values.size(); ++i) {
+        const auto& value = unwrapped.values[i];
+        args.push_back(unwrapped.in_dims[i] ? c10::IValue(value.toTensor().select(
+                                                  *unwrapped.in_dims[i], b))
+                                            : value);
+      }
+      auto outputs = call_below(op, std::move(args));
+      per_output.resize(outputs.size());
+      for (size_t o = 0; o < outputs.size(); ++o) {
+        TORCH_CHECK(outputs[o].isTensor(), runtime_->name,
+                    ": the per-example loop supports tensor outputs only; output ", o, " is ",
+                    outputs[o].tagKind());
+        per_output[o].push_back(outputs[o].toTensor());
+      }
+    }
+    VmapResult result;
+    for (auto& tensors : per_output) {
+      result.outputs.emplace_back(at::stack(tensors));
+      result.out_dims.emplace_back(0);
+    }
+    return result;
+  }
+
+  void warn_once_about_loop() {
+    std::call_once(loop_warning_, [&] {
+      TORCH_WARN(runtime_->name,
+                 ": vmap runs this op once per example (the op asked for the per-example loop); "
+                 "this warning is shown once");
+    });
+  }
+
+  std::shared_ptr<detail::OpRuntime> runtime_;
+  VmapSpec spec_;
+  std::shared_ptr<c10::KernelFunction> fallback_;
+  std::once_flag loop_warning_;
+};
+
+// Random ops also run at FuncTorchVmapMode, which sees every call made inside vmap, batched
+// inputs or not (as PyTorch's own random ops do): randomness='error' refuses; 'same' calls the op
+// once for the whole batch; 'different' gives unbatched inputs the batch dim first, so that each
+// example draws its own numbers.
+class RandomnessKernel final : public c10::OperatorKernel {
+ public:
+  explicit RandomnessKernel(std::shared_ptr<detail::OpRuntime> runtime)
+      : runtime_(std::move(runtime)) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    auto layer = functorch::maybeCurrentDynamicLayer();
+    TORCH_INTERNAL_ASSERT(layer.has_value(), runtime_->name, ": vmap mode without a vmap layer");
+    const auto randomness = randomness_of(*layer);
+    TORCH_CHECK(randomness != Randomness::kError, runtime_->name,
+                ": the op is random, and vmap was called with randomness='error'; pass "
+                "randomness='same' or 'different' to torch.vmap");
+    const int64_t level = layer->layerId();
+    const size_t num_args = op.schema().arguments().size();
+    bool any_batched = false;
+    for (auto it = stack->end() - num_args; it != stack->end(); ++it) {
+      any_batched = any_batched || (it->isTensor() && it->toTensor().defined() &&
+                                    functorch::isBatchedAtLevel(it->toTensor(), level));
+    }
+    if (randomness == Randomness::kDifferent && !any_batched) {
+      const int64_t batch_size = layer->batchSize().guard_int(__FILE__, __LINE__);
+      for (auto it = stack->end() - num_args; it != stack->end(); ++it) {
+        if (!it->isTensor() || !it->toTensor().defined()) continue;
+        auto value = it->toTensor();
+        std::vector<int64_t> sizes{batch_size};
+        sizes.insert(sizes.end(), value.sizes().begin(), value.sizes().end());
+        *it = functorch::makeBatched(value.unsqueeze(0).expand(sizes), 0, level);
+      }
+    }
+    c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::FuncTorchVmapMode);
+    op.callBoxed(stack);
+  }
+
+ private:
+  std::shared_ptr<detail::OpRuntime> runtime_;
+};
+
+}  // namespace
+
+namespace detail {
+
+void register_vmap(torch::Library& library, const std::string& op_name, const OpSpec& spec) {
+  library.impl(op_name.c_str(),
+               torch::dispatch(c10::DispatchKey::FuncTorchBatched,
+                               torch::CppFunction::makeFromBoxedFunctor(std::make_unique<VmapKernel>(
+                                   spec.runtime, spec.vmap, spec.fallback_kernel))));
+  if (spec.vmap.random) {
+    library.impl(op_name.c_str(),
+                 torch::dispatch(c10::DispatchKey::FuncTorchVmapMode,
+                                 torch::CppFunction::makeFromBoxedFunctor(
+                                     std::make_unique<RandomnessKernel>(spec.runtime))));
+  }
+}
+
+std::string describe_vmap(const OpSpec& spec) {
+  if (spec.vmap.rule) return "rule";
+  if (spec.vmap.batch_polymorphic) return "batch-polymorphic (one call for the whole batch)";
+  if (spec.vmap.per_example_loop) return "per-example loop (asked for by the op)";
+  return "fallback (PyTorch batches the fallback's ATen ops)";
+}
+
+}  // namespace detail
+}  // namespace opreg

@@ -1,0 +1,139 @@
+// tests/cpp/test_autograd.cpp: explicit backwards, the three policies without one, checked
+// arity and shapes, needs_input_grad, and no autograd work when nothing requires grad.
+#include <torch/csrc/autograd/autograd.h>
+
+#include "test_util.h"
+
+using opreg_test::error_of;
+using opreg_test::impls_of;
+
+namespace {
+
+at::Tensor mul(const at::Tensor& x, const at::Tensor& y) { return x * y; }
+at::Tensor mul_kernel(const at::Tensor& x, const at::Tensor& y) { return at::mul(x, y); }
+
+std::vector<at::Tensor> grad_of(const at::Tensor& out, std::vector<at::Tensor> inputs) {
+  return torch::autograd::grad({out.sum()}, inputs, {}, std::nullopt, false, true);
+}
+
+TEST(Autograd, ExplicitBackwardRunsAfterTheKernel) {
+  std::vector<bool> needed;
+  auto op = opreg::op("opreg_ad::mul(Tensor x, Tensor y) -> Tensor")
+                .fallback(mul)
+                .kernel(mul_kernel, opreg::on({"cpu"}))
+                .backward(
+                    [&](opreg::AutogradContext& ctx, const std::vector<at::Tensor>& grads) {
+                      needed = {ctx.needs_input_grad(0), ctx.needs_input_grad(1)};
+                      auto saved = ctx.saved_tensors();
+                      return std::vector<at::Tensor>{grads[0] * saved[1], at::Tensor()};
+                    },
+                    [](opreg::AutogradContext& ctx, const std::vector<c10::IValue>& inputs,
+                       const std::vector<c10::IValue>&) {
+                      ctx.save_for_backward({inputs[0].toTensor(), inputs[1].toTensor()});
+                    })
+                .define();
+  auto x = at::randn({6}).requires_grad_();
+  auto y = at::randn({6});
+  opreg::TraceScope trace;
+  auto out = op(x, y);
+  auto grads = grad_of(out, {x});
+  EXPECT_EQ(impls_of(trace.records()), (std::vector<std::string>{"kernel:kernel", "backward"}));
+  EXPECT_TRUE(at::allclose(grads[0], y));
+  EXPECT_EQ(needed, (std::vector<bool>{true, false}));
+  EXPECT_EQ(out.grad_fn()->name(), "opreg_ad::mulBackward");
+}
+
+TEST(Autograd, NoGradMeansNoNodeAndTheKernelRuns) {
+  auto op = opreg::op("opreg_ad::mul_nograd(Tensor x, Tensor y) -> Tensor")
+                .fallback(mul)
+                .kernel(mul_kernel, opreg::on({"cpu"}))
+                .define();
+  auto x = at::randn({3}).requires_grad_();
+  opreg::TraceScope trace;
+  {
+    at::NoGradGuard no_grad;
+    EXPECT_FALSE(op(x, x).requires_grad());
+  }
+  EXPECT_FALSE(op(x.detach(), x.detach()).requires_grad());
+  EXPECT_EQ(impls_of(trace.records()), (std::vector<std::string>{"kernel:kernel", "kernel:kernel"}));
+}
+
+TEST(Autograd, FallbackPolicyDifferentiatesTheFallback) {
+  auto op = opreg::op("opreg_ad::mul_fallback(Tensor x, Tensor y) -> Tensor")
+                .fallback(mul)
+                .kernel(mul_kernel, opreg::on({"cpu"}))
+                .define();
+  auto x = at::randn({4}).requires_grad_();
+  auto y = at::randn({4}).requires_grad_();
+  opreg::TraceScope trace;
+  auto grads = grad_of(op(x, y), {x, y});
+  EXPECT_EQ(impls_of(trace.records()), (std::vector<std::string>{"fallback"}));
+  EXPECT_TRUE(at::allclose(grads[0], y));
+  EXPECT_TRUE(at::allclose(grads[1], x));
+}
+
+TEST(Autograd, ErrorPolicyNamesTheOpAndTheFix) {
+  auto op = opreg::op("opreg_ad::mul_error(Tensor x, Tensor y) -> Tensor")
+                .fallback(mul)
+                .autograd(opreg::AutogradPolicy::kError)
+                .define();
+  auto x = at::randn({4}).requires_grad_();
+  auto message = error_of([&] { op(x, x); });
+  EXPECT_CONTAINS(message, "opreg_ad::mul_error: an input requires grad, but the op has no backward");
+  EXPECT_CONTAINS(message, ".backward(");
+  EXPECT_TRUE(at::equal(op(x.detach(), x.detach()), x.detach() * x.detach()));
+}
+
+TEST(Autograd, NonePolicyGivesOutputsWithoutGrad) {
+  auto op = opreg::op("opreg_ad::mul_none(Tensor x, Tensor y) -> Tensor")
+                .fallback(mul)
+                .autograd(opreg::AutogradPolicy::kNone)
+                .define();
+  auto x = at::randn({4}).requires_grad_();
+  EXPECT_FALSE(op(x, x).requires_grad());
+}
+
+TEST(Autograd, BackwardArityAndShapeAreChecked) {
+  auto arity = opreg::op("opreg_ad::arity(Tensor x, Tensor y) -> Tensor")
+                   .fallback(mul)
+                   .backward([](opreg::AutogradContext&, const std::vector<at::Tensor>& grads) {
+                     return std::vector<at::Tensor>{grads[0]};
+                   })
+                   .define();
+  auto x = at::randn({3}).requires_grad_();
+  EXPECT_CONTAINS(error_of([&] { grad_of(arity(x, x), {x}); }),
+                  "opreg_ad::arity: backward returned 1 gradients, expected 2");
+  auto shape = opreg::op("opreg_ad::shape(Tensor x, Tensor y) -> Tensor")
+                   .fallback(mul)
+                   .backward([](opreg::AutogradContext&, const std::vector<at::Tensor>& grads) {
+                     return std::vector<at::Tensor>{grads[0].sum(), at::Tensor()};
+                   })
+                   .define();
+  EXPECT_CONTAINS(error_of([&] { grad_of(shape(x, x), {x}); }),
+                  "opreg_ad::shape: backward's gradient for input 'x' has shape [], expected [3]");
+}
+
+TEST(Autograd, BackwardForAMutatingOpIsRefused) {
+  auto message = error_of([] {
+    opreg::op("opreg_ad::mutating(Tensor(a!) x) -> ()")
+        .fallback([](at::Tensor& x) { x.mul_(2); })
+        .backward([](opreg::AutogradContext&, const std::vector<at::Tensor>& grads) {
+          return std::vector<at::Tensor>{grads[0]};
+        })
+        .define();
+  });
+  EXPECT_CONTAINS(message, "opreg_ad::mutating: a backward for an op that mutates");
+}
+
+TEST(Autograd, MutatingOpBumpsTheVersionCounter) {
+  auto op = opreg::op("opreg_ad::double_(Tensor(a!) x) -> ()")
+                .fallback([](at::Tensor& x) { x.mul_(2); })
+                .define();
+  auto x = at::ones({2});
+  auto before = x._version();
+  op(x);
+  EXPECT_GT(x._version(), before);
+  EXPECT_TRUE(at::equal(x, at::full({2}, 2.0)));
+}
+
+}  // namespace

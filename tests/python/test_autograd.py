@@ -1,0 +1,131 @@
+"""Autograd of C++-defined opreg ops: explicit backwards (device-specific within one op), the
+three policies, gradcheck/gradgradcheck, torch.compile of forward+backward, opcheck."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import opreg
+import pytest
+import torch
+from conftest import DEVICES, requires_cuda
+
+ops = torch.ops.opreg_test
+scale_add = torch.ops.opreg_example.scale_add
+
+
+def test_explicit_backward_matches_autograd_of_the_reference():
+    x = torch.randn(4, 5, requires_grad=True)
+    y = torch.randn(5, requires_grad=True)
+    with opreg.trace() as t:
+        scale_add(x, y, 0.5).pow(2).sum().backward()
+    assert t.impls("opreg_example::scale_add") == [
+        "fallback(declined by kernel:cpu_loop)",  # broadcasting: the kernel declines
+        "backward",
+    ]
+    x2, y2 = x.detach().requires_grad_(), y.detach().requires_grad_()
+    (x2 + 0.5 * y2).pow(2).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+    torch.testing.assert_close(y.grad, y2.grad)
+
+
+def test_kernel_runs_in_forward_when_inputs_require_grad():
+    x, y = torch.randn(64, requires_grad=True), torch.randn(64, requires_grad=True)
+    with opreg.trace() as t:
+        out = scale_add(x, y, 2.0)
+    assert t.impls() == ["kernel:cpu_loop"]
+    assert out.grad_fn.name() == "opreg_example::scale_addBackward"
+
+
+def test_gradcheck_and_gradgradcheck_in_float64():
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(1, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: scale_add(a, b, 0.3), (x, y))
+    assert torch.autograd.gradgradcheck(lambda a, b: scale_add(a, b, 0.3), (x, y))
+    z = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(ops.square, (z,))
+    assert torch.autograd.gradgradcheck(ops.square, (z,))
+    assert torch.autograd.gradcheck(ops.exp, (z,))
+    assert torch.autograd.gradgradcheck(ops.exp, (z,))
+
+
+def test_fallback_policy_gives_gradients_through_the_fallback():
+    x = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    with opreg.trace() as t:
+        out = ops.affine(x, 3.0, 1.0)
+    assert t.impls() == ["fallback"]
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, torch.full_like(x, 3.0))
+    assert torch.autograd.gradcheck(lambda a: ops.affine(a, 3.0, 1.0), (x,))
+
+
+def test_error_policy():
+    with pytest.raises(RuntimeError, match="opreg_test::refuses_grad: an input requires grad"):
+        ops.refuses_grad(torch.randn(3, requires_grad=True))
+    with torch.no_grad():
+        ops.refuses_grad(torch.randn(3, requires_grad=True))
+
+
+def test_none_policy():
+    assert not ops.noisy(torch.randn(3, requires_grad=True)).requires_grad
+
+
+def test_backward_arity_and_shape_errors():
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="wrong_backward_arity: backward returned 1 gradients"):
+        ops.wrong_backward_arity(x, x).sum().backward()
+    with pytest.raises(RuntimeError, match="gradient for input 'x' has shape \\[\\], expected"):
+        ops.wrong_backward_shape(x).sum().backward()
+
+
+def test_saved_output_does_not_keep_itself_alive():
+    x = torch.randn(100, requires_grad=True)
+    out = ops.exp(x)
+    ref = weakref.ref(out)
+    del out  # no backward ran: the saved output must not hold its own grad_fn
+    gc.collect()
+    assert ref() is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_forward_and_backward(device):
+    def f(a, b):
+        return (scale_add(a, b, 0.5).sin() * ops.square(a)).sum()
+
+    a = torch.randn(8, 3, device=device, requires_grad=True)
+    b = torch.randn(8, 3, device=device, requires_grad=True)
+    f(a, b).backward()
+    expected = a.grad.clone(), b.grad.clone()
+    a.grad = b.grad = None
+    torch.compile(f, fullgraph=True)(a, b).backward()
+    torch.testing.assert_close((a.grad, b.grad), expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_autograd_registration_and_aot_dispatch(device):
+    x = torch.randn(4, 3, device=device, requires_grad=True)
+    y = torch.randn(4, 3, device=device, requires_grad=True)
+    torch.library.opcheck(scale_add.default, (x, y, 0.5))
+    torch.library.opcheck(ops.square.default, (x,))
+    torch.library.opcheck(ops.exp.default, (x,))
+    torch.library.opcheck(ops.affine.default, (x, 2.0, 1.0))
+
+
+def test_device_specific_backward_on_cpu_runs_the_fallback():
+    x = torch.randn(5, requires_grad=True)
+    with opreg.trace() as t:
+        ops.square(x).sum().backward()
+    assert t.impls() == ["fallback", "backward", "fallback"]
+    assert [r.op for r in t.records][-1] == "opreg_test::square_backward"
+    torch.testing.assert_close(x.grad, 2 * x.detach())
+
+
+@requires_cuda
+def test_device_specific_backward_on_cuda_runs_the_kernel():
+    x = torch.randn(5, device="cuda", requires_grad=True)
+    with opreg.trace() as t:
+        ops.square(x).sum().backward()
+    assert t.impls() == ["kernel:cuda", "backward", "kernel:cuda"]
+    assert [r.op for r in t.records][-1] == "opreg_test::square_backward"
+    torch.testing.assert_close(x.grad, 2 * x.detach())

@@ -1,0 +1,163 @@
+"""vmap of C++-defined opreg ops: rules, batch-polymorphic ops (one call whatever the depth), the
+fallback under vmap (default), the per-example loop (opt-in, warned once), randomness, in_dims and
+out_dims, nesting, and composition with grad, jacrev and torch.compile. Each vmapped result is
+checked against a loop of single calls, and the trace shows which implementation ran."""
+
+from __future__ import annotations
+
+import warnings
+
+import opreg
+import pytest
+import torch
+from conftest import DEVICES, requires_cuda
+from torch.func import grad, jacrev, vmap
+
+ops = torch.ops.opreg_test
+scale_add = torch.ops.opreg_example.scale_add
+
+
+def loop(fn, *args, in_dims):
+    size = next(a.shape[d] for a, d in zip(args, in_dims, strict=True) if d is not None)
+    return torch.stack(
+        [
+            fn(*(a if d is None else a.select(d, b) for a, d in zip(args, in_dims, strict=True)))
+            for b in range(size)
+        ]
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batch_polymorphic_op_is_called_once(device):
+    x, y = torch.randn(7, 33, device=device), torch.randn(7, 33, device=device)
+    with opreg.trace() as t:
+        out = vmap(scale_add, in_dims=(0, 0, None))(x, y, 0.5)
+    assert t.impls("opreg_example::scale_add")[0] == "vmap:batch-polymorphic"
+    assert len([i for i in t.impls() if not i.startswith("vmap")]) == 1
+    torch.testing.assert_close(out, loop(lambda a, b: scale_add(a, b, 0.5), x, y, in_dims=(0, 0)))
+
+
+@pytest.mark.parametrize("in_dims", [(0, None), (None, 1), (0, -1), (-1, 0)])
+def test_in_dims_none_int_negative_per_argument(in_dims):
+    x, y = torch.randn(5, 6), torch.randn(6, 5)
+    xs = x if in_dims[0] is not None else x[0]
+    ys = y if in_dims[1] is not None else y[:, 0]
+    out = vmap(lambda a, b: scale_add(a, b, 2.0), in_dims=in_dims)(xs, ys)
+    torch.testing.assert_close(
+        out, loop(lambda a, b: scale_add(a, b, 2.0), xs, ys, in_dims=in_dims)
+    )
+
+
+def test_out_dims():
+    x = torch.randn(4, 3)
+    out = vmap(lambda a: scale_add(a, a, 1.0), out_dims=1)(x)
+    torch.testing.assert_close(out, (2 * x).t())
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_nested_vmap_batch_polymorphic_one_kernel_call(depth):
+    x = torch.randn(*([3] * depth), 17)
+    fn = lambda a: scale_add(a, a, 1.0)  # noqa: E731
+    for _ in range(depth):
+        fn = vmap(fn)
+    with opreg.trace() as t:
+        out = fn(x)
+    assert t.impls().count("vmap:batch-polymorphic") == depth
+    assert t.impls()[-1] == "kernel:cpu_loop"  # one call, contiguous: the kernel serves it
+    torch.testing.assert_close(out, 2 * x)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_rule_runs_at_every_depth(depth):
+    x = torch.randn(4, 5, *([2] * depth))  # batch dims last; each vmap maps the last one left
+    fn = ops.rowsum
+    for _ in range(depth):
+        fn = vmap(fn, in_dims=-1)
+    with opreg.trace() as t:
+        out = fn(x)
+    assert t.impls() == ["vmap:rule"] * depth + ["fallback"]  # one call sums every example
+    expected = x.sum(1).permute(*reversed(range(1, depth + 1)), 0)
+    torch.testing.assert_close(out, expected)
+
+
+def test_fallback_runs_under_vmap_by_default():
+    x = torch.randn(6, 4)
+    with opreg.trace() as t:
+        out = vmap(lambda a: ops.affine(a, 2.0, 1.0))(x)
+    assert t.impls()[0] == "vmap:fallback"
+    torch.testing.assert_close(out, loop(lambda a: ops.affine(a, 2.0, 1.0), x, in_dims=(0,)))
+
+
+def test_fallback_that_cannot_be_batched_says_what_to_do():
+    with pytest.raises(RuntimeError, match="normalize_by_max: its fallback cannot run under vmap"):
+        vmap(ops.normalize_by_max)(torch.randn(3, 4))
+
+
+def test_per_example_loop_is_opt_in_and_warned_once():
+    x = torch.randn(5, 4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = vmap(ops.normalize_by_max_looped)(x)
+        vmap(ops.normalize_by_max_looped)(x)
+    messages = [str(w.message) for w in caught if "per-example loop" in str(w.message)]
+    assert len(messages) <= 1  # once per process; an earlier test may already have seen it
+    torch.testing.assert_close(first, loop(ops.normalize_by_max_looped, x, in_dims=(0,)))
+
+
+def test_bad_rule_output_count_is_an_error():
+    with pytest.raises(
+        RuntimeError, match="bad_vmap_rule: the vmap rule returned 2 outputs, expected 1"
+    ):
+        vmap(ops.bad_vmap_rule)(torch.randn(3, 2))
+
+
+def test_randomness_error_same_different():
+    x = torch.zeros(4)
+    with pytest.raises(RuntimeError, match="opreg_test::noisy: the op is random"):
+        vmap(lambda _: ops.noisy(x))(torch.zeros(3))
+    same = vmap(lambda _: ops.noisy(x), randomness="same")(torch.zeros(3))
+    assert torch.equal(same[0], same[1]) and torch.equal(same[1], same[2])
+    different = vmap(lambda _: ops.noisy(x), randomness="different")(torch.zeros(3))
+    assert not torch.equal(different[0], different[1])
+    batched = vmap(ops.noisy, randomness="different")(torch.zeros(3, 4))
+    assert not torch.equal(batched[0], batched[1])
+
+
+def test_vmap_of_grad_and_grad_of_vmap_and_jacrev():
+    x, y = torch.randn(5, 3), torch.randn(5, 3)
+
+    def loss(a, b):
+        return scale_add(a, b, 0.5).pow(2).sum()
+
+    per_example = vmap(grad(loss))(x, y)
+    torch.testing.assert_close(per_example, 2 * (x + 0.5 * y))
+    whole = grad(lambda a: vmap(lambda r: scale_add(r, r, 1.0))(a).pow(2).sum())(x)
+    torch.testing.assert_close(whole, 8 * x)
+    jac = jacrev(lambda a: scale_add(a, y[0], 0.5))(x[0])
+    torch.testing.assert_close(jac, torch.eye(3))
+    jac_sq = jacrev(ops.square)(x[0])
+    torch.testing.assert_close(jac_sq, torch.diag(2 * x[0]))
+
+
+def test_vmap_under_torch_compile():
+    def f(a, b):
+        return vmap(lambda r, s: scale_add(r, s, 0.5))(a, b).sin()
+
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    torch.testing.assert_close(torch.compile(f, fullgraph=True)(x, y), f(x, y))
+
+
+def test_info_reports_vmap_support():
+    assert opreg.describe_op("opreg_test::rowsum").vmap == "rule"
+    assert opreg.describe_op("opreg_example::scale_add").vmap.startswith("batch-polymorphic")
+    assert opreg.describe_op("opreg_test::affine").vmap.startswith("fallback")
+    assert opreg.describe_op("opreg_test::normalize_by_max_looped").vmap.startswith("per-example")
+
+
+@requires_cuda
+def test_batch_polymorphic_kernel_serves_vmap_on_cuda():
+    x, y = torch.randn(64, 1000, device="cuda"), torch.randn(64, 1000, device="cuda")
+    with opreg.trace() as t:
+        out = vmap(scale_add, in_dims=(0, 0, None))(x, y, 0.5)
+    assert t.impls() == ["vmap:batch-polymorphic", "kernel:fused"]
+    torch.testing.assert_close(out, x + 0.5 * y)

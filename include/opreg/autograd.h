@@ -62,8 +62,9 @@ class AutogradContext {
   bool in_backward_ = false;
 };
 
-using SetupContext = std::function<void(AutogradContext& ctx, const std::vector<c10::IValue>& inputs,
-                                        const std::vector<c10::IValue>& outputs)>;
+using SetupContext =
+    std::function<void(AutogradContext& ctx, const std::vector<c10::IValue>& inputs,
+                       const std::vector<c10::IValue>& outputs)>;
 using Backward = std::function<std::vector<at::Tensor>(
     AutogradContext& ctx, const std::vector<at::Tensor>& grad_outputs)>;
 

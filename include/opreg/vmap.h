@@ -31,9 +31,9 @@ struct VmapResult {
 
 // rule(info, in_dims, args): args are unwrapped (plain tensors), in_dims[i] is the batch dim of
 // argument i or nullopt. Calls to ops inside the rule run below this vmap level.
-using VmapRule = std::function<VmapResult(
-    const VmapInfo& info, const std::vector<std::optional<int64_t>>& in_dims,
-    const std::vector<c10::IValue>& args)>;
+using VmapRule = std::function<VmapResult(const VmapInfo& info,
+                                          const std::vector<std::optional<int64_t>>& in_dims,
+                                          const std::vector<c10::IValue>& args)>;
 
 struct VmapSpec {
   VmapRule rule;

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch  # noqa: F401  (loads libtorch before the core library)
 
-from opreg import _C
+from opreg import _C, _registry
+from opreg._aot import AotKernel, load_triton_bundle, triton_kernels
 from opreg._registry import (
     DeviceServing,
     OpReport,
@@ -23,6 +24,7 @@ from opreg._registry import (
 from opreg._trace import TraceRecord, trace
 
 __all__ = [
+    "AotKernel",
     "DeviceServing",
     "OpReport",
     "TraceRecord",
@@ -32,9 +34,14 @@ __all__ = [
     "describe_ops",
     "example_library",
     "load_library",
+    "load_triton_bundle",
     "register_accelerated_device_type",
     "trace",
+    "triton_kernels",
 ]
 
 __version__ = "0.1.0"
+
+# The shipped ops (torch.ops.opreg.*), defined in C++ through the same API users have.
+load_library(_registry.shipped_ops_library())
 del _C

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 import opreg
+from opreg import _C
 
 
 def _device_availability() -> list[str]:
@@ -26,6 +27,14 @@ def format_info() -> str:
         "accelerated device types (kernels' default):",
         *_device_availability(),
     ]
+    driver_ok, why = _C.triton_driver_available()
+    lines.append(f"CUDA driver for AOT Triton kernels: {'available' if driver_ok else why}")
+    for kernel in opreg.triton_kernels():
+        archs = sorted({v["arch"] for v in kernel["variants"]})
+        lines.append(
+            f"  triton kernel {kernel['name']}: {len(kernel['variants'])} variants, "
+            f"sm_{', sm_'.join(map(str, archs))}"
+        )
     ops = opreg.describe_ops()
     if not ops:
         lines.append("no opreg ops defined (load a library with --load, or --examples)")

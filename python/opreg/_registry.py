@@ -89,6 +89,10 @@ def example_library(name: str = "scale_add") -> Path:
     return path
 
 
+def shipped_ops_library() -> Path:
+    return _PACKAGE_DIR / "lib" / "libopreg_ops.so"
+
+
 @public
 def cmake_dir() -> Path:
     """The folder to add to CMAKE_PREFIX_PATH for ``find_package(opreg)``."""

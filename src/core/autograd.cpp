@@ -15,8 +15,8 @@
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
 
-#include "opreg/trace.h"
 #include "op_internal.h"
+#include "opreg/trace.h"
 
 namespace opreg {
 
@@ -247,11 +247,11 @@ void register_autograd(torch::Library& library, const std::string& op_name, cons
   TORCH_CHECK_VALUE(!spec.autograd.backward || !spec.is_mutable, spec.runtime->name,
                     ": a backward for an op that mutates its inputs is not supported; leave the "
                     "backward out (the fallback then runs under autograd)");
-  library.impl(op_name.c_str(),
-               torch::dispatch(c10::DispatchKey::Autograd,
-                               torch::CppFunction::makeFromBoxedFunctor(
-                                   std::make_unique<AutogradKernel>(spec.runtime, spec.autograd,
-                                                                    spec.fallback_kernel))));
+  library.impl(
+      op_name.c_str(),
+      torch::dispatch(c10::DispatchKey::Autograd,
+                      torch::CppFunction::makeFromBoxedFunctor(std::make_unique<AutogradKernel>(
+                          spec.runtime, spec.autograd, spec.fallback_kernel))));
 }
 
 std::string describe_autograd(const OpSpec& spec) {

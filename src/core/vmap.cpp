@@ -125,9 +125,8 @@ class VmapKernel final : public c10::OperatorKernel {
     }
     TORCH_CHECK(result.outputs.size() == num_returns, runtime_->name, ": the vmap rule returned ",
                 result.outputs.size(), " outputs, expected ", num_returns);
-    TORCH_CHECK(result.out_dims.size() == num_returns, runtime_->name,
-                ": the vmap rule returned ", result.out_dims.size(), " out_dims, expected ",
-                num_returns, " (one per output)");
+    TORCH_CHECK(result.out_dims.size() == num_returns, runtime_->name, ": the vmap rule returned ",
+                result.out_dims.size(), " out_dims, expected ", num_returns, " (one per output)");
     for (size_t i = 0; i < num_returns; ++i) {
       auto& output = result.outputs[i];
       if (output.isTensor() && result.out_dims[i].has_value()) {
@@ -195,9 +194,9 @@ class VmapKernel final : public c10::OperatorKernel {
       std::vector<c10::IValue> args;
       for (size_t i = 0; i < unwrapped.values.size(); ++i) {
         const auto& value = unwrapped.values[i];
-        args.push_back(unwrapped.in_dims[i] ? c10::IValue(value.toTensor().select(
-                                                  *unwrapped.in_dims[i], b))
-                                            : value);
+        args.push_back(unwrapped.in_dims[i]
+                           ? c10::IValue(value.toTensor().select(*unwrapped.in_dims[i], b))
+                           : value);
       }
       auto outputs = call_below(op, std::move(args));
       per_output.resize(outputs.size());
@@ -276,10 +275,11 @@ class RandomnessKernel final : public c10::OperatorKernel {
 namespace detail {
 
 void register_vmap(torch::Library& library, const std::string& op_name, const OpSpec& spec) {
-  library.impl(op_name.c_str(),
-               torch::dispatch(c10::DispatchKey::FuncTorchBatched,
-                               torch::CppFunction::makeFromBoxedFunctor(std::make_unique<VmapKernel>(
-                                   spec.runtime, spec.vmap, spec.fallback_kernel))));
+  library.impl(
+      op_name.c_str(),
+      torch::dispatch(c10::DispatchKey::FuncTorchBatched,
+                      torch::CppFunction::makeFromBoxedFunctor(std::make_unique<VmapKernel>(
+                          spec.runtime, spec.vmap, spec.fallback_kernel))));
   if (spec.vmap.random) {
     library.impl(op_name.c_str(),
                  torch::dispatch(c10::DispatchKey::FuncTorchVmapMode,

@@ -1,10 +1,41 @@
 // src/python/module.cpp: the extension module opreg._C, which exposes the C++ core's registry,
 // device types and trace to the Python package.
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "opreg/opreg.h"
+#include "opreg/triton.h"
 
 namespace py = pybind11;
+
+namespace {
+
+// Python arguments of a kernel launch; keeps the tensors alive while the Args point at them.
+struct LaunchArgs {
+  std::vector<at::Tensor> tensors;
+  std::vector<opreg::triton::Arg> args;
+
+  LaunchArgs(const std::string& kernel, const py::args& values) {
+    tensors.reserve(values.size());
+    args.reserve(values.size());
+    for (const auto& value : values) {
+      if (THPVariable_Check(value.ptr())) {
+        tensors.push_back(THPVariable_Unpack(value.ptr()));
+        args.emplace_back(tensors.back());
+      } else if (py::isinstance<py::bool_>(value) || py::isinstance<py::int_>(value)) {
+        args.emplace_back(value.cast<int64_t>());
+      } else if (py::isinstance<py::float_>(value)) {
+        args.emplace_back(value.cast<double>());
+      } else {
+        TORCH_CHECK_TYPE(false, "opreg: kernel '", kernel, "': argument ", args.size(), " is a ",
+                         py::str(value.get_type()).cast<std::string>(),
+                         "; expected a tensor, an int or a float");
+      }
+    }
+  }
+};
+
+}  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "opreg's C++ core (private: use the opreg package)";
@@ -33,6 +64,50 @@ PYBIND11_MODULE(_C, m) {
     auto key = opreg::dispatch_key_for_device_type(opreg::normalize_device_type(name), &why_not);
     if (key) return py::str(c10::toString(*key));
     return py::none();
+  });
+
+  // Triton AOT kernels, launched through the C++ launcher.
+  py::class_<opreg::triton::Kernel>(m, "TritonKernel")
+      .def(py::init<std::string>(), py::arg("name"))
+      .def_property_readonly("name", &opreg::triton::Kernel::name)
+      .def("available_on",
+           [](const opreg::triton::Kernel& kernel, int device) {
+             std::string why;
+             bool ok = kernel.available_on(device, &why);
+             return py::make_tuple(ok, why);
+           })
+      .def("variant_for",
+           [](const opreg::triton::Kernel& kernel, const py::args& args) {
+             LaunchArgs launch_args(kernel.name(), args);
+             return kernel.variant_for(launch_args.args);
+           })
+      .def("launch", [](const opreg::triton::Kernel& kernel, const std::vector<int64_t>& grid,
+                        const py::args& args) {
+        TORCH_CHECK_VALUE(!grid.empty() && grid.size() <= 3, "opreg: kernel '", kernel.name(),
+                          "': the grid has 1 to 3 dimensions, got ", grid.size());
+        LaunchArgs launch_args(kernel.name(), args);
+        opreg::triton::Grid g(grid[0], grid.size() > 1 ? grid[1] : 1,
+                              grid.size() > 2 ? grid[2] : 1);
+        kernel.launch(g, launch_args.args);
+      });
+  m.def("triton_load_bundle_dir", &opreg::triton::load_bundle_dir, py::arg("path"));
+  m.def("triton_driver_available", [] {
+    std::string why;
+    bool ok = opreg::triton::driver_available(&why);
+    return py::make_tuple(ok, why);
+  });
+  m.def("triton_describe_kernels", [] {
+    py::list kernels;
+    for (const auto& k : opreg::triton::describe_kernels()) {
+      py::list variants;
+      for (const auto& v : k.variants) {
+        variants.append(py::dict(py::arg("arch") = v.arch, py::arg("assumptions") = v.assumptions,
+                                 py::arg("config") = v.config, py::arg("shared") = v.shared));
+      }
+      kernels.append(py::dict(py::arg("name") = k.name, py::arg("source") = k.source,
+                              py::arg("params") = k.params, py::arg("variants") = variants));
+    }
+    return kernels;
   });
 
   m.def("set_trace_enabled", &opreg::set_trace_enabled, py::arg("enabled"));

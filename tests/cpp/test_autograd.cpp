@@ -55,7 +55,8 @@ TEST(Autograd, NoGradMeansNoNodeAndTheKernelRuns) {
     EXPECT_FALSE(op(x, x).requires_grad());
   }
   EXPECT_FALSE(op(x.detach(), x.detach()).requires_grad());
-  EXPECT_EQ(impls_of(trace.records()), (std::vector<std::string>{"kernel:kernel", "kernel:kernel"}));
+  EXPECT_EQ(impls_of(trace.records()),
+            (std::vector<std::string>{"kernel:kernel", "kernel:kernel"}));
 }
 
 TEST(Autograd, FallbackPolicyDifferentiatesTheFallback) {
@@ -79,7 +80,8 @@ TEST(Autograd, ErrorPolicyNamesTheOpAndTheFix) {
                 .define();
   auto x = at::randn({4}).requires_grad_();
   auto message = error_of([&] { op(x, x); });
-  EXPECT_CONTAINS(message, "opreg_ad::mul_error: an input requires grad, but the op has no backward");
+  EXPECT_CONTAINS(message,
+                  "opreg_ad::mul_error: an input requires grad, but the op has no backward");
   EXPECT_CONTAINS(message, ".backward(");
   EXPECT_TRUE(at::equal(op(x.detach(), x.detach()), x.detach() * x.detach()));
 }

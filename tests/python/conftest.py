@@ -58,3 +58,26 @@ def test_ops_library() -> Path:
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="session")
+def aot_bundle(tmp_path_factory) -> Path:
+    """tests/kernels compiled by `python -m opreg.aot` (sm_80 and sm_90), loaded for launching."""
+    out = tmp_path_factory.mktemp("aot")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "opreg.aot",
+            str(REPO / "tests" / "kernels" / "test_kernels.toml"),
+            "--out",
+            str(out),
+            "--cache",
+            str(REPO / "build" / "aot-test-cache"),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    opreg.load_triton_bundle(out)
+    return out

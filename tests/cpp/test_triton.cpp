@@ -1,0 +1,80 @@
+// tests/cpp/test_triton.cpp: the AOT Triton runtime without a GPU: binaries embedded by
+// opreg_add_triton_kernels() are registered at load time with their variants; launches that
+// cannot happen are refused with the kernel's name and the reason.
+#include <opreg/triton.h>
+
+#include "test_util.h"
+
+using opreg_test::error_of;
+
+namespace {
+
+const opreg::triton::KernelReport* find_kernel(const std::vector<opreg::triton::KernelReport>& all,
+                                               const std::string& name) {
+  for (const auto& kernel : all) {
+    if (kernel.name == name) return &kernel;
+  }
+  return nullptr;
+}
+
+TEST(Triton, EmbeddedKernelsAreRegisteredWithTheirVariants) {
+  auto kernels = opreg::triton::describe_kernels();
+  const auto* scale = find_kernel(kernels, "opreg_test_scale");
+  ASSERT_NE(scale, nullptr);
+  EXPECT_EQ(scale->params, (std::vector<std::string>{"x_ptr: *fp32", "out_ptr: *fp32", "n: i64",
+                                                     "factor: fp32"}));
+  ASSERT_EQ(scale->variants.size(), 8u);  // 2 archs x (aligned or not) x (n % 16 or not)
+  EXPECT_EQ(scale->variants.front().assumptions, "x_ptr:aligned16, out_ptr:aligned16, n:div16");
+  EXPECT_EQ(scale->variants.back().assumptions, "generic");
+  const auto* matmul = find_kernel(kernels, "opreg_test_matmul_big_smem");
+  ASSERT_NE(matmul, nullptr);
+  EXPECT_GT(matmul->variants.front().shared, 48 * 1024);
+}
+
+TEST(Triton, CpuTensorsAreRefusedWithTheReason) {
+  opreg::triton::Kernel kernel("opreg_test_scale");
+  auto x = at::randn({8});
+  std::string why;
+  EXPECT_FALSE(kernel.can_launch({x, x, int64_t{8}, 2.0}, &why));
+  EXPECT_EQ(why, "argument 'x_ptr' is on cpu, not CUDA");
+  auto message = error_of([&] { kernel.launch({1}, {x, x, int64_t{8}, 2.0}); });
+  EXPECT_CONTAINS(message, "cannot launch Triton kernel 'opreg_test_scale'");
+}
+
+TEST(Triton, ArgumentsAreChecked) {
+  opreg::triton::Kernel kernel("opreg_test_scale");
+  auto x = at::randn({8});
+  std::string why;
+  EXPECT_FALSE(kernel.can_launch({x, x}, &why));
+  EXPECT_EQ(why, "it takes 4 arguments, 2 were given");
+  EXPECT_FALSE(kernel.can_launch({x, int64_t{3}, int64_t{8}, 2.0}, &why));
+  EXPECT_EQ(why, "argument 'out_ptr' must be a tensor or pointer");
+  EXPECT_FALSE(kernel.can_launch({x, x, x, 2.0}, &why));
+  EXPECT_EQ(why, "argument 'n' must be a number (i64)");
+}
+
+TEST(Triton, UnknownKernel) {
+  opreg::triton::Kernel kernel("opreg_test_missing");
+  std::string why;
+  EXPECT_FALSE(kernel.available_on(0, &why));
+  EXPECT_EQ(why, "no binaries are registered for it");
+  EXPECT_CONTAINS(error_of([&] { kernel.launch({1}, {}); }),
+                  "no ahead-of-time binaries are registered for the Triton kernel "
+                  "'opreg_test_missing'");
+}
+
+TEST(Triton, AvailabilityFollowsTheDriver) {
+  opreg::triton::Kernel kernel("opreg_test_scale");
+  std::string driver_why;
+  bool driver = opreg::triton::driver_available(&driver_why);
+  std::string why;
+  bool available = kernel.available_on(0, &why);
+  if (!driver) {
+    EXPECT_FALSE(available);
+    EXPECT_CONTAINS(why, "libcuda.so.1");
+  }
+  EXPECT_FALSE(kernel.available_on(-1, &why));
+  EXPECT_CONTAINS(why, "out of range");
+}
+
+}  // namespace

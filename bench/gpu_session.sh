@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# bench/gpu_session.sh: everything one lease of the GPU machine runs, in one call: build and
+# install opreg against the machine's PyTorch, the C++ and Python test suites, then the
+# benchmarks. Logs and results go to $OUT (the device tool brings them back). Build inputs the
+# machine lacks (nlohmann-json headers, GoogleTest source) travel in .carry/ (ignored by git).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PYTHONUNBUFFERED=1 OPREG_BENCH_OUT="$OUT/results"
+mkdir -p "$OUT/results"
+step() { echo "=== $* ($(date +%T))"; }
+
+step build
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+python3 -m pip install -q --no-build-isolation --no-deps \
+  --config-settings=cmake.define.OPREG_NLOHMANN_JSON_INCLUDE_DIR="$PWD/.carry/include" . \
+  > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+CMAKE_PREFIX="$(cd /tmp && python3 -m opreg cmake-dir)"
+
+step cpp tests
+cmake -S tests -B build/gpu-tests -G Ninja -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX" \
+  -DOPREG_GTEST_SOURCE_DIR="$PWD/.carry/googletest" > "$OUT/cpp-tests.log" 2>&1 &&
+  cmake --build build/gpu-tests >> "$OUT/cpp-tests.log" 2>&1 &&
+  ctest --test-dir build/gpu-tests --output-on-failure >> "$OUT/cpp-tests.log" 2>&1
+tail -4 "$OUT/cpp-tests.log"
+
+step python tests
+OPREG_TEST_OPS="$PWD/build/gpu-tests/libopreg_test_ops.so" timeout 300 python3 -m pytest -q \
+  -p no:cacheprovider tests/python > "$OUT/pytest.log" 2>&1
+grep -E "passed|failed|error" "$OUT/pytest.log" | tail -3
+grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
+
+step benchmarks
+(cmake -S bench/cpp -B build/bench -G Ninja -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX" &&
+  cmake --build build/bench) > "$OUT/bench-build.log" 2>&1 || tail -20 "$OUT/bench-build.log"
+for bench in "launch_cpp.py build/bench/launch_bench" eager_overhead.py bandwidth.py vmap.py \
+    first_call.py ${EXTRA_BENCHES:-}; do
+  timeout 240 python3 bench/$bench > "$OUT/bench-${bench%%.py*}.log" 2>&1 ||
+    { echo "bench $bench failed"; tail -15 "$OUT/bench-${bench%%.py*}.log"; }
+done
+grep -h -A40 "^| subject" "$OUT"/results/*.md
+step done

@@ -1,0 +1,1 @@
+"""The registrations users write today, measured against opreg in the same run."""

@@ -6,7 +6,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONUNBUFFERED=1 OPREG_BENCH_OUT="$OUT/results"
-mkdir -p "$OUT/results"
+mkdir -p "$OUT/results" "$OUT/logs"
 step() { echo "=== $* ($(date +%T))"; }
 
 step build
@@ -24,10 +24,14 @@ cmake -S tests -B build/gpu-tests -G Ninja -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX" \
 tail -4 "$OUT/cpp-tests.log"
 
 step python tests
-OPREG_TEST_OPS="$PWD/build/gpu-tests/libopreg_test_ops.so" timeout 300 python3 -m pytest -q \
-  -p no:cacheprovider tests/python > "$OUT/pytest.log" 2>&1
-grep -E "passed|failed|error" "$OUT/pytest.log" | tail -3
-grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
+export OPREG_TEST_OPS="$PWD/build/gpu-tests/libopreg_test_ops.so"
+for file in tests/python/test_*.py; do
+  log="$OUT/logs/pytest-$(basename "$file" .py).log"
+  mkdir -p "$OUT/logs"
+  timeout 300 python3 -m pytest -q -p no:cacheprovider "$file" > "$log" 2>&1
+  echo "$(basename "$file"): rc=$? $(tail -1 "$log")"
+  grep -E "^(FAILED|ERROR)|Fatal Python error|^  File .*opreg|^Current thread" "$log" | head -12
+done
 
 step benchmarks
 (cmake -S bench/cpp -B build/bench -G Ninja -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX" &&
@@ -38,4 +42,6 @@ for bench in "launch_cpp.py build/bench/launch_bench" eager_overhead.py bandwidt
     { echo "bench $bench failed"; tail -15 "$OUT/bench-${bench%%.py*}.log"; }
 done
 grep -h -A40 "^| subject" "$OUT"/results/*.md
+mv "$OUT"/*.log "$OUT/logs/" 2>/dev/null
+tar -czf "$OUT/session.tar.gz" -C "$OUT" results logs gpu.txt && rm -rf "$OUT/results" "$OUT/logs"
 step done

@@ -4,8 +4,8 @@
 #include <torch/extension.h>
 
 __global__ void add_kernel(const float* x, const float* y, float* out, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{1024} + threadIdx.x; i < (blockIdx.x + 1) * int64_t{1024} && i < n;
-       i += blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t{1024} + threadIdx.x;
+       i < (blockIdx.x + 1) * int64_t{1024} && i < n; i += blockDim.x) {
     out[i] = x[i] + y[i];
   }
 }

@@ -94,6 +94,8 @@ struct OpSpec {
   std::shared_ptr<c10::KernelFunction> fallback_kernel;  // the same, callable boxed
   std::function<torch::CppFunction()> make_meta;
   bool explicit_fake = false;
+  bool register_meta = true;  // false when the fake is registered from Python (torch.library)
+  std::string python_module;  // the module that registers it (set_python_module)
   std::vector<KernelSpec> kernels;
   std::vector<std::pair<std::string, std::vector<c10::ScalarType>>> dtype_rules;
   AutogradSpec autograd;
@@ -107,7 +109,9 @@ struct OpSpec {
 [[noreturn]] void throw_no_fake(const std::string& op, const std::string& reason);
 
 // Registers the op with the dispatcher and the opreg registry; returns the qualified name.
-std::string define(OpSpec spec);
+// `spec_size` is evaluated where the op is declared: a library built against other opreg headers
+// is refused with an error instead of misreading the spec.
+std::string define(OpSpec spec, size_t spec_size = sizeof(OpSpec));
 
 // Each tensor argument, in schema order, for the argument checks.
 template <class... Args>

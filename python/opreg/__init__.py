@@ -10,6 +10,19 @@ import torch  # noqa: F401  (loads libtorch before the core library)
 
 from opreg import _C, _registry
 from opreg._aot import AotKernel, load_triton_bundle, triton_kernels
+from opreg._front import (
+    AutogradContext,
+    TritonKernelLike,
+    VmapInfo,
+    default_vmap_wrap_inputs,
+    has_triton,
+    kernel_status,
+    register_triton_device_type,
+    register_triton_op,
+    register_vmap_op,
+    triton_device_types,
+    wrap_triton,
+)
 from opreg._registry import (
     DeviceServing,
     OpReport,
@@ -25,19 +38,30 @@ from opreg._trace import TraceRecord, trace
 
 __all__ = [
     "AotKernel",
+    "AutogradContext",
     "DeviceServing",
     "OpReport",
     "TraceRecord",
+    "TritonKernelLike",
+    "VmapInfo",
     "accelerated_device_types",
     "cmake_dir",
+    "default_vmap_wrap_inputs",
     "describe_op",
     "describe_ops",
     "example_library",
+    "has_triton",
+    "kernel_status",
     "load_library",
     "load_triton_bundle",
     "register_accelerated_device_type",
+    "register_triton_device_type",
+    "register_triton_op",
+    "register_vmap_op",
     "trace",
+    "triton_device_types",
     "triton_kernels",
+    "wrap_triton",
 ]
 
 __version__ = "0.1.0"

@@ -55,4 +55,7 @@ def format_op(op: opreg.OpReport) -> str:
         f"  autograd: {op.autograd}",
         f"  vmap:     {op.vmap}",
     ]
+    status = opreg.kernel_status(op.name)
+    if not status.startswith("not a Python-defined"):
+        lines.append(f"  triton:   {status}")
     return "\n".join(lines)

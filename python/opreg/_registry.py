@@ -13,6 +13,7 @@ from opreg._public import public
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
+@public
 @dataclass(frozen=True)
 class DeviceServing:
     """A device type with a kernel (``kernel:<name>``) or a skipped one (``skipped: <why>``)."""
@@ -21,6 +22,7 @@ class DeviceServing:
     served_by: str
 
 
+@public
 @dataclass(frozen=True)
 class OpReport:
     """One opreg op: where it came from and what serves it."""

@@ -10,6 +10,7 @@ from opreg import _C
 from opreg._public import public
 
 
+@public
 class TraceRecord(NamedTuple):
     op: str  # "namespace::name"
     impl: str  # "fallback", "kernel:<name>", "fake", ...

@@ -230,7 +230,11 @@ void throw_no_fake(const std::string& op, const std::string& reason) {
                               reason);
 }
 
-std::string define(OpSpec spec) {
+std::string define(OpSpec spec, size_t spec_size) {
+  TORCH_CHECK(spec_size == sizeof(OpSpec),
+              "opreg: an op library was built against different opreg headers than the loaded "
+              "libopreg (OpSpec of ",
+              spec_size, " bytes, expected ", sizeof(OpSpec), "); rebuild it against this opreg");
   // 1. Name and schema.
   c10::FunctionSchema schema = parse_schema(spec);
   std::string qualified =
@@ -276,6 +280,9 @@ std::string define(OpSpec spec) {
   op->spec = std::move(spec);
   auto library =
       std::make_unique<torch::Library>(torch::Library::FRAGMENT, op->ns, std::nullopt, "opreg", 0);
+  if (!op->spec.python_module.empty()) {
+    library->set_python_module(op->spec.python_module.c_str());
+  }
   try {
     library->def(std::move(schema));
   } catch (const c10::Error& error) {
@@ -290,7 +297,9 @@ std::string define(OpSpec spec) {
     }
   };
   register_at(c10::DispatchKey::CompositeExplicitAutograd, op->spec.make_fallback(), "fallback");
-  register_at(c10::DispatchKey::Meta, op->spec.make_meta(), "fake");
+  if (op->spec.register_meta) {
+    register_at(c10::DispatchKey::Meta, op->spec.make_meta(), "fake");
+  }
   register_autograd(*library, op->op_name, op->spec);
   register_vmap(*library, op->op_name, op->spec);
   op->libraries.push_back(std::move(library));

@@ -70,13 +70,13 @@ std::vector<at::Tensor> fused_add_backward(opreg::AutogradContext& ctx,
   return result;
 }
 
-const auto fused_add_op = opreg::op("opreg::fused_add(Tensor x, Tensor y) -> Tensor")
-                              .fallback(fused_add_reference)
-                              .kernel(fused_add_triton, opreg::on({"cuda"}).name("triton_aot").accepts(
-                                                            triton_accepts))
-                              .backward(fused_add_backward, fused_add_setup)
-                              .batch_polymorphic()
-                              .define();
+const auto fused_add_op =
+    opreg::op("opreg::fused_add(Tensor x, Tensor y) -> Tensor")
+        .fallback(fused_add_reference)
+        .kernel(fused_add_triton, opreg::on({"cuda"}).name("triton_aot").accepts(triton_accepts))
+        .backward(fused_add_backward, fused_add_setup)
+        .batch_polymorphic()
+        .define();
 // [fused_add.end]
 
 }  // namespace

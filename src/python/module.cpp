@@ -1,10 +1,11 @@
 // src/python/module.cpp: the extension module opreg._C, which exposes the C++ core's registry,
-// device types and trace to the Python package.
+// device types, trace, the AOT Triton launcher and Python-defined ops to the Python package.
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "opreg/opreg.h"
 #include "opreg/triton.h"
+#include "python_op.h"
 
 namespace py = pybind11;
 
@@ -109,6 +110,44 @@ PYBIND11_MODULE(_C, m) {
     }
     return kernels;
   });
+
+  // Ops defined from Python, through the same core.
+  py::class_<opreg::AutogradContext>(m, "AutogradContext")
+      .def("save_for_backward",
+           [](opreg::AutogradContext& ctx, const std::vector<at::Tensor>& tensors) {
+             ctx.save_for_backward(tensors);
+           })
+      .def_property_readonly("saved_tensors", &opreg::AutogradContext::saved_tensors)
+      .def("needs_input_grad", &opreg::AutogradContext::needs_input_grad)
+      .def_property_readonly("num_inputs", &opreg::AutogradContext::num_inputs);
+  py::class_<opreg::python::PythonKernelDefinition>(m, "PythonKernelDefinition")
+      .def(py::init<>())
+      .def_readwrite("name", &opreg::python::PythonKernelDefinition::name)
+      .def_readwrite("device_types", &opreg::python::PythonKernelDefinition::device_types)
+      .def_readwrite("fn", &opreg::python::PythonKernelDefinition::fn)
+      .def_readwrite("accepts", &opreg::python::PythonKernelDefinition::accepts);
+  using Definition = opreg::python::PythonOpDefinition;
+  py::class_<Definition>(m, "PythonOpDefinition")
+      .def(py::init<>())
+      .def_readwrite("schema", &Definition::schema)
+      .def_readwrite("fallback", &Definition::fallback)
+      .def_readwrite("fallback_label", &Definition::fallback_label)
+      .def_readwrite("kernels", &Definition::kernels)
+      .def_readwrite("python_fake", &Definition::python_fake)
+      .def_readwrite("python_module", &Definition::python_module)
+      .def_readwrite("dtype_rules", &Definition::dtype_rules)
+      .def_readwrite("allow_mixed_devices", &Definition::allow_mixed_devices)
+      .def_readwrite("autograd_policy", &Definition::autograd_policy)
+      .def_readwrite("backward", &Definition::backward)
+      .def_readwrite("setup_context", &Definition::setup_context)
+      .def_readwrite("make_context", &Definition::make_context)
+      .def_readwrite("vmap_rule", &Definition::vmap_rule)
+      .def_readwrite("batch_polymorphic", &Definition::batch_polymorphic)
+      .def_readwrite("vmap_per_example_loop", &Definition::vmap_per_example_loop)
+      .def_readwrite("random", &Definition::random)
+      .def_readwrite("replace", &Definition::replace)
+      .def_readwrite("origin", &Definition::origin);
+  m.def("define_python_op", &opreg::python::define_python_op, py::arg("definition"));
 
   m.def("set_trace_enabled", &opreg::set_trace_enabled, py::arg("enabled"));
   m.def("trace_records", [] {

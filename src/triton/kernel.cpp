@@ -28,7 +28,20 @@ constexpr size_t kMaxDevices = 64;
 constexpr size_t kMaxParams = 64;
 constexpr int64_t kDefaultMaxSharedMemory = 48 * 1024;
 
-enum class ParamType : uint8_t { kPointer, kI1, kI8, kI16, kI32, kI64, kU32, kU64, kF16, kBF16, kF32, kF64 };
+enum class ParamType : uint8_t {
+  kPointer,
+  kI1,
+  kI8,
+  kI16,
+  kI32,
+  kI64,
+  kU32,
+  kU64,
+  kF16,
+  kBF16,
+  kF32,
+  kF64
+};
 enum class AssumptionKind : uint8_t { kAligned16, kDiv16, kEquals1 };
 
 struct Param {
@@ -83,9 +96,9 @@ Registry& registry() {
 ParamType parse_type(const std::string& kernel, const std::string& type) {
   if (!type.empty() && type[0] == '*') return ParamType::kPointer;
   static const std::unordered_map<std::string, ParamType> types = {
-      {"i1", ParamType::kI1},   {"i8", ParamType::kI8},     {"i16", ParamType::kI16},
-      {"i32", ParamType::kI32}, {"i64", ParamType::kI64},   {"u32", ParamType::kU32},
-      {"u64", ParamType::kU64}, {"fp16", ParamType::kF16},  {"bf16", ParamType::kBF16},
+      {"i1", ParamType::kI1},    {"i8", ParamType::kI8},    {"i16", ParamType::kI16},
+      {"i32", ParamType::kI32},  {"i64", ParamType::kI64},  {"u32", ParamType::kU32},
+      {"u64", ParamType::kU64},  {"fp16", ParamType::kF16}, {"bf16", ParamType::kBF16},
       {"fp32", ParamType::kF32}, {"fp64", ParamType::kF64}};
   auto found = types.find(type);
   TORCH_CHECK_VALUE(found != types.end(), "opreg: Triton kernel '", kernel,
@@ -127,11 +140,12 @@ void check_layout(const KernelImpl& kernel, const Variant& variant, const std::v
   }
   packed.push_back(8);
   packed.push_back(8);
-  TORCH_CHECK_VALUE(packed == ptx, "opreg: Triton kernel '", kernel.name, "' (sm_", variant.arch,
-                    ", ", variant.assumptions_text, "): the binary expects ", ptx.size(),
-                    " parameters of sizes ", c10::IntArrayRef(std::vector<int64_t>(ptx.begin(), ptx.end())),
-                    ", the launcher would pack ", c10::IntArrayRef(std::vector<int64_t>(packed.begin(), packed.end())),
-                    "; rebuild it with this opreg's python -m opreg.aot");
+  TORCH_CHECK_VALUE(
+      packed == ptx, "opreg: Triton kernel '", kernel.name, "' (sm_", variant.arch, ", ",
+      variant.assumptions_text, "): the binary expects ", ptx.size(), " parameters of sizes ",
+      c10::IntArrayRef(std::vector<int64_t>(ptx.begin(), ptx.end())), ", the launcher would pack ",
+      c10::IntArrayRef(std::vector<int64_t>(packed.begin(), packed.end())),
+      "; rebuild it with this opreg's python -m opreg.aot");
 }
 
 // Parses a manifest; `read_file(name)` gives the bytes of a binary it names.
@@ -173,7 +187,8 @@ std::unique_ptr<KernelImpl> parse_manifest(const std::string& text, ReadFile rea
                         kernel->name, "': an assumption names parameter ", assumption.param);
       if (assumption.kind == AssumptionKind::kEquals1) variant->dropped[assumption.param] = true;
       assumptions << (variant->assumptions.empty() ? "" : ", ")
-                  << kernel->params[assumption.param].name << ":" << a.at("kind").get<std::string>();
+                  << kernel->params[assumption.param].name << ":"
+                  << a.at("kind").get<std::string>();
       variant->assumptions.push_back(assumption);
     }
     variant->assumptions_text = variant->assumptions.empty() ? "generic" : assumptions.str();
@@ -298,8 +313,8 @@ Variant* select(const KernelImpl& kernel, c10::ArrayRef<Arg> args, int device,
     *why_not = driver_why;
     return nullptr;
   }
-  TORCH_CHECK(device >= 0 && static_cast<size_t>(device) < kMaxDevices,
-              "opreg: CUDA device index ", device, " out of range");
+  TORCH_CHECK(device >= 0 && static_cast<size_t>(device) < kMaxDevices, "opreg: CUDA device index ",
+              device, " out of range");
   int capability = compute_capability(device);
   int arch = best_arch(kernel, capability);
   if (arch < 0) {
@@ -372,7 +387,8 @@ void pack(const Param& param, const Arg& arg, uint64_t* slot, const std::string&
     }
     case ParamType::kI1:
     case ParamType::kI8: {
-      check_range(param.type == ParamType::kI1 ? 0 : INT8_MIN, param.type == ParamType::kI1 ? 1 : INT8_MAX);
+      check_range(param.type == ParamType::kI1 ? 0 : INT8_MIN,
+                  param.type == ParamType::kI1 ? 1 : INT8_MAX);
       auto value = static_cast<int8_t>(arg.as_int());
       std::memcpy(slot, &value, sizeof(value));
       return;
@@ -440,8 +456,11 @@ Kernel::Kernel(std::string name) : name_(std::move(name)) {}
 
 KernelImpl& Kernel::impl() const {
   KernelImpl* kernel = find();
-  TORCH_CHECK(kernel != nullptr, "opreg: no ahead-of-time binaries are registered for the Triton "
-              "kernel '", name_, "' (build them with python -m opreg.aot, and link the generated "
+  TORCH_CHECK(kernel != nullptr,
+              "opreg: no ahead-of-time binaries are registered for the Triton "
+              "kernel '",
+              name_,
+              "' (build them with python -m opreg.aot, and link the generated "
               "source or call load_bundle_dir)");
   return *kernel;
 }
@@ -516,8 +535,8 @@ void Kernel::launch(Grid grid, c10::ArrayRef<Arg> args) const {
   auto call = inspect(kernel, args, &why);
   TORCH_CHECK(call.device >= 0, "opreg: cannot launch Triton kernel '", name_, "': ", why);
   Variant* variant = select(kernel, args, call.device, &why);
-  TORCH_CHECK(variant != nullptr, "opreg: cannot launch Triton kernel '", name_, "' on cuda:",
-              call.device, ": ", why);
+  TORCH_CHECK(variant != nullptr, "opreg: cannot launch Triton kernel '", name_,
+              "' on cuda:", call.device, ": ", why);
   TORCH_CHECK_VALUE(grid.x >= 0 && grid.y >= 0 && grid.z >= 0 && grid.x < (int64_t{1} << 31) &&
                         grid.y < 65536 && grid.z < 65536,
                     "opreg: Triton kernel '", name_, "': grid (", grid.x, ", ", grid.y, ", ",
@@ -568,10 +587,10 @@ void Kernel::launch(Grid grid, c10::ArrayRef<Arg> args) const {
   const auto block = static_cast<unsigned>(32 * variant->num_warps);
   cuda::CUresult result;
   if (variant->num_ctas == 1 && !variant->launch_pdl && !variant->launch_cooperative_grid) {
-    result = d->cuLaunchKernel(function, static_cast<unsigned>(grid.x),
-                               static_cast<unsigned>(grid.y), static_cast<unsigned>(grid.z), block,
-                               1, 1, static_cast<unsigned>(variant->shared), stream, params.data(),
-                               nullptr);
+    result =
+        d->cuLaunchKernel(function, static_cast<unsigned>(grid.x), static_cast<unsigned>(grid.y),
+                          static_cast<unsigned>(grid.z), block, 1, 1,
+                          static_cast<unsigned>(variant->shared), stream, params.data(), nullptr);
   } else {
     std::array<cuda::LaunchAttribute, 3> attributes{};
     unsigned num_attributes = 0;
@@ -603,9 +622,8 @@ void Kernel::launch(Grid grid, c10::ArrayRef<Arg> args) const {
     result = d->cuLaunchKernelEx(&config, function, params.data(), nullptr);
   }
   TORCH_CHECK(result == cuda::kSuccess, "opreg: launching Triton kernel '", name_, "' (sm_",
-              variant->arch, ", ", variant->assumptions_text, ") with grid (", grid.x, ", ",
-              grid.y, ", ", grid.z, ") on cuda:", call.device, " failed: ",
-              cuda::error_text(result));
+              variant->arch, ", ", variant->assumptions_text, ") with grid (", grid.x, ", ", grid.y,
+              ", ", grid.z, ") on cuda:", call.device, " failed: ", cuda::error_text(result));
 }
 
 bool register_embedded_bundle(const char* manifest, size_t manifest_size, const EmbeddedFile* files,
@@ -646,7 +664,8 @@ std::vector<KernelReport> describe_kernels() {
   std::vector<KernelReport> reports;
   for (const auto& [name, kernel] : reg.kernels) {
     KernelReport report{name, kernel->source, {}, {}};
-    for (const auto& param : kernel->params) report.params.push_back(param.name + ": " + param.type_name);
+    for (const auto& param : kernel->params)
+      report.params.push_back(param.name + ": " + param.type_name);
     for (const auto& variant : kernel->variants) {
       report.variants.push_back(
           {variant->arch, variant->assumptions_text, variant->config_text, variant->shared});

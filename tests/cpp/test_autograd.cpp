@@ -1,6 +1,7 @@
 // tests/cpp/test_autograd.cpp: explicit backwards, the three policies without one, checked
 // arity and shapes, needs_input_grad, and no autograd work when nothing requires grad.
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
 
 #include "test_util.h"
 

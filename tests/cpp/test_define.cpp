@@ -65,7 +65,7 @@ TEST(Define, MutationIsDeclaredInTheSchema) {
   auto x = at::zeros({3});
   op(x);
   EXPECT_TRUE(at::equal(x, at::ones({3})));
-  const auto& schema = opreg_test::find_op("opreg_cpp::add_one_").schema();
+  auto schema = opreg_test::find_op("opreg_cpp::add_one_").schema();
   EXPECT_TRUE(schema.is_mutable());
 }
 

@@ -21,8 +21,8 @@ TEST(Triton, EmbeddedKernelsAreRegisteredWithTheirVariants) {
   auto kernels = opreg::triton::describe_kernels();
   const auto* scale = find_kernel(kernels, "opreg_test_scale");
   ASSERT_NE(scale, nullptr);
-  EXPECT_EQ(scale->params, (std::vector<std::string>{"x_ptr: *fp32", "out_ptr: *fp32", "n: i64",
-                                                     "factor: fp32"}));
+  EXPECT_EQ(scale->params,
+            (std::vector<std::string>{"x_ptr: *fp32", "out_ptr: *fp32", "n: i64", "factor: fp32"}));
   ASSERT_EQ(scale->variants.size(), 8u);  // 2 archs x (aligned or not) x (n % 16 or not)
   EXPECT_EQ(scale->variants.front().assumptions, "x_ptr:aligned16, out_ptr:aligned16, n:div16");
   EXPECT_EQ(scale->variants.back().assumptions, "generic");

@@ -7,9 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import opreg
 import pytest
 import torch
+
+# Without a GPU, Triton kernels run in Triton's interpreter on CPU tensors. Set before any test
+# module defines a @triton.jit kernel (the decorator reads it).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import opreg
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_OPS_BUILD = REPO / "build" / "tests"
@@ -57,6 +63,8 @@ def test_ops_library() -> Path:
 
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# Where the Python front's Triton kernels run in the tests: CUDA, or the CPU under the interpreter.
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 

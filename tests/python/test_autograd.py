@@ -6,9 +6,10 @@ from __future__ import annotations
 import gc
 import weakref
 
-import opreg
 import pytest
 import torch
+
+import opreg
 from conftest import DEVICES, requires_cuda
 
 ops = torch.ops.opreg_test

@@ -6,11 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import opreg
 import pytest
 import torch
-from conftest import DEVICES, requires_cuda
 from torch._subclasses.fake_tensor import FakeTensorMode
+
+import opreg
+from conftest import DEVICES, requires_cuda
 
 
 def scale_add(x, y, alpha=1.0):

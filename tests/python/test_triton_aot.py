@@ -10,9 +10,10 @@ import subprocess
 import sys
 import threading
 
-import opreg
 import pytest
 import torch
+
+import opreg
 from conftest import REPO, requires_cuda
 
 SPEC = REPO / "tests" / "kernels" / "test_kernels.toml"

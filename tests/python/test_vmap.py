@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import warnings
 
-import opreg
 import pytest
 import torch
-from conftest import DEVICES, requires_cuda
 from torch.func import grad, jacrev, vmap
+
+import opreg
+from conftest import DEVICES, requires_cuda
 
 ops = torch.ops.opreg_test
 scale_add = torch.ops.opreg_example.scale_add

@@ -324,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     os.environ.setdefault("TRITON_CACHE_DIR", str((args.cache or args.out / ".cache") / "triton"))
+    # Compiling for GPUs: kernels must be JIT functions, not the interpreter's stand-ins.
+    os.environ.pop("TRITON_INTERPRET", None)
     kernels, base = load_spec(args.spec)
     args.out.mkdir(parents=True, exist_ok=True)
     cache = args.cache or args.out / ".cache"

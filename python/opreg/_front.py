@@ -1,0 +1,520 @@
+"""The Python front: define ops from Python through opreg's C++ core.
+
+``register_triton_op`` and ``register_vmap_op`` accept EvoX's calls keyword for keyword (switch
+the import and keep the code); the decorated function is the fallback. Everything else an opreg
+op has (argument checks, autograd policies and explicit backwards, vmap without a per-example
+loop, kernels that decline, ``info``) comes from the same core that C++ ops use.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import torch
+import torch.utils._pytree as pytree
+
+from opreg import _C
+from opreg._public import public
+from opreg._registry import accelerated_device_types, register_accelerated_device_type
+
+DEFAULT_NAMESPACE = "opreg_py"
+
+# ---- Triton: present, and working? ------------------------------------------------------------
+
+_triton_status: tuple[bool, str] | None = None
+
+
+@public
+def has_triton() -> bool:
+    """Whether Triton imports and works (EvoX only checked that the package can be found)."""
+    return triton_status()[0]
+
+
+def triton_status() -> tuple[bool, str]:
+    """(usable, why not)."""
+    global _triton_status
+    if _triton_status is None:
+        try:
+            import triton.language as tl
+
+            import triton
+
+            if not callable(getattr(triton, "jit", None)) or not hasattr(tl, "program_id"):
+                raise ImportError("triton lacks triton.jit or triton.language.program_id")
+            _triton_status = (True, "")
+        except Exception as error:
+            _triton_status = (False, f"Triton is not usable: {type(error).__name__}: {error}")
+    return _triton_status
+
+
+@public
+def triton_device_types() -> list[str]:
+    """Device types that Triton kernels serve by default (initially ``["cuda"]``)."""
+    return accelerated_device_types()
+
+
+@public
+def register_triton_device_type(name: str) -> str:
+    """Add a device type for Triton kernels (stripped, lower-cased); reaches ops defined earlier."""
+    return register_accelerated_device_type(name)
+
+
+# ---- traceable Triton launches ------------------------------------------------------------------
+
+_decomposing: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "opreg_decomposing", default=False
+)
+
+
+@public
+@runtime_checkable
+class TritonKernelLike(Protocol):
+    """What ``opreg.wrap_triton`` returns: index by the grid, then call with the arguments."""
+
+    def __getitem__(self, grid: Any) -> Callable[..., Any]: ...
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+class _WrappedTriton:
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+
+    def __getitem__(self, grid: Any) -> Callable[..., Any]:
+        if _decomposing.get():
+            return torch.library.wrap_triton(self.kernel)[grid]
+        return self.kernel[grid]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _decomposing.get():
+            return torch.library.wrap_triton(self.kernel)(*args, **kwargs)
+        return self.kernel(*args, **kwargs)
+
+
+@public
+def wrap_triton(kernel: Any) -> TritonKernelLike:
+    """Launch ``kernel`` so that torch.compile and torch.export see it when they trace an opreg
+    op (as ``torch.library.wrap_triton`` inside ``triton_op``); in eager, launch it directly."""
+    return _WrappedTriton(kernel)
+
+
+# ---- autograd and vmap helpers ------------------------------------------------------------------
+
+
+@public
+class AutogradContext:
+    """The ``ctx`` of setup_context and backward: save tensors with ``save_for_backward``, any
+    other value as an attribute."""
+
+    def __init__(self, cpp: _C.AutogradContext) -> None:
+        object.__setattr__(self, "_cpp", cpp)
+
+    def save_for_backward(self, *tensors: torch.Tensor) -> None:
+        self._cpp.save_for_backward(list(tensors))
+
+    @property
+    def saved_tensors(self) -> tuple[torch.Tensor, ...]:
+        return tuple(self._cpp.saved_tensors)
+
+    @property
+    def needs_input_grad(self) -> tuple[bool, ...]:
+        return tuple(self._cpp.needs_input_grad(i) for i in range(self._cpp.num_inputs))
+
+
+@public
+class VmapInfo(NamedTuple):
+    batch_size: int
+    randomness: str
+
+
+@public
+def default_vmap_wrap_inputs(info: VmapInfo, in_dims: Sequence[int | None], *args: Any):
+    """EvoX's wrapping: each argument's batch dim to the front; unbatched tensors get a leading
+    dim of size 1 (which broadcasts), as EvoX does."""
+
+    def wrap(arg: Any, dim: int | None) -> Any:
+        if dim is None:
+            return pytree.tree_map_only(torch.Tensor, lambda t: t.unsqueeze(0), arg)
+        return pytree.tree_map_only(torch.Tensor, lambda t: t.movedim(dim, 0), arg)
+
+    return tuple(wrap(arg, dim) for arg, dim in zip(args, in_dims, strict=True))
+
+
+def _as_tuple(value: Any) -> tuple[Any, ...]:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def _out_dims(out_dims: int | Sequence[int | None], count: int) -> tuple[int | None, ...]:
+    if isinstance(out_dims, int) or out_dims is None:
+        return (out_dims,) * count
+    return tuple(out_dims)
+
+
+# ---- definition -------------------------------------------------------------------------------
+
+
+@dataclass
+class _Registration:
+    """What the Python side holds for one op: its torch.library objects and kernel status."""
+
+    qualname: str
+    libraries: list[torch.library.Library]
+    kernel_status: str
+
+
+_registrations: dict[str, _Registration] = {}
+
+
+@public
+def kernel_status(name: str) -> str:
+    """Why a Python-defined op's Triton kernel is on or off."""
+    registration = _registrations.get(name)
+    return registration.kernel_status if registration else "not a Python-defined opreg op"
+
+
+def _qualified_name(name: str | None, fn: Callable[..., Any]) -> str:
+    if name is None:
+        return f"{DEFAULT_NAMESPACE}::{fn.__name__}"
+    return name if "::" in name else f"{DEFAULT_NAMESPACE}::{name}"
+
+
+def _schema(qualname: str, fn: Callable[..., Any], schema: str | None, mutates_args: Any) -> str:
+    if schema is None:
+        schema = torch.library.infer_schema(fn, mutates_args=mutates_args)
+    return qualname + schema
+
+
+def _device_types(types: str | Sequence[str] | None) -> list[str] | None:
+    if types is None:
+        return None
+    return [types.strip().lower()] if isinstance(types, str) else [t.strip().lower() for t in types]
+
+
+def _forget(qualname: str) -> None:
+    """Drop opreg's Python-side registrations of an op, and torch.ops' cached handle."""
+    registration = _registrations.pop(qualname, None)
+    if registration is not None:
+        for library in registration.libraries:
+            library._destroy()
+    namespace, name = qualname.split("::")
+    packet_cache = getattr(torch.ops, namespace).__dict__
+    packet_cache.pop(name.split(".")[0], None)
+
+
+def _op(qualname: str) -> torch._ops.OpOverload:
+    namespace, name = qualname.split("::")
+    packet = getattr(getattr(torch.ops, namespace), name.split(".")[0])
+    return getattr(packet, name.split(".")[1] if "." in name else "default")
+
+
+def _define(
+    fn: Callable[..., Any],
+    *,
+    qualname: str,
+    schema: str | None,
+    mutates_args: Any,
+    fake_fn: Callable[..., Any] | None,
+    kernels: list[tuple[str, list[str] | None, Callable[..., Any], Callable[..., Any] | None]],
+    vmap_rule: Callable[..., Any] | None,
+    batch_polymorphic: bool,
+    vmap_loop: bool,
+    random: bool,
+    backward: Callable[..., Any] | None,
+    setup_context: Callable[..., Any] | None,
+    autograd: str,
+    decompose_with: tuple[Callable[..., Any], list[str] | None] | None,
+    replace: bool,
+    kernel_status_text: str,
+    origin: str,
+    fallback_label: str = "fallback",
+) -> torch._ops.OpOverload:
+    if replace:
+        _forget(qualname)
+    definition = _C.PythonOpDefinition()
+    definition.schema = _schema(qualname, fn, schema, mutates_args)
+    definition.fallback = fn
+    definition.fallback_label = fallback_label
+    cpp_kernels = []
+    for kernel_name, device_types, kernel_fn, accepts in kernels:
+        kernel = _C.PythonKernelDefinition()
+        kernel.name, kernel.device_types, kernel.fn = kernel_name, device_types, kernel_fn
+        kernel.accepts = accepts
+        cpp_kernels.append(kernel)
+    definition.kernels = cpp_kernels
+    definition.python_fake = fake_fn is not None
+    definition.python_module = __name__
+    definition.autograd_policy = autograd
+    definition.backward = backward
+    definition.setup_context = setup_context
+    definition.make_context = AutogradContext
+    definition.vmap_rule = vmap_rule
+    definition.batch_polymorphic = batch_polymorphic
+    definition.vmap_per_example_loop = vmap_loop
+    definition.random = random
+    definition.replace = replace
+    definition.origin = origin
+    _C.define_python_op(definition)
+
+    namespace, name = qualname.split("::")
+    library = torch.library.Library(namespace, "FRAGMENT")
+    if fake_fn is not None:
+        torch.library.register_fake(qualname, fake_fn, lib=library)
+    if decompose_with is not None:
+        library._register_torch_dispatch_rule(
+            name,
+            _functional_tensor_mode(),
+            _decomposition(decompose_with[0], fn, decompose_with[1]),
+        )
+    _registrations[qualname] = _Registration(qualname, [library], kernel_status_text)
+    return _op(qualname)
+
+
+def _functional_tensor_mode() -> type:
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    return FunctionalTensorMode
+
+
+def _decomposition(
+    triton_fn: Callable[..., Any], fallback: Callable[..., Any], device_types: list[str] | None
+) -> Callable[..., Any]:
+    """Under AOT dispatch (torch.compile), run the implementation itself, so that triton_fn's
+    wrap_triton launches become graph nodes the compiler sees (as torch.library.triton_op), or
+    the fallback's ATen ops on devices the kernel does not serve (and under Triton's interpreter,
+    whose kernels cannot be traced)."""
+
+    def decompose(mode, op, types, args, kwargs):
+        from torch.export._trace import custom_triton_ops_decomposition_disabled
+
+        if custom_triton_ops_decomposition_disabled():  # torch.export keeps the op whole
+            return mode.__torch_dispatch__(op, types, args, kwargs)
+        tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        device = tensors[0].device.type if tensors else "cpu"
+        serves = device in (device_types or triton_device_types())
+        interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+        impl = triton_fn if serves and not interpreted else fallback
+        token = _decomposing.set(True)
+        try:
+            with mode:
+                return impl(*args, **kwargs)
+        finally:
+            _decomposing.reset(token)
+
+    return decompose
+
+
+def _vmap_fn_rules(
+    qualname: str,
+    fn: Callable[..., Any],
+    *,
+    schema: str | None,
+    mutates_args: Any,
+    vmap_fn: Callable[..., Any],
+    fake_vmap_fn: Callable[..., Any] | None,
+    vmap_wrap_inputs: Callable[..., Any] | None,
+    vmap_out_dims: Any,
+    replace: bool,
+    origin: str,
+) -> Callable[..., Any]:
+    """EvoX's vmap_fn, at any depth, without one op per level: one companion op `<name>_vmap`
+    runs vmap_fn on inputs with leading batch dims; the rule of both ops wraps the inputs of
+    one more level and calls the companion again, so the innermost call sees every level."""
+    wrap = vmap_wrap_inputs or default_vmap_wrap_inputs
+    companion_name = qualname + "_vmap"
+    companion: list[torch._ops.OpOverload] = []
+
+    def rule(batch_size: int, randomness: str, in_dims: list[int | None], args: tuple):
+        wrapped = wrap(VmapInfo(batch_size, randomness), in_dims, *args)
+        outputs = _as_tuple(companion[0](*wrapped))
+        return outputs, _out_dims(vmap_out_dims, len(outputs))
+
+    companion.append(
+        _define(
+            vmap_fn,
+            qualname=companion_name,
+            schema=schema,
+            mutates_args=mutates_args,
+            fake_fn=fake_vmap_fn,
+            kernels=[],
+            vmap_rule=rule,
+            batch_polymorphic=False,
+            vmap_loop=False,
+            random=False,
+            backward=None,
+            setup_context=None,
+            autograd="fallback",
+            decompose_with=None,
+            replace=replace,
+            kernel_status_text="vmap_fn serves every device",
+            origin=origin,
+            fallback_label="vmap_fn",
+        )
+    )
+    # The companion's schema comes from fn when none is given: vmap_fn has fn's signature.
+    return rule
+
+
+def _origin(depth: int = 3) -> str:
+    frame = inspect.stack()[depth]
+    return f"{frame.filename}:{frame.lineno}"
+
+
+def _explicit_rule(vmap: Callable[..., Any]) -> Callable[..., Any]:
+    """torch.library.register_vmap's signature: vmap(info, in_dims, *args) -> (out, out_dims)."""
+
+    def rule(batch_size: int, randomness: str, in_dims: list[int | None], args: tuple):
+        outputs, out_dims = vmap(VmapInfo(batch_size, randomness), tuple(in_dims), *args)
+        outputs = _as_tuple(outputs)
+        return outputs, _out_dims(out_dims, len(outputs))
+
+    return rule
+
+
+@public
+def register_triton_op(
+    *,
+    fake_fn: Callable[..., Any] | None,
+    triton_fn: Callable[..., Any] | None,
+    vmap_fn: Callable[..., Any] | None = None,
+    fake_vmap_fn: Callable[..., Any] | None = None,
+    vmap_wrap_inputs: Callable[..., Any] | None = None,
+    vmap_out_dims: int | Sequence[int | None] = 0,
+    max_vmap_level: int | None = None,
+    name: str | None = None,
+    mutates_args: Any = (),
+    device_types: str | Sequence[str] | None = None,
+    triton_device_types: str | Sequence[str] | None = None,
+    schema: str | None = None,
+    # opreg's additions (keyword-only, all optional):
+    backward: Callable[..., Any] | None = None,
+    setup_context: Callable[..., Any] | None = None,
+    autograd: str = "fallback",
+    vmap: Callable[..., Any] | None = None,
+    batch_polymorphic: bool = False,
+    vmap_loop: bool = False,
+    random: bool = False,
+    triton_accepts: Callable[..., bool] | None = None,
+    traceable: bool | None = None,
+    replace: bool = False,
+) -> Callable[[Callable[..., Any]], torch._ops.OpOverload]:
+    """Define an op whose decorated function is the fallback, with ``triton_fn`` as the kernel
+    for ``triton_device_types`` (the Triton device registry when None). EvoX's parameters keep
+    their meaning; see README "Coming from EvoX" for every difference.
+
+    opreg's additions: ``backward``/``setup_context`` (as torch.library.register_autograd) and
+    ``autograd`` ("fallback", "error" or "none") for calls that need gradients; ``vmap`` (an
+    explicit rule with torch.library.register_vmap's signature), ``batch_polymorphic`` and
+    ``vmap_loop``; ``random``; ``triton_accepts(*args) -> bool`` to decline calls the kernel
+    does not handle; ``traceable`` (default: whether triton_fn uses opreg.wrap_triton) to let
+    torch.compile see the Triton kernels; ``replace`` to redefine an existing op.
+    """
+    del max_vmap_level, device_types  # see "Coming from EvoX": opreg needs neither
+
+    if vmap_fn is not None and fake_vmap_fn is None:
+        raise TypeError(
+            "opreg.register_triton_op: vmap_fn needs fake_vmap_fn (the fake of the "
+            "batched computation), as in EvoX"
+        )
+    if vmap is not None and vmap_fn is not None:
+        raise TypeError("opreg.register_triton_op: give vmap (a rule) or vmap_fn, not both")
+
+    def decorator(fn: Callable[..., Any]) -> torch._ops.OpOverload:
+        qualname = _qualified_name(name, fn)
+        origin = _origin(2)
+        kernels = []
+        usable, why = triton_status()
+        status = "no triton_fn"
+        if triton_fn is not None:
+            if usable:
+                types = _device_types(triton_device_types)
+                kernels.append(("triton", types, triton_fn, triton_accepts))
+                status = f"triton_fn serves {', '.join(types) if types else 'the Triton devices'}"
+            else:
+                status = f"triton_fn is off: {why}"
+        rule = None
+        if vmap_fn is not None:
+            rule = _vmap_fn_rules(
+                qualname,
+                fn,
+                schema=schema,
+                mutates_args=mutates_args,
+                vmap_fn=vmap_fn,
+                fake_vmap_fn=fake_vmap_fn,
+                vmap_wrap_inputs=vmap_wrap_inputs,
+                vmap_out_dims=vmap_out_dims,
+                replace=replace,
+                origin=origin,
+            )
+        elif vmap is not None:
+            rule = _explicit_rule(vmap)
+        wants_trace = traceable
+        if wants_trace is None:
+            wants_trace = triton_fn is not None and "wrap_triton" in getattr(
+                getattr(triton_fn, "__code__", None), "co_names", ()
+            )
+        decompose_with = None
+        if wants_trace and triton_fn is not None and usable:
+            decompose_with = (triton_fn, _device_types(triton_device_types))
+        return _define(
+            fn,
+            qualname=qualname,
+            schema=schema,
+            mutates_args=mutates_args,
+            fake_fn=fake_fn,
+            kernels=kernels,
+            vmap_rule=rule,
+            batch_polymorphic=batch_polymorphic,
+            vmap_loop=vmap_loop,
+            random=random,
+            backward=backward,
+            setup_context=setup_context,
+            autograd=autograd,
+            decompose_with=decompose_with,
+            replace=replace,
+            kernel_status_text=status,
+            origin=origin,
+        )
+
+    return decorator
+
+
+@public
+def register_vmap_op(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    fake_fn: Callable[..., Any] | None,
+    vmap_fn: Callable[..., Any] | None = None,
+    fake_vmap_fn: Callable[..., Any] | None = None,
+    vmap_wrap_inputs: Callable[..., Any] | None = None,
+    vmap_out_dims: int | Sequence[int | None] = 0,
+    max_vmap_level: int | None = None,
+    name: str | None = None,
+    mutates_args: Any = (),
+    device_types: str | Sequence[str] | None = None,
+    schema: str | None = None,
+    **opreg_options: Any,
+) -> Any:
+    """EvoX's register_vmap_op: an op with a fallback, a fake and optionally a vmap_fn; usable as
+    ``@register_vmap_op(fake_fn=...)`` or ``register_vmap_op(fn, fake_fn=...)``. Accepts the
+    same additions as :func:`register_triton_op`."""
+    decorator = register_triton_op(
+        fake_fn=fake_fn,
+        triton_fn=None,
+        vmap_fn=vmap_fn,
+        fake_vmap_fn=fake_vmap_fn,
+        vmap_wrap_inputs=vmap_wrap_inputs,
+        vmap_out_dims=vmap_out_dims,
+        max_vmap_level=max_vmap_level,
+        name=name,
+        mutates_args=mutates_args,
+        device_types=device_types,
+        schema=schema,
+        **opreg_options,
+    )
+    return decorator if fn is None else decorator(fn)

@@ -72,6 +72,21 @@ def main() -> None:
     )
     t("triton_op", "torch.library.triton_op + wrap_triton", lambda: peers.triton_op_add(x, y))
 
+    from peers import front_ops
+
+    for fn in (front_ops.front_jit_add, front_ops.front_aot_add):
+        torch.testing.assert_close(fn(x, y), x + y)
+    t(
+        "opreg_front_jit",
+        "seed fused_add via opreg.register_triton_op, Triton JIT launch",
+        lambda: front_ops.front_jit_add(x, y),
+    )
+    t(
+        "opreg_front_aot",
+        "seed fused_add via opreg.register_triton_op, AOT kernel via the C++ launcher",
+        lambda: front_ops.front_aot_add(x, y),
+    )
+
     xg = x.clone().requires_grad_()
     t(
         "torch_add_requires_grad",
@@ -110,6 +125,8 @@ def main() -> None:
     r.compare("opreg_fused_add", "torch_add")
     r.compare("opreg_aot_launch_python", "triton_jit_launch")
     r.compare("opreg_fused_add", "triton_op")
+    r.compare("opreg_front_jit", "evox_style", "<=0.5")
+    r.compare("opreg_front_aot", "evox_style", "<=0.35")
     r.compare("opreg_fused_add_requires_grad", "torch_add_requires_grad", "<=1.3")
     r.compare("opreg_forward_backward", "custom_op_autograd_forward_backward", "<=0.5")
     r.compare("opreg_forward_backward", "torch_add_forward_backward")

@@ -36,7 +36,7 @@ done
 step benchmarks
 (cmake -S bench/cpp -B build/bench -G Ninja -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX" &&
   cmake --build build/bench) > "$OUT/bench-build.log" 2>&1 || tail -20 "$OUT/bench-build.log"
-for bench in "launch_cpp.py build/bench/launch_bench" eager_overhead.py bandwidth.py vmap.py \
+for bench in "launch_cpp.py build/bench/launch_bench" eager_overhead.py bandwidth.py philox.py vmap.py \
     first_call.py ${EXTRA_BENCHES:-}; do
   timeout 240 python3 bench/$bench > "$OUT/bench-${bench%%.py*}.log" 2>&1 ||
     { echo "bench $bench failed"; tail -15 "$OUT/bench-${bench%%.py*}.log"; }

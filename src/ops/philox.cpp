@@ -124,12 +124,15 @@ at::Tensor launch(const opreg::triton::Kernel& kernel, const char* op, const at:
 const auto philox_uniform_op =
     opreg::op("opreg::philox_uniform(Tensor seeds, int n, int counter=0) -> Tensor")
         .fallback(philox_uniform_reference)
-        .kernel([](const at::Tensor& s, int64_t n,
-                   int64_t c) { return launch(uniform_kernel(), "opreg::philox_uniform", s, n, c); },
-                opreg::on({"cuda"}).name("triton_aot").accepts(
-                    [](const at::Tensor& seeds, int64_t n, int64_t) {
-                      return fits_grid(seeds, n) && uniform_kernel().available_on(seeds.get_device());
-                    }))
+        .kernel(
+            [](const at::Tensor& s, int64_t n, int64_t c) {
+              return launch(uniform_kernel(), "opreg::philox_uniform", s, n, c);
+            },
+            opreg::on({"cuda"})
+                .name("triton_aot")
+                .accepts([](const at::Tensor& seeds, int64_t n, int64_t) {
+                  return fits_grid(seeds, n) && uniform_kernel().available_on(seeds.get_device());
+                }))
         .fake(philox_fake)
         .dtypes("seeds", {at::kLong})
         .autograd(opreg::AutogradPolicy::kNone)
@@ -141,9 +144,11 @@ const auto philox_normal_op =
         .fallback(philox_normal_reference)
         .kernel([](const at::Tensor& s, int64_t n,
                    int64_t c) { return launch(normal_kernel(), "opreg::philox_normal", s, n, c); },
-                opreg::on({"cuda"}).name("triton_aot").accepts(
-                    [](const at::Tensor& seeds, int64_t n, int64_t) {
-                      return fits_grid(seeds, n) && normal_kernel().available_on(seeds.get_device());
+                opreg::on({"cuda"})
+                    .name("triton_aot")
+                    .accepts([](const at::Tensor& seeds, int64_t n, int64_t) {
+                      return fits_grid(seeds, n) &&
+                             normal_kernel().available_on(seeds.get_device());
                     }))
         .fake(philox_fake)
         .dtypes("seeds", {at::kLong})

@@ -242,15 +242,17 @@ std::string define_python_op(const PythonOpDefinition& d) {
   spec.make_fallback = [=] {
     return boxed(runtime, Role::kFallback, label, fallback, nullptr, nullptr);
   };
-  spec.fallback_kernel =
-      std::make_shared<c10::KernelFunction>(c10::KernelFunction::makeFromBoxedFunctor(
-          std::make_unique<PythonKernel>(runtime, Role::kFallback, label, fallback, nullptr, nullptr)));
+  spec.fallback_kernel = std::make_shared<c10::KernelFunction>(
+      c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<PythonKernel>(
+          runtime, Role::kFallback, label, fallback, nullptr, nullptr)));
   if (d.python_fake) {
     spec.register_meta = false;  // the fake is registered from Python (torch.library)
     spec.explicit_fake = true;
     spec.python_module = d.python_module;
   } else {
-    spec.make_meta = [=] { return boxed(runtime, Role::kMeta, "fallback(meta)", fallback, nullptr, nullptr); };
+    spec.make_meta = [=] {
+      return boxed(runtime, Role::kMeta, "fallback(meta)", fallback, nullptr, nullptr);
+    };
   }
   for (const auto& kernel : d.kernels) {
     auto fn = ref(kernel.fn);
@@ -260,7 +262,8 @@ std::string define_python_op(const PythonOpDefinition& d) {
                               return boxed(runtime, Role::kKernel, label, fn, accepts, fallback);
                             }});
   }
-  for (const auto& [argument, dtypes] : d.dtype_rules) spec.dtype_rules.emplace_back(argument, dtypes);
+  for (const auto& [argument, dtypes] : d.dtype_rules)
+    spec.dtype_rules.emplace_back(argument, dtypes);
   spec.autograd.policy = parse_policy(d.autograd_policy);
   add_autograd(spec, ref(d.backward), ref(d.setup_context), ref(d.make_context));
   add_vmap_rule(spec, ref(d.vmap_rule));

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import math
 
+import philox_reference as ref
 import pytest
 import torch
 
 import opreg
-import philox_reference as ref
 from conftest import DEVICES, requires_cuda
 
 fused_add = torch.ops.opreg.fused_add
@@ -67,13 +67,21 @@ def test_fused_add_opcheck(device):
 
 
 def test_reference_reproduces_the_published_known_answers():
-    assert ref.philox4x32_10([0, 0, 0, 0], [0, 0]) == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C,
-                                                       0x9B00DBD8]
-    assert ref.philox4x32_10([ref.MASK32] * 4, [ref.MASK32] * 2) == [0x408F276D, 0x41C83B0E,
-                                                                     0xA20BC7C6, 0x6D5451FD]
-    assert ref.philox4x32_10([0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344],
-                             [0xA4093822, 0x299F31D0]) == [0xD16CFE09, 0x94FDCCEB, 0x5001E420,
-                                                           0x24126EA1]
+    assert ref.philox4x32_10([0, 0, 0, 0], [0, 0]) == [
+        0x6627E8D5,
+        0xE169C58D,
+        0xBC57AC4C,
+        0x9B00DBD8,
+    ]
+    assert ref.philox4x32_10([ref.MASK32] * 4, [ref.MASK32] * 2) == [
+        0x408F276D,
+        0x41C83B0E,
+        0xA20BC7C6,
+        0x6D5451FD,
+    ]
+    assert ref.philox4x32_10(
+        [0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344], [0xA4093822, 0x299F31D0]
+    ) == [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]
 
 
 EDGE_SEEDS = [0, 1, -1, 2**31, 2**32, 2**32 + 5, -(2**63), 2**63 - 1, 123456789012345]
@@ -87,8 +95,9 @@ def test_uniform_matches_the_reference_bitwise(device, counter):
     for n in (0, 1, 3, 4, 9):
         out = philox_uniform(seeds, n, counter)
         assert out.device == seeds.device and out.dtype == torch.float32
-        expected = torch.tensor([ref.uniform(s, n, counter) for s in EDGE_SEEDS],
-                                dtype=torch.float32).reshape(len(EDGE_SEEDS), n)
+        expected = torch.tensor(
+            [ref.uniform(s, n, counter) for s in EDGE_SEEDS], dtype=torch.float32
+        ).reshape(len(EDGE_SEEDS), n)
         assert torch.equal(out.cpu(), expected), (n, counter)
 
 
@@ -98,8 +107,7 @@ def test_uniform_keeps_evox_layout_when_the_low_word_does_not_wrap():
     seed = 42
     evox = []
     for j in range(3):
-        evox += ref.philox4x32_10([(counter & ref.MASK32) + j, counter >> 32, 0, 0],
-                                  [seed, 0])
+        evox += ref.philox4x32_10([(counter & ref.MASK32) + j, counter >> 32, 0, 0], [seed, 0])
     out = philox_uniform(torch.tensor([seed]), 12, counter)[0]
     assert out.tolist() == [(w >> 8) * 2.0**-24 for w in evox]
 
@@ -114,8 +122,9 @@ def test_normal_is_box_muller_on_consecutive_pairs():
         for i in range(0, n + 1, 2):
             r = math.sqrt(-2.0 * math.log(max(u[i], 1e-10)))
             expected += [r * math.cos(2 * math.pi * u[i + 1]), r * math.sin(2 * math.pi * u[i + 1])]
-        torch.testing.assert_close(out[row].double(), torch.tensor(expected[:n], dtype=torch.float64),
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            out[row].double(), torch.tensor(expected[:n], dtype=torch.float64), rtol=1e-5, atol=1e-5
+        )
 
 
 def test_statistics():
@@ -148,7 +157,9 @@ def test_philox_is_not_differentiable_vmaps_over_seeds_and_has_a_fake():
     assert meta.shape == (4, 10) and meta.dtype == torch.float32
     assert opreg.describe_op("opreg::philox_uniform").autograd.startswith("none")
     compiled = torch.compile(lambda s: philox_uniform(s, 6, 2) * 2, fullgraph=True, dynamic=True)
-    torch.testing.assert_close(compiled(seeds.reshape(-1)), philox_uniform(seeds.reshape(-1), 6, 2) * 2)
+    torch.testing.assert_close(
+        compiled(seeds.reshape(-1)), philox_uniform(seeds.reshape(-1), 6, 2) * 2
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -159,8 +170,10 @@ def test_philox_opcheck(device):
 
 
 def test_philox_argument_errors():
-    with pytest.raises(TypeError, match="opreg::philox_uniform: argument 'seeds' has dtype Int, "
-                                        "expected one of: Long"):
+    with pytest.raises(
+        TypeError,
+        match="opreg::philox_uniform: argument 'seeds' has dtype Int, expected one of: Long",
+    ):
         philox_uniform(torch.tensor([1], dtype=torch.int32), 4)
     with pytest.raises(ValueError, match="opreg::philox_normal: argument 'n' must be >= 0, got -2"):
         philox_normal(torch.tensor([1]), -2)
@@ -181,7 +194,7 @@ def float32_ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def test_cuda_kernel_is_bitwise_equal_to_the_fallback_on_random_seeds_and_counters():
     generator = torch.Generator().manual_seed(0)
     seeds = torch.randint(-(2**63), 2**63 - 1, (4096,), dtype=torch.int64, generator=generator)
-    for counter in [0, 2**31 - 7, 2**32 - 3, 2**40 + 11, -2**31, -5]:
+    for counter in [0, 2**31 - 7, 2**32 - 3, 2**40 + 11, -(2**31), -5]:
         for n in (1, 7, 1024, 4099):
             with opreg.trace() as t:
                 gpu = philox_uniform(seeds.cuda(), n, counter)

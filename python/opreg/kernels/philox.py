@@ -3,8 +3,9 @@ opreg::philox_normal. Row r of the output uses the key (low 32 bits, high 32 bit
 Philox call j uses the counter words (low32(counter + j), high32(counter + j), 0, 0) and yields
 the 4 words at positions 4j..4j+3."""
 
-import triton
 import triton.language as tl
+
+import triton
 
 PHILOX_M0 = tl.constexpr(0xD2511F53)
 PHILOX_M1 = tl.constexpr(0xCD9E8D57)

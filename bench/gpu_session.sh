@@ -10,6 +10,15 @@ mkdir -p "$OUT/results" "$OUT/logs"
 step() { echo "=== $* ($(date +%T))"; }
 
 step build
+rm -rf build  # earlier leases' CMake caches may hold another compiler
+# The machine's default g++ (/opt/gcc, GCC 13) emits code for a newer libstdc++ than the system
+# one that Python and PyTorch load (seen: a crash formatting an int in a schema). Build with the
+# system compiler, which matches the loaded libstdc++.
+for candidate in /usr/bin/g++ /usr/bin/g++-12 /usr/bin/g++-11; do
+  [ -x "$candidate" ] && export CXX="$candidate" CC="${candidate/g++/gcc}" && break
+done
+echo "CXX=${CXX:-default}: $(${CXX:-g++} --version | head -1)"
+export CUDAHOSTCXX="${CXX:-}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 python3 -m pip install -q --no-build-isolation --no-deps \
   --config-settings=cmake.define.OPREG_NLOHMANN_JSON_INCLUDE_DIR="$PWD/.carry/include" . \

@@ -23,6 +23,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT
 python3 -m pip install -q --no-build-isolation --no-deps \
   --config-settings=cmake.define.OPREG_NLOHMANN_JSON_INCLUDE_DIR="$PWD/.carry/include" . \
   > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+SITE=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+echo "libopreg needs: $(ldd "$SITE/opreg/lib/libopreg.so" | grep -E "stdc\+\+|not found" | tr -s " ")"
 CMAKE_PREFIX="$(cd /tmp && python3 -m opreg cmake-dir)"
 
 step cpp tests

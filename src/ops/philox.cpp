@@ -76,15 +76,16 @@ at::Tensor philox_uniform_reference(const at::Tensor& seeds, int64_t n, int64_t 
   return to_unit(words.narrow(-1, 0, n)).contiguous().reshape(output_shape(seeds, n));
 }
 
-// Box-Muller on consecutive pairs (2i, 2i+1) of the uniform stream.
+// Box-Muller on consecutive pairs (2i, 2i+1) of the uniform stream, evaluated in float64 and
+// rounded to float32, here and in the kernel: so the two agree to rounding, whatever libm each has.
 at::Tensor philox_normal_reference(const at::Tensor& seeds, int64_t n, int64_t counter) {
   check_n("opreg::philox_normal", n);
   auto uniform = to_unit(philox_words(seeds, (n + 3) / 4, counter));
-  auto pairs = uniform.reshape({uniform.size(0), -1, 2});
+  auto pairs = uniform.reshape({uniform.size(0), -1, 2}).to(at::kDouble);
   auto u1 = pairs.select(-1, 0).clamp_min(1e-10);
   auto theta = pairs.select(-1, 1) * 6.283185307179586;
   auto radius = (u1.log() * -2.0).sqrt();
-  auto normal = at::stack({radius * theta.cos(), radius * theta.sin()}, -1);
+  auto normal = at::stack({radius * theta.cos(), radius * theta.sin()}, -1).to(at::kFloat);
   return normal.reshape({uniform.size(0), -1})
       .narrow(-1, 0, n)
       .contiguous()

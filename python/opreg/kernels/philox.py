@@ -68,9 +68,11 @@ def philox_uniform_kernel(seeds_ptr, out_ptr, n, counter, BLOCK: tl.constexpr):
 
 @triton.jit
 def _box_muller(u1, u2):
-    r = tl.sqrt(-2.0 * tl.log(tl.maximum(u1, 1e-10)))
-    theta = 6.283185307179586 * u2
-    return r * tl.cos(theta), r * tl.sin(theta)
+    # float64, rounded to float32 at the end, as the fallback does: agreement to rounding.
+    u1 = tl.maximum(u1.to(tl.float64), 1e-10)
+    theta = u2.to(tl.float64) * 6.283185307179586
+    r = tl.sqrt(-2.0 * tl.log(u1))
+    return (r * tl.cos(theta)).to(tl.float32), (r * tl.sin(theta)).to(tl.float32)
 
 
 @triton.jit

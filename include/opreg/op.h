@@ -100,6 +100,7 @@ struct OpSpec {
   std::vector<std::pair<std::string, std::vector<c10::ScalarType>>> dtype_rules;
   AutogradSpec autograd;
   VmapSpec vmap;
+  bool bitwise = false;     // kernels promise bitwise equality with the fallback
   bool is_mutable = false;  // set by define() from the schema
   bool replace = false;
   std::string origin;
@@ -241,6 +242,12 @@ class Op<Ret(Args...)> {
   // Restricts the dtypes of a tensor argument, checked on every call with a message naming it.
   Op&& dtypes(std::string argument, std::vector<c10::ScalarType> allowed) && {
     spec_.dtype_rules.emplace_back(std::move(argument), std::move(allowed));
+    return std::move(*this);
+  }
+
+  // The kernels promise results bitwise equal to the fallback's (checked by opcheck).
+  Op&& bitwise() && {
+    spec_.bitwise = true;
     return std::move(*this);
   }
 

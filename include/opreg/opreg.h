@@ -4,4 +4,5 @@
 #include "opreg/device_types.h"
 #include "opreg/op.h"
 #include "opreg/registry.h"
+#include "opreg/testing.h"
 #include "opreg/trace.h"

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace opreg {
@@ -20,7 +21,10 @@ struct OpReport {
   std::vector<DeviceServing> kernels;  // device types with a kernel; all others run the fallback
   std::string fake;                    // "explicit" or "fallback on meta"
   std::string autograd;                // "backward", "fallback", "error", "none"
-  std::string vmap;  // "rule", "batch-polymorphic", "fallback", "per-example loop"
+  std::string vmap;      // "rule", "batch-polymorphic", "fallback", "per-example loop"
+  bool bitwise = false;  // kernels promise bitwise equality with the fallback
+  bool random = false;   // draws random numbers: values differ from call to call
+  std::vector<std::pair<std::string, std::vector<std::string>>> dtypes;  // declared, per argument
 };
 
 std::vector<OpReport> describe_ops();

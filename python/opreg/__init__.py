@@ -23,6 +23,7 @@ from opreg._front import (
     triton_device_types,
     wrap_triton,
 )
+from opreg._opcheck import CheckRow, OpcheckError, OpcheckReport, Sample, opcheck
 from opreg._registry import (
     DeviceServing,
     OpReport,
@@ -39,8 +40,12 @@ from opreg._trace import TraceRecord, trace
 __all__ = [
     "AotKernel",
     "AutogradContext",
+    "CheckRow",
     "DeviceServing",
     "OpReport",
+    "OpcheckError",
+    "OpcheckReport",
+    "Sample",
     "TraceRecord",
     "TritonKernelLike",
     "VmapInfo",
@@ -54,6 +59,7 @@ __all__ = [
     "kernel_status",
     "load_library",
     "load_triton_bundle",
+    "opcheck",
     "register_accelerated_device_type",
     "register_triton_device_type",
     "register_triton_op",

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 import opreg
-from opreg import _demo, _info
+from opreg import _demo, _info, _opcheck
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +23,15 @@ def main(argv: list[str] | None = None) -> int:
     info.add_argument("--examples", action="store_true", help="load the example op libraries")
     commands.add_parser("demo", help="define-by-C++ example op, called on each available device")
     commands.add_parser("cmake-dir", help="the folder to add to CMAKE_PREFIX_PATH")
+    check = commands.add_parser("check", help="opreg.opcheck on every op (or those named)")
+    check.add_argument("ops", nargs="*", help="qualified names, e.g. opreg::fused_add")
+    check.add_argument(
+        "--load",
+        action="append",
+        default=[],
+        metavar="LIBRARY",
+        help="load a C++ op library first (repeatable)",
+    )
     args = parser.parse_args(argv)
 
     if args.command == "info":
@@ -35,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         print(_demo.run())
     elif args.command == "cmake-dir":
         print(opreg.cmake_dir())
+    elif args.command == "check":
+        for library in args.load:
+            opreg.load_library(library)
+        return _opcheck.main(args.ops)
     return 0
 
 

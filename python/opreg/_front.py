@@ -232,6 +232,7 @@ def _define(
     kernel_status_text: str,
     origin: str,
     fallback_label: str = "fallback",
+    bitwise: bool = False,
 ) -> torch._ops.OpOverload:
     if replace:
         _forget(qualname)
@@ -256,6 +257,7 @@ def _define(
     definition.batch_polymorphic = batch_polymorphic
     definition.vmap_per_example_loop = vmap_loop
     definition.random = random
+    definition.bitwise = bitwise
     definition.replace = replace
     definition.origin = origin
     _C.define_python_op(definition)
@@ -400,6 +402,7 @@ def register_triton_op(
     random: bool = False,
     triton_accepts: Callable[..., bool] | None = None,
     traceable: bool | None = None,
+    bitwise: bool = False,
     replace: bool = False,
 ) -> Callable[[Callable[..., Any]], torch._ops.OpOverload]:
     """Define an op whose decorated function is the fallback, with ``triton_fn`` as the kernel
@@ -410,7 +413,8 @@ def register_triton_op(
     ``autograd`` ("fallback", "error" or "none") for calls that need gradients; ``vmap`` (an
     explicit rule with torch.library.register_vmap's signature), ``batch_polymorphic`` and
     ``vmap_loop``; ``random``; ``triton_accepts(*args) -> bool`` to decline calls the kernel
-    does not handle; ``traceable`` (default: whether triton_fn uses opreg.wrap_triton) to let
+    does not handle; ``bitwise`` (its kernel matches the fallback bit for bit, checked by
+    opreg.opcheck); ``traceable`` (default: whether triton_fn uses opreg.wrap_triton) to let
     torch.compile see the Triton kernels; ``replace`` to redefine an existing op.
     """
     del max_vmap_level, device_types  # see "Coming from EvoX": opreg needs neither
@@ -478,6 +482,7 @@ def register_triton_op(
             replace=replace,
             kernel_status_text=status,
             origin=origin,
+            bitwise=bitwise,
         )
 
     return decorator

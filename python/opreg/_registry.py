@@ -34,6 +34,9 @@ class OpReport:
     fake: str
     autograd: str
     vmap: str
+    bitwise: bool = False
+    random: bool = False
+    dtypes: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 def _report(raw: _C.OpReport) -> OpReport:
@@ -45,6 +48,9 @@ def _report(raw: _C.OpReport) -> OpReport:
         fake=raw.fake,
         autograd=raw.autograd,
         vmap=raw.vmap,
+        bitwise=raw.bitwise,
+        random=raw.random,
+        dtypes=tuple((arg, tuple(types)) for arg, types in raw.dtypes),
     )
 
 

@@ -30,6 +30,7 @@
 #include "op_internal.h"
 #include "opreg/device_types.h"
 #include "opreg/op.h"
+#include "registry_internal.h"
 
 namespace opreg {
 namespace {
@@ -162,6 +163,13 @@ OpReport report_of(const RegisteredOp& op) {
   report.origin = op.origin;
   report.kernels = op.kernels;
   report.fake = op.spec.explicit_fake ? "explicit" : "fallback on meta";
+  report.bitwise = op.spec.bitwise;
+  report.random = op.spec.vmap.random;
+  for (const auto& [index, dtypes] : op.spec.runtime->dtype_rules) {
+    std::vector<std::string> names;
+    for (auto dtype : dtypes) names.emplace_back(c10::toString(dtype));
+    report.dtypes.emplace_back(op.spec.runtime->arg_names[index], names);
+  }
   report.autograd = detail::describe_autograd(op.spec);
   report.vmap = detail::describe_vmap(op.spec);
   return report;
@@ -326,6 +334,18 @@ OpReport describe_op(const std::string& name) {
   TORCH_CHECK_VALUE(found != reg.ops.end(), "opreg: no op named '", name, "' was defined by opreg");
   return report_of(*found->second);
 }
+
+namespace detail {
+
+std::shared_ptr<c10::KernelFunction> fallback_kernel_of(const std::string& op) {
+  auto& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  auto found = reg.ops.find(op);
+  TORCH_CHECK_VALUE(found != reg.ops.end(), "opreg: no op named '", op, "' was defined by opreg");
+  return found->second->spec.fallback_kernel;
+}
+
+}  // namespace detail
 
 bool is_defined(const std::string& name) {
   auto& reg = registry();

@@ -81,12 +81,13 @@ at::Tensor philox_uniform_reference(const at::Tensor& seeds, int64_t n, int64_t 
 at::Tensor philox_normal_reference(const at::Tensor& seeds, int64_t n, int64_t counter) {
   check_n("opreg::philox_normal", n);
   auto uniform = to_unit(philox_words(seeds, (n + 3) / 4, counter));
-  auto pairs = uniform.reshape({uniform.size(0), -1, 2}).to(at::kDouble);
+  const int64_t rows = uniform.size(0), columns = uniform.size(1);
+  auto pairs = uniform.reshape({rows, columns / 2, 2}).to(at::kDouble);
   auto u1 = pairs.select(-1, 0).clamp_min(1e-10);
   auto theta = pairs.select(-1, 1) * 6.283185307179586;
   auto radius = (u1.log() * -2.0).sqrt();
   auto normal = at::stack({radius * theta.cos(), radius * theta.sin()}, -1).to(at::kFloat);
-  return normal.reshape({uniform.size(0), -1})
+  return normal.reshape({rows, columns})
       .narrow(-1, 0, n)
       .contiguous()
       .reshape(output_shape(seeds, n));
@@ -138,6 +139,7 @@ const auto philox_uniform_op =
         .dtypes("seeds", {at::kLong})
         .autograd(opreg::AutogradPolicy::kNone)
         .batch_polymorphic()
+        .bitwise()
         .define();
 
 const auto philox_normal_op =

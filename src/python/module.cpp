@@ -1,6 +1,7 @@
 // src/python/module.cpp: the extension module opreg._C, which exposes the C++ core's registry,
 // device types, trace, the AOT Triton launcher and Python-defined ops to the Python package.
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "opreg/opreg.h"
@@ -51,7 +52,10 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("kernels", &opreg::OpReport::kernels)
       .def_readonly("fake", &opreg::OpReport::fake)
       .def_readonly("autograd", &opreg::OpReport::autograd)
-      .def_readonly("vmap", &opreg::OpReport::vmap);
+      .def_readonly("vmap", &opreg::OpReport::vmap)
+      .def_readonly("bitwise", &opreg::OpReport::bitwise)
+      .def_readonly("random", &opreg::OpReport::random)
+      .def_readonly("dtypes", &opreg::OpReport::dtypes);
   m.def("describe_ops", &opreg::describe_ops);
   m.def("describe_op", &opreg::describe_op, py::arg("name"));
   m.def("is_defined", &opreg::is_defined, py::arg("name"));
@@ -145,9 +149,39 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("batch_polymorphic", &Definition::batch_polymorphic)
       .def_readwrite("vmap_per_example_loop", &Definition::vmap_per_example_loop)
       .def_readwrite("random", &Definition::random)
+      .def_readwrite("bitwise", &Definition::bitwise)
       .def_readwrite("replace", &Definition::replace)
       .def_readwrite("origin", &Definition::origin);
   m.def("define_python_op", &opreg::python::define_python_op, py::arg("definition"));
+
+  // The fallback alone, bypassing kernels: for opreg.opcheck.
+  m.def("call_fallback", [](const std::string& name, const py::list& args, const py::dict& kwargs) {
+    auto dot = name.find('.', name.find("::"));
+    auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(
+        name.substr(0, dot).c_str(), dot == std::string::npos ? "" : name.substr(dot + 1).c_str());
+    const auto& schema = handle.schema();
+    std::vector<c10::IValue> stack;
+    for (size_t i = 0; i < schema.arguments().size(); ++i) {
+      const auto& argument = schema.arguments()[i];
+      if (i < args.size()) {
+        stack.push_back(torch::jit::toIValue(args[i], argument.type()));
+      } else if (kwargs.contains(argument.name())) {
+        stack.push_back(torch::jit::toIValue(kwargs[py::str(argument.name())], argument.type()));
+      } else {
+        TORCH_CHECK_VALUE(argument.default_value().has_value(), name, ": argument '",
+                          argument.name(), "' is missing");
+        stack.push_back(*argument.default_value());
+      }
+    }
+    std::vector<c10::IValue> outputs;
+    {
+      py::gil_scoped_release no_gil;
+      outputs = opreg::testing::call_fallback(name, std::move(stack));
+    }
+    py::list result;
+    for (auto& output : outputs) result.append(torch::jit::toPyObject(std::move(output)));
+    return result;
+  });
 
   m.def("set_trace_enabled", &opreg::set_trace_enabled, py::arg("enabled"));
   m.def("trace_records", [] {

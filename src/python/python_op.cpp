@@ -270,6 +270,7 @@ std::string define_python_op(const PythonOpDefinition& d) {
   spec.vmap.batch_polymorphic = d.batch_polymorphic;
   spec.vmap.per_example_loop = d.vmap_per_example_loop;
   spec.vmap.random = d.random;
+  spec.bitwise = d.bitwise;
   spec.replace = d.replace;
   spec.origin = d.origin;
   return detail::define(std::move(spec));

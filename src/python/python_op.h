@@ -32,6 +32,7 @@ struct PythonOpDefinition {
   pybind11::object backward, setup_context, make_context;
   pybind11::object vmap_rule;
   bool batch_polymorphic = false, vmap_per_example_loop = false, random = false;
+  bool bitwise = false;
   bool replace = false;
   std::string origin;
 };

@@ -148,9 +148,11 @@ def test_specialized_variants_are_chosen_by_the_arguments(aot_bundle):
     base = torch.randn(4097, device="cuda")
     x, y = base[:4096], base[:4096].clone()
     assert kernel.variant_for(x, y, x, 4096, 32).startswith(
-        "sm_90 [x_ptr:aligned16, y_ptr:aligned16, out_ptr:aligned16, n:div16, stride:div16]")
+        "sm_90 [x_ptr:aligned16, y_ptr:aligned16, out_ptr:aligned16, n:div16, stride:div16]"
+    )
     assert kernel.variant_for(x, y, x, 4096, 2).startswith(
-        "sm_90 [x_ptr:aligned16, y_ptr:aligned16, out_ptr:aligned16, n:div16]")
+        "sm_90 [x_ptr:aligned16, y_ptr:aligned16, out_ptr:aligned16, n:div16]"
+    )
     assert "stride:equals1" in kernel.variant_for(x, y, x, 4096, 1)
     misaligned = base[1:4097]
     assert "x_ptr:aligned16" not in kernel.variant_for(misaligned, y, y, 4096, 1)

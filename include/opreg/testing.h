@@ -1,0 +1,34 @@
+// include/opreg/testing.h: checks that an opreg op keeps its promises, from C++ (usable in
+// GoogleTest): on each sample, every kernel against the fallback (bitwise when the op declares
+// it, else within tolerances per dtype) and the fake against real outputs (shapes, dtypes,
+// strides). The Python opreg.opcheck adds torch.library.opcheck, gradients, vmap and compile.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+
+namespace opreg::testing {
+
+struct CheckResult {
+  std::string check;   // "kernel_vs_fallback", "fake_vs_real"
+  std::string op;
+  std::string device;
+  size_t sample = 0;
+  bool passed = true;
+  double max_error = 0;
+  std::string message;  // why it failed
+};
+
+// Runs the op through the dispatcher and its fallback directly on each sample (arguments in
+// schema order), on the samples' own devices.
+std::vector<CheckResult> check(const std::string& op, const std::vector<std::vector<c10::IValue>>& samples);
+
+// As check(), but throws a c10::Error listing every failure.
+void check_or_throw(const std::string& op, const std::vector<std::vector<c10::IValue>>& samples);
+
+// Calls the op's fallback directly (no kernel), boxed: for tests and opreg.opcheck.
+std::vector<c10::IValue> call_fallback(const std::string& op, std::vector<c10::IValue> args);
+
+}  // namespace opreg::testing

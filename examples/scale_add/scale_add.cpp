@@ -76,6 +76,7 @@ std::vector<at::Tensor> scale_add_backward(opreg::AutogradContext& ctx,
 const std::vector<c10::ScalarType> kFloatingTypes = {at::kFloat, at::kDouble, at::kHalf,
                                                      at::kBFloat16};
 
+// [scale_add_declaration.begin]
 const auto scale_add =
     opreg::op("opreg_example::scale_add(Tensor x, Tensor y, float alpha=1.0) -> Tensor")
         .fallback(scale_add_reference)
@@ -88,6 +89,7 @@ const auto scale_add =
         .dtypes("x", kFloatingTypes)
         .dtypes("y", kFloatingTypes)
         .define();
+// [scale_add_declaration.end]
 // [scale_add.end]
 
 }  // namespace

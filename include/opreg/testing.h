@@ -12,7 +12,7 @@
 namespace opreg::testing {
 
 struct CheckResult {
-  std::string check;   // "kernel_vs_fallback", "fake_vs_real"
+  std::string check;  // "kernel_vs_fallback", "fake_vs_real"
   std::string op;
   std::string device;
   size_t sample = 0;
@@ -23,7 +23,8 @@ struct CheckResult {
 
 // Runs the op through the dispatcher and its fallback directly on each sample (arguments in
 // schema order), on the samples' own devices.
-std::vector<CheckResult> check(const std::string& op, const std::vector<std::vector<c10::IValue>>& samples);
+std::vector<CheckResult> check(const std::string& op,
+                               const std::vector<std::vector<c10::IValue>>& samples);
 
 // As check(), but throws a c10::Error listing every failure.
 void check_or_throw(const std::string& op, const std::vector<std::vector<c10::IValue>>& samples);

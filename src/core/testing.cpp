@@ -44,8 +44,8 @@ std::vector<c10::IValue> to_meta(const std::vector<c10::IValue>& args) {
 std::vector<c10::IValue> clone_tensors(const std::vector<c10::IValue>& args) {
   std::vector<c10::IValue> cloned;
   for (const auto& arg : args) {
-    cloned.push_back(arg.isTensor() && arg.toTensor().defined() ? c10::IValue(arg.toTensor().clone())
-                                                                : arg);
+    cloned.push_back(
+        arg.isTensor() && arg.toTensor().defined() ? c10::IValue(arg.toTensor().clone()) : arg);
   }
   return cloned;
 }
@@ -135,8 +135,8 @@ std::vector<CheckResult> check(const std::string& op,
         why << "output " << i << ": the fake's dtype is " << m.scalar_type() << ", the real one "
             << r.scalar_type();
       } else if (r.numel() > 1 && m.strides() != r.strides()) {
-        why << "output " << i << ": the fake's strides are " << m.strides()
-            << ", the real ones " << r.strides();
+        why << "output " << i << ": the fake's strides are " << m.strides() << ", the real ones "
+            << r.strides();
       }
       fake.message = why.str();
       fake.passed = fake.message.empty();

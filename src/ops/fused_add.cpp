@@ -70,6 +70,7 @@ std::vector<at::Tensor> fused_add_backward(opreg::AutogradContext& ctx,
   return result;
 }
 
+// [fused_add_declaration.begin]
 const auto fused_add_op =
     opreg::op("opreg::fused_add(Tensor x, Tensor y) -> Tensor")
         .fallback(fused_add_reference)
@@ -77,6 +78,7 @@ const auto fused_add_op =
         .backward(fused_add_backward, fused_add_setup)
         .batch_polymorphic()
         .define();
+// [fused_add_declaration.end]
 // [fused_add.end]
 
 }  // namespace

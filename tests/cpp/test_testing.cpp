@@ -36,11 +36,11 @@ TEST(Testing, KernelThatDiffersIsReported) {
           opreg::on({"cpu"}))
       .bitwise()
       .define();
-  auto message = error_of([] {
-    opreg::testing::check_or_throw("opreg_check::off_by_one_ulp", samples());
-  });
-  EXPECT_CONTAINS(message, "kernel_vs_fallback failed for opreg_check::off_by_one_ulp on cpu, "
-                           "sample 0: output 0 is not bitwise equal to the fallback's");
+  auto message =
+      error_of([] { opreg::testing::check_or_throw("opreg_check::off_by_one_ulp", samples()); });
+  EXPECT_CONTAINS(message,
+                  "kernel_vs_fallback failed for opreg_check::off_by_one_ulp on cpu, "
+                  "sample 0: output 0 is not bitwise equal to the fallback's");
 }
 
 TEST(Testing, WrongFakeIsReported) {

@@ -171,7 +171,7 @@ class VmapKernel final : public c10::OperatorKernel {
       if (!unwrapped.values[i].isTensor()) continue;
       auto value = unwrapped.values[i].toTensor();
       if (unwrapped.in_dims[i]) {
-        value = value.movedim(*unwrapped.in_dims[i], 0);
+        if (*unwrapped.in_dims[i] != 0) value = value.movedim(*unwrapped.in_dims[i], 0);
       } else {
         std::vector<int64_t> sizes{batch_size};
         sizes.insert(sizes.end(), value.sizes().begin(), value.sizes().end());

@@ -186,3 +186,21 @@ def test_command_line_reports_each_op():
         and "backward's gradient for input 'x'" in result.stdout
     )
     assert "[2/2]" in result.stderr  # the progress line
+
+
+@pytest.mark.parametrize(
+    ("name", "check", "message"),
+    [
+        ("opreg_test::wrong_backward_arity", "gradients", "backward returned 1 gradients"),
+        ("opreg_test::wrong_backward_shape", "gradients", "backward's gradient for input 'x'"),
+        ("opreg_test::bad_vmap_rule", "vmap", "the vmap rule returned 2 outputs, expected 1"),
+        ("opreg_test::normalize_by_max", "fake_vs_real", "UnsupportedOperatorException"),
+        ("opreg_test::normalize_by_max_looped", "compile", ""),
+    ],
+)
+def test_broken_cpp_test_ops_are_caught(name, check, message):
+    """The C++ test ops that break a promise on purpose fail the check that covers it."""
+    with pytest.raises(opreg.OpcheckError) as failure:
+        opreg.opcheck(op_of(name), devices=["cpu"], checks=[check])
+    assert f"{check} failed for {name} on cpu" in str(failure.value)
+    assert message in str(failure.value)

@@ -97,7 +97,11 @@ class Report:
         self, subject: str, peer: str, target: str | None = None, lower_is_better: bool = True
     ) -> float:
         ratio = self.figures[subject]["value"] / self.figures[peer]["value"]
-        entry: dict[str, object] = {"subject": subject, "peer": peer, "ratio": round(ratio, 3)}
+        entry: dict[str, object] = {
+            "subject": subject,
+            "peer": peer,
+            "ratio": float(f"{ratio:.3g}"),
+        }
         if target is not None:
             op, bound = target[:2], float(target[2:])
             entry["target"] = target

@@ -12,8 +12,10 @@
 // See Note [How an opreg op maps onto the dispatcher] in src/core/registry.cpp.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -107,6 +109,9 @@ struct OpSpec {
   const void* caller = nullptr;  // an address in the defining library, for `origin`
 };
 
+// Changes whenever an op is replaced or removed.
+uint64_t registry_generation();
+
 [[noreturn]] void throw_no_fake(const std::string& op, const std::string& reason);
 
 // Registers the op with the dispatcher and the opreg registry; returns the qualified name.
@@ -155,19 +160,32 @@ template <class Ret, class... Args>
 class OpHandle<Ret(Args...)> {
  public:
   explicit OpHandle(std::string name) : name_(std::move(name)) {}
+  OpHandle(const OpHandle& other) : name_(other.name_) {}
   const std::string& name() const { return name_; }
   Ret operator()(Args... args) const { return typed().call(std::forward<Args>(args)...); }
+
+  // The dispatcher's handle, looked up once and again only after an op was replaced or removed
+  // (the dispatcher may then have dropped the entry the old handle points to).
   c10::TypedOperatorHandle<Ret(Args...)> typed() const {
-    auto separator = name_.find('.', name_.find("::"));
-    std::string base = separator == std::string::npos ? name_ : name_.substr(0, separator);
-    std::string overload = separator == std::string::npos ? "" : name_.substr(separator + 1);
-    return c10::Dispatcher::singleton()
-        .findSchemaOrThrow(base.c_str(), overload.c_str())
-        .template typed<Ret(Args...)>();
+    const uint64_t generation = detail::registry_generation();
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!cached_ || cached_generation_ != generation) {
+      auto separator = name_.find('.', name_.find("::"));
+      std::string base = separator == std::string::npos ? name_ : name_.substr(0, separator);
+      std::string overload = separator == std::string::npos ? "" : name_.substr(separator + 1);
+      cached_ = c10::Dispatcher::singleton()
+                    .findSchemaOrThrow(base.c_str(), overload.c_str())
+                    .template typed<Ret(Args...)>();
+      cached_generation_ = generation;
+    }
+    return *cached_;
   }
 
  private:
   std::string name_;
+  mutable std::mutex mutex_;
+  mutable std::optional<c10::TypedOperatorHandle<Ret(Args...)>> cached_;
+  mutable uint64_t cached_generation_ = 0;
 };
 
 template <class Sig>

@@ -17,6 +17,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <map>
 #include <memory>
@@ -45,6 +46,8 @@ struct RegisteredOp {
   // Destroying these deregisters the op. Declared last: destroyed first.
   std::vector<std::unique_ptr<torch::Library>> libraries;
 };
+
+std::atomic<uint64_t> g_generation{1};
 
 struct Registry {
   std::mutex mutex;
@@ -231,6 +234,8 @@ std::string register_accelerated_device_type(const std::string& name) {
 
 namespace detail {
 
+uint64_t registry_generation() { return g_generation.load(std::memory_order_acquire); }
+
 void throw_no_fake(const std::string& op, const std::string& reason) {
   TORCH_CHECK_NOT_IMPLEMENTED(false, op,
                               ": has no fake, and its fallback failed on meta tensors; give the op "
@@ -277,6 +282,7 @@ std::string define(OpSpec spec, size_t spec_size) {
                       existing->second->origin,
                       "); pass replace=True (.replace() in C++) to replace it");
     reg.ops.erase(existing);
+    g_generation.fetch_add(1);
   }
   auto known = c10::Dispatcher::singleton().findSchema({schema.name(), schema.overload_name()});
   TORCH_CHECK_VALUE(!known.has_value(), qualified,
@@ -360,6 +366,7 @@ void undefine(const std::string& name) {
   TORCH_CHECK_VALUE(found != reg.ops.end(), "opreg: cannot undefine '", name,
                     "': no op of this name was defined by opreg");
   reg.ops.erase(found);
+  g_generation.fetch_add(1);
 }
 
 }  // namespace opreg

@@ -87,6 +87,17 @@ TEST(Define, ReplaceSwapsTheImplementation) {
   EXPECT_TRUE(at::equal(op(x), x * 3));
 }
 
+TEST(Define, AHandleFollowsItsOpThroughReplacement) {
+  auto old_handle = opreg::op("opreg_cpp::followed(Tensor x) -> Tensor").fallback(twice).define();
+  auto x = at::randn({3});
+  EXPECT_TRUE(at::equal(old_handle(x), x * 2));
+  opreg::op("opreg_cpp::followed(Tensor x) -> Tensor")
+      .fallback([](const at::Tensor& x) { return x * 5; })
+      .replace()
+      .define();
+  EXPECT_TRUE(at::equal(old_handle(x), x * 5));
+}
+
 TEST(Define, UndefineMakesPyTorchForgetTheOp) {
   opreg::op("opreg_cpp::temporary(Tensor x) -> Tensor").fallback(twice).define();
   EXPECT_TRUE(opreg::is_defined("opreg_cpp::temporary"));

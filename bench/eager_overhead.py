@@ -74,7 +74,7 @@ def main() -> None:
 
     from peers import front_ops
 
-    for fn in (front_ops.front_jit_add, front_ops.front_aot_add):
+    for fn in (front_ops.front_jit_add, front_ops.front_aot_add, front_ops.front_aot_declared_add):
         torch.testing.assert_close(fn(x, y), x + y)
     t(
         "opreg_front_jit",
@@ -85,6 +85,12 @@ def main() -> None:
         "opreg_front_aot",
         "seed fused_add via opreg.register_triton_op, AOT kernel via the C++ launcher",
         lambda: front_ops.front_aot_add(x, y),
+    )
+
+    t(
+        "opreg_front_aot_declared",
+        "seed fused_add via opreg.register_triton_op(aot=opreg.AotLaunch(...)): launched in C++",
+        lambda: front_ops.front_aot_declared_add(x, y),
     )
 
     xg = x.clone().requires_grad_()
@@ -127,6 +133,7 @@ def main() -> None:
     r.compare("opreg_fused_add", "triton_op")
     r.compare("opreg_front_jit", "evox_style", "<=0.5")
     r.compare("opreg_front_aot", "evox_style", "<=0.35")
+    r.compare("opreg_front_aot_declared", "evox_style", "<=0.35")
     r.compare("opreg_fused_add_requires_grad", "torch_add_requires_grad", "<=1.3")
     r.compare("opreg_forward_backward", "custom_op_autograd_forward_backward", "<=0.5")
     r.compare("opreg_forward_backward", "torch_add_forward_backward")

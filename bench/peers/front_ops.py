@@ -36,3 +36,18 @@ def _aot_triton_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 )
 def front_aot_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return x + y
+
+
+@opreg.register_triton_op(
+    fake_fn=lambda x, y: torch.empty_like(x),
+    triton_fn=None,
+    aot=opreg.AotLaunch(
+        "opreg_fused_add_f32",
+        ("cdiv(numel(x), 1024)",),
+        ("x", "y", "out0", "numel(x)"),
+        "like:x",
+    ),
+    name="opreg_bench::front_aot_declared_add",
+)
+def front_aot_declared_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x + y

@@ -27,6 +27,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include "opreg/aot_launch.h"
 #include "opreg/autograd.h"
 #include "opreg/check.h"
 #include "opreg/trace.h"
@@ -81,10 +82,14 @@ struct OpRuntime {
   bool same_device = true;
 };
 
+struct OpSpec;
+
 struct KernelSpec {
   std::string name;
   std::optional<std::vector<std::string>> device_types;  // nullopt: follow the registry
   std::function<torch::CppFunction()> make_impl;
+  // For kernels built from the whole op (an AotLaunch), instead of make_impl.
+  std::function<torch::CppFunction(const OpSpec&, const c10::FunctionSchema&)> make_boxed;
 };
 
 // Everything define() needs, with the C++ signature erased.
@@ -113,6 +118,11 @@ struct OpSpec {
 uint64_t registry_generation();
 
 [[noreturn]] void throw_no_fake(const std::string& op, const std::string& reason);
+
+// The kernel of .aot_kernel(): src/triton/aot_launch.cpp.
+torch::CppFunction make_aot_launch_kernel(const OpSpec& spec, const AotLaunch& launch,
+                                          const std::string& label,
+                                          const c10::FunctionSchema& schema);
 
 // Registers the op with the dispatcher and the opreg registry; returns the qualified name.
 // `spec_size` is evaluated where the op is declared: a library built against other opreg headers
@@ -235,6 +245,22 @@ class Op<Ret(Args...)> {
         }
         return kernel_fn(args...);
       });
+    };
+    spec_.kernels.push_back(std::move(kernel_spec));
+    return std::move(*this);
+  }
+
+  // An AOT-compiled Triton kernel attached by declaration (see opreg/aot_launch.h), for the
+  // given device types (CUDA by default).
+  Op&& aot_kernel(AotLaunch launch, std::vector<std::string> devices = {"cuda"},
+                  std::string name = "triton_aot") && {
+    std::string label = "kernel:" + name;
+    detail::KernelSpec kernel_spec;
+    kernel_spec.name = std::move(name);
+    kernel_spec.device_types = std::move(devices);
+    kernel_spec.make_boxed = [launch = std::move(launch), label](
+                                 const detail::OpSpec& spec, const c10::FunctionSchema& schema) {
+      return detail::make_aot_launch_kernel(spec, launch, label, schema);
     };
     spec_.kernels.push_back(std::move(kernel_spec));
     return std::move(*this);

@@ -11,6 +11,7 @@ import torch  # noqa: F401  (loads libtorch before the core library)
 from opreg import _C, _registry
 from opreg._aot import AotKernel, load_triton_bundle, triton_kernels
 from opreg._front import (
+    AotLaunch,
     AutogradContext,
     TritonKernelLike,
     VmapInfo,
@@ -39,6 +40,7 @@ from opreg._trace import TraceRecord, trace
 
 __all__ = [
     "AotKernel",
+    "AotLaunch",
     "AutogradContext",
     "CheckRow",
     "DeviceServing",

@@ -103,6 +103,20 @@ def wrap_triton(kernel: Any) -> TritonKernelLike:
     return _WrappedTriton(kernel)
 
 
+@public
+@dataclass(frozen=True)
+class AotLaunch:
+    """An AOT-compiled Triton kernel attached to an op by declaration, evaluated in C++ on every
+    call (no Python): expressions over the op's arguments (names, ``out<i>``, ``numel(a)``,
+    ``size(a, d)``, ``stride(a, d)``, ``cdiv(e, n)``, literals); outputs ``"fake"`` or
+    ``"like:<argument>"``. See include/opreg/aot_launch.h."""
+
+    kernel: str
+    grid: tuple[str, ...]
+    arguments: tuple[str, ...]
+    outputs: str = "fake"
+
+
 # ---- autograd and vmap helpers ------------------------------------------------------------------
 
 
@@ -220,6 +234,7 @@ def _define(
     mutates_args: Any,
     fake_fn: Callable[..., Any] | None,
     kernels: list[tuple[str, list[str] | None, Callable[..., Any], Callable[..., Any] | None]],
+    aot_kernels: list[tuple[str, list[str] | None, AotLaunch]] | None = None,
     vmap_rule: Callable[..., Any] | None,
     batch_polymorphic: bool,
     vmap_loop: bool,
@@ -247,6 +262,15 @@ def _define(
         kernel.accepts = accepts
         cpp_kernels.append(kernel)
     definition.kernels = cpp_kernels
+    cpp_aot = []
+    for kernel_name, device_types, launch in aot_kernels or []:
+        aot = _C.PythonAotDefinition()
+        aot.name, aot.device_types = kernel_name, device_types
+        aot.launch = _C.AotLaunch(
+            launch.kernel, list(launch.grid), list(launch.arguments), launch.outputs
+        )
+        cpp_aot.append(aot)
+    definition.aot_kernels = cpp_aot
     definition.python_fake = fake_fn is not None
     definition.python_module = __name__
     definition.autograd_policy = autograd
@@ -403,6 +427,7 @@ def register_triton_op(
     triton_accepts: Callable[..., bool] | None = None,
     traceable: bool | None = None,
     bitwise: bool = False,
+    aot: AotLaunch | None = None,
     replace: bool = False,
 ) -> Callable[[Callable[..., Any]], torch._ops.OpOverload]:
     """Define an op whose decorated function is the fallback, with ``triton_fn`` as the kernel
@@ -413,9 +438,12 @@ def register_triton_op(
     ``autograd`` ("fallback", "error" or "none") for calls that need gradients; ``vmap`` (an
     explicit rule with torch.library.register_vmap's signature), ``batch_polymorphic`` and
     ``vmap_loop``; ``random``; ``triton_accepts(*args) -> bool`` to decline calls the kernel
-    does not handle; ``bitwise`` (its kernel matches the fallback bit for bit, checked by
-    opreg.opcheck); ``traceable`` (default: whether triton_fn uses opreg.wrap_triton) to let
-    torch.compile see the Triton kernels; ``replace`` to redefine an existing op.
+    does not handle; ``aot`` (an :class:`AotLaunch`: an AOT-compiled kernel launched from C++
+    with no Python on the call, serving ``triton_device_types`` instead of ``triton_fn``, which
+    then only runs when torch.compile traces the op); ``bitwise`` (its kernel matches the
+    fallback bit for bit, checked by opreg.opcheck); ``traceable`` (default: whether triton_fn
+    uses opreg.wrap_triton) to let torch.compile see the Triton kernels; ``replace`` to
+    redefine an existing op.
     """
     del max_vmap_level, device_types  # see "Coming from EvoX": opreg needs neither
 
@@ -433,7 +461,11 @@ def register_triton_op(
         kernels = []
         usable, why = triton_status()
         status = "no triton_fn"
-        if triton_fn is not None:
+        aot_kernels = []
+        if aot is not None:
+            aot_kernels.append(("triton_aot", _device_types(triton_device_types), aot))
+            status = f"AOT kernel {aot.kernel} (C++ launcher)"
+        elif triton_fn is not None:
             if usable:
                 types = _device_types(triton_device_types)
                 kernels.append(("triton", types, triton_fn, triton_accepts))
@@ -483,6 +515,7 @@ def register_triton_op(
             kernel_status_text=status,
             origin=origin,
             bitwise=bitwise,
+            aot_kernels=aot_kernels,
         )
 
     return decorator

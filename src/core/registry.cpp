@@ -141,7 +141,18 @@ void register_kernel(RegisteredOp& op, const detail::KernelSpec& kernel,
   auto library =
       std::make_unique<torch::Library>(torch::Library::FRAGMENT, op.ns, std::nullopt, "opreg", 0);
   try {
-    library->impl(op.op_name.c_str(), torch::dispatch(*key, kernel.make_impl()));
+    if (kernel.make_boxed) {
+      auto handle = c10::Dispatcher::singleton().findSchema(
+          {op.ns + "::" + op.op_name.substr(0, op.op_name.find('.')),
+           op.op_name.find('.') == std::string::npos
+               ? ""
+               : op.op_name.substr(op.op_name.find('.') + 1)});
+      TORCH_INTERNAL_ASSERT(handle.has_value(), op.spec.runtime->name, " is not defined");
+      library->impl(op.op_name.c_str(),
+                    torch::dispatch(*key, kernel.make_boxed(op.spec, handle->schema())));
+    } else {
+      library->impl(op.op_name.c_str(), torch::dispatch(*key, kernel.make_impl()));
+    }
   } catch (const c10::Error& error) {
     TORCH_CHECK_VALUE(false, op.spec.runtime->name, ": cannot register kernel '", kernel.name,
                       "' for device type '", device_type, "': ", error.what_without_backtrace());

@@ -130,6 +130,25 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("device_types", &opreg::python::PythonKernelDefinition::device_types)
       .def_readwrite("fn", &opreg::python::PythonKernelDefinition::fn)
       .def_readwrite("accepts", &opreg::python::PythonKernelDefinition::accepts);
+  py::class_<opreg::AotLaunch>(m, "AotLaunch")
+      .def(py::init([](std::string kernel, std::vector<std::string> grid,
+                       std::vector<std::string> arguments, std::string outputs) {
+             return opreg::AotLaunch{std::move(kernel), std::move(grid), std::move(arguments),
+                                     std::move(outputs)};
+           }),
+           py::arg("kernel"), py::arg("grid"), py::arg("arguments"), py::arg("outputs") = "fake")
+      .def_readonly("kernel", &opreg::AotLaunch::kernel)
+      .def_readonly("grid", &opreg::AotLaunch::grid)
+      .def_readonly("arguments", &opreg::AotLaunch::arguments)
+      .def_readonly("outputs", &opreg::AotLaunch::outputs)
+      .def("__repr__", [](const opreg::AotLaunch& launch) {
+        return "AotLaunch(kernel='" + launch.kernel + "', outputs='" + launch.outputs + "')";
+      });
+  py::class_<opreg::python::PythonAotDefinition>(m, "PythonAotDefinition")
+      .def(py::init<>())
+      .def_readwrite("name", &opreg::python::PythonAotDefinition::name)
+      .def_readwrite("device_types", &opreg::python::PythonAotDefinition::device_types)
+      .def_readwrite("launch", &opreg::python::PythonAotDefinition::launch);
   using Definition = opreg::python::PythonOpDefinition;
   py::class_<Definition>(m, "PythonOpDefinition")
       .def(py::init<>())
@@ -137,6 +156,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("fallback", &Definition::fallback)
       .def_readwrite("fallback_label", &Definition::fallback_label)
       .def_readwrite("kernels", &Definition::kernels)
+      .def_readwrite("aot_kernels", &Definition::aot_kernels)
       .def_readwrite("python_fake", &Definition::python_fake)
       .def_readwrite("python_module", &Definition::python_module)
       .def_readwrite("dtype_rules", &Definition::dtype_rules)

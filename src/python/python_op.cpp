@@ -262,6 +262,17 @@ std::string define_python_op(const PythonOpDefinition& d) {
                               return boxed(runtime, Role::kKernel, label, fn, accepts, fallback);
                             }});
   }
+  for (const auto& aot : d.aot_kernels) {
+    detail::KernelSpec kernel_spec;
+    kernel_spec.name = aot.name;
+    kernel_spec.device_types = aot.device_types;
+    std::string label = "kernel:" + aot.name;
+    kernel_spec.make_boxed = [launch = aot.launch, label](const detail::OpSpec& op_spec,
+                                                          const c10::FunctionSchema& schema) {
+      return detail::make_aot_launch_kernel(op_spec, launch, label, schema);
+    };
+    spec.kernels.push_back(std::move(kernel_spec));
+  }
   for (const auto& [argument, dtypes] : d.dtype_rules)
     spec.dtype_rules.emplace_back(argument, dtypes);
   spec.autograd.policy = parse_policy(d.autograd_policy);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <c10/core/ScalarType.h>
+#include <opreg/aot_launch.h>
 #include <torch/csrc/utils/pybind.h>
 
 namespace opreg::python {
@@ -19,11 +20,18 @@ struct PythonKernelDefinition {
   pybind11::object accepts;  // None: accepts every call
 };
 
+struct PythonAotDefinition {
+  std::string name = "triton_aot";
+  std::optional<std::vector<std::string>> device_types;  // nullopt: the accelerated registry
+  AotLaunch launch;
+};
+
 struct PythonOpDefinition {
   std::string schema;  // "ns::name(...) -> ..."
   pybind11::object fallback;
   std::string fallback_label = "fallback";  // the trace's name for it
   std::vector<PythonKernelDefinition> kernels;
+  std::vector<PythonAotDefinition> aot_kernels;  // run in C++: no Python on their calls
   bool python_fake = false;  // a fake registered from Python; no Meta kernel then
   std::string python_module;
   std::vector<std::pair<std::string, std::vector<c10::ScalarType>>> dtype_rules;

@@ -254,6 +254,17 @@ struct Call {
   int device = -1;
 };
 
+// The tensor dtype a pointer parameter reads ("*fp32" -> Float), when the kernel says.
+std::optional<at::ScalarType> pointee_dtype(const std::string& type) {
+  static const std::unordered_map<std::string, at::ScalarType> types = {
+      {"*fp16", at::kHalf}, {"*bf16", at::kBFloat16}, {"*fp32", at::kFloat}, {"*fp64", at::kDouble},
+      {"*i8", at::kChar},   {"*u8", at::kByte},       {"*i16", at::kShort},  {"*i32", at::kInt},
+      {"*i64", at::kLong},  {"*i1", at::kBool}};
+  auto found = types.find(type);
+  if (found == types.end()) return std::nullopt;
+  return found->second;
+}
+
 Call inspect(const KernelImpl& kernel, c10::ArrayRef<Arg> args, std::string* why_not) {
   Call call;
   if (args.size() != kernel.params.size()) {
@@ -277,6 +288,12 @@ Call inspect(const KernelImpl& kernel, c10::ArrayRef<Arg> args, std::string* why
     const auto& param = kernel.params[index++];
     if (arg.kind() != Arg::Kind::kTensor) continue;
     const auto& tensor = arg.tensor();
+    auto element = pointee_dtype(param.type_name);
+    if (element && *element != tensor.scalar_type()) {
+      *why_not = "argument '" + param.name + "' is " + c10::toString(tensor.scalar_type()) +
+                 ", the kernel takes " + param.type_name;
+      return call;
+    }
     if (!tensor.is_cuda()) {
       *why_not = "argument '" + param.name + "' is on " + tensor.device().str() + ", not CUDA";
       return call;

@@ -78,3 +78,41 @@ TEST(Triton, AvailabilityFollowsTheDriver) {
 }
 
 }  // namespace
+
+namespace {
+
+at::Tensor add(const at::Tensor& x, const at::Tensor& y) { return x + y; }
+
+TEST(Triton, DeclaredLaunchIsCheckedAgainstTheSchema) {
+  auto message = error_of([] {
+    opreg::op("opreg_aot::bad(Tensor x, Tensor y) -> Tensor")
+        .fallback(add)
+        .aot_kernel({"opreg_test_scale",
+                     {"cdiv(numel(x), 512)"},
+                     {"x", "out0", "numel(w)", "2.0"},
+                     "like:x"})
+        .define();
+  });
+  EXPECT_CONTAINS(message,
+                  "opreg_aot::bad: aot_kernel arguments: cannot read 'numel(w)': no "
+                  "argument named 'w' (the op has: x, y)");
+  EXPECT_FALSE(opreg::is_defined("opreg_aot::bad"));
+}
+
+TEST(Triton, DeclaredLaunchDeclinesCpuCallsToTheFallback) {
+  auto op = opreg::op("opreg_aot::scale(Tensor x, Tensor y) -> Tensor")
+                .fallback(add)
+                .aot_kernel({"opreg_test_scale",
+                             {"cdiv(numel(x), 512)"},
+                             {"x", "out0", "numel(x)", "2.0"},
+                             "fake"},
+                            {"cpu"})
+                .define();
+  auto x = at::randn({7});
+  opreg::TraceScope trace;
+  EXPECT_TRUE(at::equal(op(x, x), x + x));
+  EXPECT_EQ(opreg_test::impls_of(trace.records()),
+            (std::vector<std::string>{"fallback(declined by kernel:triton_aot)", "fallback"}));
+}
+
+}  // namespace

@@ -273,3 +273,77 @@ def test_failed_cuda_call_names_kernel_and_cuda_error(aot_bundle, tmp_path):
         r"the module on cuda:0 failed: CUDA_ERROR_",
     ):
         opreg.AotKernel("opreg_test_corrupt")[(1,)](x, x, 4, 1.0)
+
+
+# ---- kernels attached by declaration (opreg.AotLaunch / .aot_kernel) --------------------------
+
+ADD_LAUNCH = opreg.AotLaunch(
+    "opreg_fused_add_f32", ("cdiv(numel(x), 1024)",), ("x", "y", "out0", "numel(x)"), "like:x"
+)
+
+
+def test_launcher_checks_the_pointee_dtype(aot_bundle):
+    x = torch.randn(8, dtype=torch.float64)
+    why = opreg.AotKernel("opreg_test_scale").variant_for(x, x, 8, 2.0)
+    assert why == "none: argument 'x_ptr' is Double, the kernel takes *fp32"
+
+
+def test_declared_launch_errors_name_the_op_and_the_expression():
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    bad = opreg.AotLaunch("k", ("cdiv(numel(z), 4)",), ("x",))
+    with pytest.raises(
+        ValueError,
+        match=r"aot_decl::bad: aot_kernel grid: cannot read "
+        r"'numel\(z\)': no argument named 'z' \(the op has: x\)",
+    ):
+        opreg.register_triton_op(
+            fake_fn=lambda x: x, triton_fn=None, aot=bad, name="aot_decl::bad"
+        )(fn)
+    wrong_outputs = opreg.AotLaunch("k", ("1",), ("x",), "same")
+    with pytest.raises(ValueError, match="outputs must be 'fake' or 'like:<argument>', got 'same'"):
+        opreg.register_triton_op(
+            fake_fn=lambda x: x, triton_fn=None, aot=wrong_outputs, name="aot_decl::bad_outputs"
+        )(fn)
+
+
+def test_declared_launch_declines_what_it_cannot_run():
+    @opreg.register_triton_op(
+        fake_fn=lambda x, y: torch.empty_like(x),
+        triton_fn=None,
+        aot=ADD_LAUNCH,
+        triton_device_types="cpu",
+        name="aot_decl::cpu",
+    )
+    def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y
+
+    x = torch.randn(100)
+    with opreg.trace() as t:
+        torch.testing.assert_close(add(x, x), 2 * x)
+    assert t.impls()[0] == "fallback(declined by kernel:triton_aot)"
+    assert opreg.kernel_status("aot_decl::cpu") == "AOT kernel opreg_fused_add_f32 (C++ launcher)"
+
+
+@requires_cuda
+def test_declared_launch_runs_in_cpp_and_declines_other_dtypes():
+    @opreg.register_triton_op(
+        fake_fn=lambda x, y: torch.empty_like(x),
+        triton_fn=None,
+        aot=ADD_LAUNCH,
+        name="aot_decl::cuda",
+    )
+    def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y
+
+    for n in (0, 1, 1023, 2**20 + 3):
+        x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+        with opreg.trace() as t:
+            out = add(x, y)
+        assert t.impls() == ["kernel:triton_aot"]
+        torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+    x64 = torch.randn(10, device="cuda", dtype=torch.float64)
+    with opreg.trace() as t:
+        torch.testing.assert_close(add(x64, x64), 2 * x64)
+    assert t.impls()[0] == "fallback(declined by kernel:triton_aot)"

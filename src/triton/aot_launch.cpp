@@ -21,7 +21,7 @@ namespace {
 
 struct Expr {
   enum class Kind { kArgument, kOutput, kNumel, kSize, kStride, kCdiv, kInt, kFloat } kind;
-  int64_t index = 0;  // argument or output
+  int64_t index = 0;   // argument or output
   int64_t number = 0;  // dim, divisor or integer literal
   double real = 0;
   std::unique_ptr<Expr> inner;
@@ -90,8 +90,8 @@ class Parser {
 
  private:
   void fail(bool ok, const std::string& text, const std::string& why) const {
-    TORCH_CHECK_VALUE(ok, runtime_.name, ": aot_kernel ", what_, ": cannot read '", text, "': ",
-                      why);
+    TORCH_CHECK_VALUE(ok, runtime_.name, ": aot_kernel ", what_, ": cannot read '", text,
+                      "': ", why);
   }
   int64_t integer(const std::string& raw, const std::string& text) const {
     const std::string digits = trim(raw);
@@ -182,7 +182,8 @@ class AotLaunchKernel final : public c10::OperatorKernel {
     std::string why;
     if (outputs.empty() && !schema.returns().empty()) why = "an input is not on a CUDA device";
     if (!why.empty() || !kernel_->can_launch(args, &why)) {
-      if (trace_enabled()) record_trace(runtime_->name, "fallback(declined by " + label_ + ")", "-");
+      if (trace_enabled())
+        record_trace(runtime_->name, "fallback(declined by " + label_ + ")", "-");
       fallback_->callBoxed(op, keys, stack);
       return;
     }
@@ -200,17 +201,19 @@ class AotLaunchKernel final : public c10::OperatorKernel {
   using Iterator = torch::jit::Stack::iterator;
 
   // Outputs on the inputs' CUDA device; empty when the call is not on CUDA (then declined).
-  std::vector<at::Tensor> allocate(const c10::OperatorHandle& op, Iterator first,
-                                   size_t num_args, size_t num_outputs) const {
+  std::vector<at::Tensor> allocate(const c10::OperatorHandle& op, Iterator first, size_t num_args,
+                                   size_t num_outputs) const {
     const at::Tensor* device_tensor = nullptr;
     for (size_t i = 0; i < num_args && device_tensor == nullptr; ++i) {
-      if (first[i].isTensor() && first[i].toTensor().defined()) device_tensor = &first[i].toTensor();
+      if (first[i].isTensor() && first[i].toTensor().defined())
+        device_tensor = &first[i].toTensor();
     }
     if (device_tensor == nullptr || !device_tensor->is_cuda()) return {};
     std::vector<at::Tensor> outputs;
     if (like_ >= 0) {
       const auto& like = first[like_].toTensor();
-      for (size_t i = 0; i < num_outputs; ++i) outputs.push_back(at::empty(like.sizes(), like.options()));
+      for (size_t i = 0; i < num_outputs; ++i)
+        outputs.push_back(at::empty(like.sizes(), like.options()));
       return outputs;
     }
     torch::jit::Stack meta;

@@ -462,6 +462,11 @@ def register_triton_op(
         usable, why = triton_status()
         status = "no triton_fn"
         aot_kernels = []
+        if aot is not None and aot.outputs == "fake" and fake_fn is not None:
+            raise ValueError(
+                f"opreg.register_triton_op({qualname}): AotLaunch outputs='fake' reads the op's "
+                "C++ fake; a Python fake_fn is not reachable there: use outputs='like:<argument>'"
+            )
         if aot is not None:
             aot_kernels.append(("triton_aot", _device_types(triton_device_types), aot))
             status = f"AOT kernel {aot.kernel} (C++ launcher)"

@@ -48,6 +48,7 @@ struct Param {
   std::string name;
   std::string type_name;
   ParamType type;
+  std::optional<at::ScalarType> pointee;  // the tensor dtype a pointer parameter reads
 };
 
 struct Assumption {
@@ -91,6 +92,17 @@ struct Registry {
 Registry& registry() {
   static Registry* instance = new Registry();  // leaked: kernels outlive every static user
   return *instance;
+}
+
+// The tensor dtype a pointer parameter reads ("*fp32" -> Float), when the kernel says.
+std::optional<at::ScalarType> pointee_dtype(const std::string& type) {
+  static const std::unordered_map<std::string, at::ScalarType> types = {
+      {"*fp16", at::kHalf}, {"*bf16", at::kBFloat16}, {"*fp32", at::kFloat}, {"*fp64", at::kDouble},
+      {"*i8", at::kChar},   {"*u8", at::kByte},       {"*i16", at::kShort},  {"*i32", at::kInt},
+      {"*i64", at::kLong},  {"*i1", at::kBool}};
+  auto found = types.find(type);
+  if (found == types.end()) return std::nullopt;
+  return found->second;
 }
 
 ParamType parse_type(const std::string& kernel, const std::string& type) {
@@ -160,8 +172,8 @@ std::unique_ptr<KernelImpl> parse_manifest(const std::string& text, ReadFile rea
   kernel->source = manifest.value("source", "");
   for (const auto& param : manifest.at("params")) {
     auto type = param.at("type").get<std::string>();
-    kernel->params.push_back(
-        {param.at("name").get<std::string>(), type, parse_type(kernel->name, type)});
+    kernel->params.push_back({param.at("name").get<std::string>(), type,
+                              parse_type(kernel->name, type), pointee_dtype(type)});
   }
   TORCH_CHECK_VALUE(kernel->params.size() <= kMaxParams, "opreg: Triton kernel '", kernel->name,
                     "' has more than ", kMaxParams, " parameters");
@@ -254,17 +266,6 @@ struct Call {
   int device = -1;
 };
 
-// The tensor dtype a pointer parameter reads ("*fp32" -> Float), when the kernel says.
-std::optional<at::ScalarType> pointee_dtype(const std::string& type) {
-  static const std::unordered_map<std::string, at::ScalarType> types = {
-      {"*fp16", at::kHalf}, {"*bf16", at::kBFloat16}, {"*fp32", at::kFloat}, {"*fp64", at::kDouble},
-      {"*i8", at::kChar},   {"*u8", at::kByte},       {"*i16", at::kShort},  {"*i32", at::kInt},
-      {"*i64", at::kLong},  {"*i1", at::kBool}};
-  auto found = types.find(type);
-  if (found == types.end()) return std::nullopt;
-  return found->second;
-}
-
 Call inspect(const KernelImpl& kernel, c10::ArrayRef<Arg> args, std::string* why_not) {
   Call call;
   if (args.size() != kernel.params.size()) {
@@ -288,8 +289,7 @@ Call inspect(const KernelImpl& kernel, c10::ArrayRef<Arg> args, std::string* why
     const auto& param = kernel.params[index++];
     if (arg.kind() != Arg::Kind::kTensor) continue;
     const auto& tensor = arg.tensor();
-    auto element = pointee_dtype(param.type_name);
-    if (element && *element != tensor.scalar_type()) {
+    if (param.pointee && *param.pointee != tensor.scalar_type()) {
       *why_not = "argument '" + param.name + "' is " + c10::toString(tensor.scalar_type()) +
                  ", the kernel takes " + param.type_name;
       return call;

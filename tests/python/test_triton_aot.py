@@ -292,7 +292,7 @@ def test_declared_launch_errors_name_the_op_and_the_expression():
     def fn(x: torch.Tensor) -> torch.Tensor:
         return x
 
-    bad = opreg.AotLaunch("k", ("cdiv(numel(z), 4)",), ("x",))
+    bad = opreg.AotLaunch("k", ("cdiv(numel(z), 4)",), ("x",), "like:x")
     with pytest.raises(
         ValueError,
         match=r"aot_decl::bad: aot_kernel grid: cannot read "
@@ -305,6 +305,19 @@ def test_declared_launch_errors_name_the_op_and_the_expression():
     with pytest.raises(ValueError, match="outputs must be 'fake' or 'like:<argument>', got 'same'"):
         opreg.register_triton_op(
             fake_fn=lambda x: x, triton_fn=None, aot=wrong_outputs, name="aot_decl::bad_outputs"
+        )(fn)
+
+
+def test_declared_launch_with_a_python_fake_needs_like_outputs():
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    with pytest.raises(ValueError, match="outputs='fake' reads the op's C\\+\\+ fake"):
+        opreg.register_triton_op(
+            fake_fn=lambda x: torch.empty_like(x),
+            triton_fn=None,
+            aot=opreg.AotLaunch("k", ("1",), ("x",), "fake"),
+            name="aot_decl::python_fake",
         )(fn)
 
 

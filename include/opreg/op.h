@@ -153,13 +153,6 @@ std::string device_of(const Args&... args) {
   return device;
 }
 
-template <class Sig>
-struct SignatureOf;
-template <class Ret, class... Args>
-struct SignatureOf<Ret(Args...)> {
-  using type = Ret(Args...);
-};
-
 }  // namespace detail
 
 // A callable handle on a defined op: calls go through the dispatcher, like any PyTorch op.

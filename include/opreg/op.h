@@ -117,6 +117,12 @@ struct OpSpec {
 // Changes whenever an op is replaced or removed.
 uint64_t registry_generation();
 
+// The dispatcher's handle of "ns::name" or "ns::name.overload"; a ValueError when there is none.
+c10::OperatorHandle find_operator(const std::string& qualified);
+
+// The argument checks on a boxed call's arguments (`count` IValues from `first`).
+void check_boxed_arguments(const OpRuntime& runtime, const c10::IValue* first, size_t count);
+
 [[noreturn]] void throw_no_fake(const std::string& op, const std::string& reason);
 
 // The kernel of .aot_kernel(): src/triton/aot_launch.cpp.
@@ -173,12 +179,7 @@ class OpHandle<Ret(Args...)> {
     const uint64_t generation = detail::registry_generation();
     std::lock_guard<std::mutex> lock(mutex_);
     if (!cached_ || cached_generation_ != generation) {
-      auto separator = name_.find('.', name_.find("::"));
-      std::string base = separator == std::string::npos ? name_ : name_.substr(0, separator);
-      std::string overload = separator == std::string::npos ? "" : name_.substr(separator + 1);
-      cached_ = c10::Dispatcher::singleton()
-                    .findSchemaOrThrow(base.c_str(), overload.c_str())
-                    .template typed<Ret(Args...)>();
+      cached_ = detail::find_operator(name_).template typed<Ret(Args...)>();
       cached_generation_ = generation;
     }
     return *cached_;

@@ -451,7 +451,7 @@ _RUNNERS: dict[str, Callable[..., tuple[bool, float, str]]] = {
 }
 
 
-def _devices(op_name: str, devices: Iterable[str] | None) -> list[str]:
+def _devices(devices: Iterable[str] | None) -> list[str]:
     if devices is not None:
         return list(devices)
     return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -486,7 +486,7 @@ def opcheck(
     if unknown:
         raise ValueError(f"opreg.opcheck: unknown checks {sorted(unknown)}; known: {CHECKS}")
     rows = []
-    for device in _devices(name, devices):
+    for device in _devices(devices):
         if samples is None:
             device_samples = generate_samples(op, device)
         else:

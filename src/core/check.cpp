@@ -1,6 +1,8 @@
 // src/core/check.cpp: argument checks shared by every opreg op (see include/opreg/check.h).
 #include "opreg/check.h"
 
+#include "opreg/op.h"
+
 #include <sstream>
 
 #include <c10/util/Exception.h>
@@ -36,6 +38,13 @@ void ArgChecker::visit(size_t index, const at::Tensor& tensor) {
   TORCH_CHECK(tensor.device() == first_->device(), op_, ": argument '", arg_name(index), "' is on ",
               tensor.device(), ", expected ", first_->device(), " like argument '",
               arg_name(first_index_), "' (all tensor arguments must be on one device)");
+}
+
+void check_boxed_arguments(const OpRuntime& runtime, const c10::IValue* first, size_t count) {
+  ArgChecker checker(runtime.name, runtime.arg_names, runtime.dtype_rules, runtime.same_device);
+  for (size_t i = 0; i < count; ++i) {
+    if (first[i].isTensor()) checker.visit(i, first[i].toTensor());
+  }
 }
 
 }  // namespace opreg::detail

@@ -142,14 +142,8 @@ void register_kernel(RegisteredOp& op, const detail::KernelSpec& kernel,
       std::make_unique<torch::Library>(torch::Library::FRAGMENT, op.ns, std::nullopt, "opreg", 0);
   try {
     if (kernel.make_boxed) {
-      auto handle = c10::Dispatcher::singleton().findSchema(
-          {op.ns + "::" + op.op_name.substr(0, op.op_name.find('.')),
-           op.op_name.find('.') == std::string::npos
-               ? ""
-               : op.op_name.substr(op.op_name.find('.') + 1)});
-      TORCH_INTERNAL_ASSERT(handle.has_value(), op.spec.runtime->name, " is not defined");
-      library->impl(op.op_name.c_str(),
-                    torch::dispatch(*key, kernel.make_boxed(op.spec, handle->schema())));
+      const auto& schema = detail::find_operator(op.spec.runtime->name).schema();
+      library->impl(op.op_name.c_str(), torch::dispatch(*key, kernel.make_boxed(op.spec, schema)));
     } else {
       library->impl(op.op_name.c_str(), torch::dispatch(*key, kernel.make_impl()));
     }
@@ -246,6 +240,14 @@ std::string register_accelerated_device_type(const std::string& name) {
 namespace detail {
 
 uint64_t registry_generation() { return g_generation.load(std::memory_order_acquire); }
+
+c10::OperatorHandle find_operator(const std::string& qualified) {
+  auto dot = qualified.find('.', qualified.find("::"));
+  auto handle = c10::Dispatcher::singleton().findSchema(
+      {qualified.substr(0, dot), dot == std::string::npos ? "" : qualified.substr(dot + 1)});
+  TORCH_CHECK_VALUE(handle.has_value(), "opreg: no op named '", qualified, "' is defined");
+  return *handle;
+}
 
 void throw_no_fake(const std::string& op, const std::string& reason) {
   TORCH_CHECK_NOT_IMPLEMENTED(false, op,

@@ -7,19 +7,12 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 
+#include "opreg/op.h"
 #include "opreg/registry.h"
 #include "registry_internal.h"
 
 namespace opreg::testing {
 namespace {
-
-c10::OperatorHandle find(const std::string& op) {
-  auto dot = op.find('.', op.find("::"));
-  auto handle = c10::Dispatcher::singleton().findSchema(
-      {op.substr(0, dot), dot == std::string::npos ? "" : op.substr(dot + 1)});
-  TORCH_CHECK_VALUE(handle.has_value(), "opreg::testing: no op named '", op, "'");
-  return *handle;
-}
 
 std::string device_of(const std::vector<c10::IValue>& args) {
   for (const auto& arg : args) {
@@ -95,7 +88,7 @@ std::string compare(const std::vector<c10::IValue>& got, const std::vector<c10::
 }  // namespace
 
 std::vector<c10::IValue> call_fallback(const std::string& op, std::vector<c10::IValue> args) {
-  auto handle = find(op);
+  auto handle = detail::find_operator(op);
   auto kernel = detail::fallback_kernel_of(op);
   torch::jit::Stack stack(std::move(args));
   kernel->callBoxed(handle, c10::DispatchKeySet(c10::DispatchKey::CompositeExplicitAutograd),
@@ -105,7 +98,7 @@ std::vector<c10::IValue> call_fallback(const std::string& op, std::vector<c10::I
 
 std::vector<CheckResult> check(const std::string& op,
                                const std::vector<std::vector<c10::IValue>>& samples) {
-  auto handle = find(op);
+  auto handle = detail::find_operator(op);
   auto report = describe_op(op);
   std::vector<CheckResult> results;
   for (size_t index = 0; index < samples.size(); ++index) {

@@ -176,10 +176,7 @@ PYBIND11_MODULE(_C, m) {
 
   // The fallback alone, bypassing kernels: for opreg.opcheck.
   m.def("call_fallback", [](const std::string& name, const py::list& args, const py::dict& kwargs) {
-    auto dot = name.find('.', name.find("::"));
-    auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(
-        name.substr(0, dot).c_str(), dot == std::string::npos ? "" : name.substr(dot + 1).c_str());
-    const auto& schema = handle.schema();
+    const auto& schema = opreg::detail::find_operator(name).schema();
     std::vector<c10::IValue> stack;
     for (size_t i = 0; i < schema.arguments().size(); ++i) {
       const auto& argument = schema.arguments()[i];

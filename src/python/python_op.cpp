@@ -7,7 +7,6 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
-#include "opreg/check.h"
 #include "opreg/op.h"
 #include "opreg/trace.h"
 
@@ -67,16 +66,6 @@ void push_result(const c10::FunctionSchema& schema, const py::object& result,
   }
 }
 
-void check_arguments(const detail::OpRuntime& runtime, const torch::jit::Stack& stack,
-                     size_t num_args) {
-  detail::ArgChecker checker(runtime.name, runtime.arg_names, runtime.dtype_rules,
-                             runtime.same_device);
-  auto first = stack.end() - num_args;
-  for (size_t i = 0; i < num_args; ++i) {
-    if (first[i].isTensor()) checker.visit(i, first[i].toTensor());
-  }
-}
-
 std::string device_of(const torch::jit::Stack& stack, size_t num_args) {
   for (auto it = stack.end() - num_args; it != stack.end(); ++it) {
     if (it->isTensor() && it->toTensor().defined()) return it->toTensor().device().str();
@@ -101,7 +90,7 @@ class PythonKernel final : public c10::OperatorKernel {
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const auto& schema = op.schema();
     const size_t num_args = schema.arguments().size();
-    check_arguments(*runtime_, *stack, num_args);
+    detail::check_boxed_arguments(*runtime_, stack->data() + (stack->size() - num_args), num_args);
     const std::string device = trace_enabled() ? device_of(*stack, num_args) : "";
     py::gil_scoped_acquire gil;
     auto arguments = pop_arguments(schema, stack);

@@ -11,7 +11,6 @@
 #include <torch/library.h>
 
 #include "opreg/aot_launch.h"
-#include "opreg/check.h"
 #include "opreg/op.h"
 #include "opreg/trace.h"
 #include "opreg/triton.h"
@@ -160,11 +159,7 @@ class AotLaunchKernel final : public c10::OperatorKernel {
     const auto& schema = op.schema();
     const size_t num_args = schema.arguments().size();
     auto first = stack->end() - static_cast<std::ptrdiff_t>(num_args);
-    ArgChecker checker(runtime_->name, runtime_->arg_names, runtime_->dtype_rules,
-                       runtime_->same_device);
-    for (size_t i = 0; i < num_args; ++i) {
-      if (first[i].isTensor()) checker.visit(i, first[i].toTensor());
-    }
+    check_boxed_arguments(*runtime_, stack->data() + (stack->size() - num_args), num_args);
     std::vector<at::Tensor> outputs = allocate(op, first, num_args, schema.returns().size());
     std::vector<Value> values;
     std::vector<triton::Arg> args;

@@ -71,6 +71,11 @@ def main() -> None:
         lambda: peers.evox_add(x, y),
     )
     t("triton_op", "torch.library.triton_op + wrap_triton", lambda: peers.triton_op_add(x, y))
+    t(
+        "seed_triton_fn_direct",
+        "the seed's triton_fn called directly, no op around it (floor of any wrapper of it)",
+        lambda: peers.triton_add(x, y),
+    )
 
     from peers import front_ops
 
@@ -133,6 +138,8 @@ def main() -> None:
     r.compare("opreg_fused_add", "triton_op")
     r.compare("opreg_front_jit", "evox_style", "<=0.5")
     r.compare("opreg_front_aot", "evox_style", "<=0.35")
+    r.compare("opreg_front_jit", "seed_triton_fn_direct")
+    r.compare("seed_triton_fn_direct", "evox_style")
     r.compare("opreg_front_aot_declared", "evox_style", "<=0.35")
     r.compare("opreg_fused_add_requires_grad", "torch_add_requires_grad", "<=1.3")
     r.compare("opreg_forward_backward", "custom_op_autograd_forward_backward", "<=0.5")

@@ -3,6 +3,7 @@ is caught, with a message naming the check, the op, the device and the sample.""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -180,7 +181,8 @@ def test_command_line_reports_each_op():
         text=True,
     )
     assert result.returncode == 1
-    assert "opreg_test::affine: 60/60 checks passed" in result.stdout
+    passed = re.search(r"opreg_test::affine: (\d+)/(\d+) checks passed", result.stdout)
+    assert passed and passed[1] == passed[2] and int(passed[1]) >= 60, result.stdout
     assert (
         "FAIL gradients cpu" in result.stdout
         and "backward's gradient for input 'x'" in result.stdout

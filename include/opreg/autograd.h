@@ -12,6 +12,8 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
+#include <c10/core/SymIntArrayRef.h>
+#include <c10/util/DimVector.h>
 
 namespace torch::autograd {
 struct Node;
@@ -51,13 +53,25 @@ class AutogradContext {
   bool needs_input_grad(size_t index) const;
   size_t num_inputs() const { return input_edges_.size(); }
 
+  // Shape and dtype of tensor input `index` (schema position), recorded at the forward call
+  // without saving anything: what most backwards need to reduce a gradient to its input.
+  c10::SymIntArrayRef input_sym_sizes(size_t index) const;
+  at::ScalarType input_scalar_type(size_t index) const;
+
  private:
   friend struct detail::OpregBackward;
   friend class AutogradKernel;
+  struct InputMeta {
+    c10::SymDimVector sizes;
+    at::ScalarType scalar_type;
+  };
+  const InputMeta& tensor_input(size_t index, const char* accessor) const;
+
   std::vector<at::Tensor> to_save_;
   std::vector<torch::autograd::SavedVariable> saved_;
   std::vector<int64_t> input_edges_;  // per input: its edge in the node, or -1
   std::vector<bool> input_requires_grad_;
+  std::vector<InputMeta> edge_inputs_;  // per edge
   detail::OpregBackward* node_ = nullptr;
   bool in_backward_ = false;
 };

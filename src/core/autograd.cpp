@@ -43,20 +43,19 @@ auto make_node() {
 }
 
 struct OutputMeta {
-  std::vector<c10::SymInt> sizes;
+  c10::SymDimVector sizes;
   at::TensorOptions options;
 };
 
-// The grad_fn of an output of an opreg op with an explicit backward.
+// The grad_fn of an output of an opreg op with an explicit backward. Shares the op's runtime
+// and spec instead of copying them: a node is made on every forward call that needs grads.
 struct OpregBackward : torch::autograd::Node {
-  std::string op_name;
-  std::vector<std::string> arg_names;
-  Backward backward;
+  std::shared_ptr<const OpRuntime> runtime;
+  std::shared_ptr<const AutogradSpec> spec;
   AutogradContext ctx;
-  std::vector<std::vector<c10::SymInt>> input_sizes;  // per edge
-  std::vector<OutputMeta> outputs;                    // per differentiable output
+  std::vector<OutputMeta> outputs;  // per differentiable output
 
-  std::string name() const override { return op_name + "Backward"; }
+  std::string name() const override { return runtime->name + "Backward"; }
 
   void release_variables() override {
     ctx.saved_.clear();
@@ -64,18 +63,16 @@ struct OpregBackward : torch::autograd::Node {
   }
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    const std::string& op_name = runtime->name;
     if (trace_enabled()) {
       record_trace(op_name, "backward",
                    grads.empty() || !grads[0].defined() ? "-" : grads[0].device().str());
     }
-    std::vector<at::Tensor> grad_outputs(grads.begin(), grads.end());
-    for (size_t i = 0; i < grad_outputs.size(); ++i) {
-      if (!grad_outputs[i].defined()) {
-        grad_outputs[i] = at::zeros_symint(outputs[i].sizes, outputs[i].options);
-      }
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (!grads[i].defined()) grads[i] = at::zeros_symint(outputs[i].sizes, outputs[i].options);
     }
     ctx.in_backward_ = true;
-    auto result = backward(ctx, grad_outputs);
+    auto result = spec->backward(ctx, grads);
     ctx.in_backward_ = false;
     TORCH_CHECK(result.size() == ctx.input_edges_.size(), op_name, ": backward returned ",
                 result.size(), " gradients, expected ", ctx.input_edges_.size(),
@@ -84,13 +81,13 @@ struct OpregBackward : torch::autograd::Node {
     for (size_t i = 0; i < result.size(); ++i) {
       const auto edge = ctx.input_edges_[i];
       if (!result[i].defined()) continue;
-      TORCH_CHECK(edge >= 0, op_name, ": backward returned a gradient for input '", arg_names[i],
+      TORCH_CHECK(edge >= 0, op_name, ": backward returned a gradient for input '",
+                  runtime->arg_names[i],
                   "', which is not a tensor; return an undefined tensor there");
-      const auto& expected = input_sizes[edge];
+      const c10::SymIntArrayRef expected = ctx.edge_inputs_[edge].sizes;
       TORCH_CHECK(result[i].sym_sizes().equals(expected), op_name,
-                  ": backward's gradient for input '", arg_names[i], "' has shape ",
-                  result[i].sym_sizes(), ", expected ", c10::SymIntArrayRef(expected),
-                  " (the input's shape)");
+                  ": backward's gradient for input '", runtime->arg_names[i], "' has shape ",
+                  result[i].sym_sizes(), ", expected ", expected, " (the input's shape)");
       edge_grads[edge] = std::move(result[i]);
     }
     return edge_grads;
@@ -105,6 +102,23 @@ std::vector<at::Tensor> AutogradContext::saved_tensors() const {
   auto self = node_->getptr();
   for (const auto& saved : saved_) tensors.push_back(saved.unpack(self));
   return tensors;
+}
+
+const AutogradContext::InputMeta& AutogradContext::tensor_input(size_t index,
+                                                                const char* accessor) const {
+  TORCH_CHECK(index < input_edges_.size(), "opreg: ", accessor, "(", index, "): the op has ",
+              input_edges_.size(), " inputs");
+  TORCH_CHECK(input_edges_[index] >= 0, "opreg: ", accessor, "(", index,
+              "): that input is not a tensor");
+  return edge_inputs_[input_edges_[index]];
+}
+
+c10::SymIntArrayRef AutogradContext::input_sym_sizes(size_t index) const {
+  return tensor_input(index, "input_sym_sizes").sizes;
+}
+
+at::ScalarType AutogradContext::input_scalar_type(size_t index) const {
+  return tensor_input(index, "input_scalar_type").scalar_type;
 }
 
 bool AutogradContext::needs_input_grad(size_t index) const {
@@ -148,7 +162,9 @@ class AutogradKernel final : public c10::OperatorKernel {
  public:
   AutogradKernel(std::shared_ptr<detail::OpRuntime> runtime, AutogradSpec spec,
                  std::shared_ptr<c10::KernelFunction> fallback)
-      : runtime_(std::move(runtime)), spec_(std::move(spec)), fallback_(std::move(fallback)) {}
+      : runtime_(std::move(runtime)),
+        spec_(std::make_shared<const AutogradSpec>(std::move(spec))),
+        fallback_(std::move(fallback)) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                   torch::jit::Stack* stack) {
@@ -161,7 +177,7 @@ class AutogradKernel final : public c10::OperatorKernel {
       }
     }
     // 1. No gradient needed (or never given): run below autograd, kernel included.
-    if (!any_requires_grad || (!spec_.backward && spec_.policy == AutogradPolicy::kNone)) {
+    if (!any_requires_grad || (!spec_->backward && spec_->policy == AutogradPolicy::kNone)) {
       std::vector<c10::IValue> inputs;
       if (schema.is_mutable()) inputs.assign(stack->end() - num_args, stack->end());
       {
@@ -172,8 +188,8 @@ class AutogradKernel final : public c10::OperatorKernel {
       return;
     }
     // 2. Gradient needed, no backward: the policy decides.
-    if (!spec_.backward) {
-      TORCH_CHECK(spec_.policy != AutogradPolicy::kError, runtime_->name,
+    if (!spec_->backward) {
+      TORCH_CHECK(spec_->policy != AutogradPolicy::kError, runtime_->name,
                   ": an input requires grad, but the op has no backward and its autograd policy "
                   "is 'error'; give it a backward (.backward(setup_context, backward) in C++, "
                   "backward= in Python), or use the 'fallback' policy");
@@ -192,18 +208,23 @@ class AutogradKernel final : public c10::OperatorKernel {
     std::vector<c10::IValue> inputs(stack->end() - num_args, stack->end());
 
     auto node = detail::make_node<detail::OpregBackward>();
-    node->op_name = runtime_->name;
-    node->arg_names = runtime_->arg_names;
-    node->backward = spec_.backward;
+    node->runtime = runtime_;
+    node->spec = spec_;
     auto& ctx = node->ctx;
+    ctx.input_edges_.reserve(num_args);
+    ctx.input_requires_grad_.reserve(num_args);
     std::vector<at::Tensor> edge_tensors;
+    edge_tensors.reserve(num_args);
     for (const auto& input : inputs) {
       bool is_tensor = input.isTensor() && input.toTensor().defined();
       ctx.input_edges_.push_back(is_tensor ? static_cast<int64_t>(edge_tensors.size()) : -1);
       ctx.input_requires_grad_.push_back(is_tensor && input.toTensor().requires_grad());
       if (is_tensor) {
-        edge_tensors.push_back(input.toTensor());
-        node->input_sizes.push_back(input.toTensor().sym_sizes().vec());
+        const auto& tensor = input.toTensor();
+        edge_tensors.push_back(tensor);
+        ctx.edge_inputs_.push_back(
+            {c10::SymDimVector(tensor.sym_sizes().begin(), tensor.sym_sizes().end()),
+             tensor.scalar_type()});
       }
     }
     node->set_next_edges(torch::autograd::collect_next_edges(edge_tensors));
@@ -220,11 +241,13 @@ class AutogradKernel final : public c10::OperatorKernel {
       if (!tensor.defined() || !torch::autograd::isDifferentiableType(tensor.scalar_type())) {
         continue;
       }
-      node->outputs.push_back({tensor.sym_sizes().vec(), tensor.options()});
+      node->outputs.push_back(
+          {c10::SymDimVector(tensor.sym_sizes().begin(), tensor.sym_sizes().end()),
+           tensor.options()});
       torch::autograd::set_history(tensor, detail::NodePtr(node));
     }
 
-    if (spec_.setup_context) spec_.setup_context(ctx, inputs, outputs);
+    if (spec_->setup_context) spec_->setup_context(ctx, inputs, outputs);
     for (const auto& tensor : ctx.to_save_) {
       bool is_output = false;
       for (const auto& output : outputs) {
@@ -237,7 +260,7 @@ class AutogradKernel final : public c10::OperatorKernel {
   }
 
   std::shared_ptr<detail::OpRuntime> runtime_;
-  AutogradSpec spec_;
+  std::shared_ptr<const AutogradSpec> spec_;
   std::shared_ptr<c10::KernelFunction> fallback_;
 };
 

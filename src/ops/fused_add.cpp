@@ -48,24 +48,17 @@ at::Tensor fused_add_triton(const at::Tensor& x, const at::Tensor& y) {
   return out;
 }
 
-// d/dx = d/dy = 1, summed back over broadcast dims, in each input's dtype.
-void fused_add_setup(opreg::AutogradContext& ctx, const std::vector<c10::IValue>& inputs,
-                     const std::vector<c10::IValue>&) {
-  ctx.saved_data["x_sizes"] = inputs[0].toTensor().sym_sizes();
-  ctx.saved_data["y_sizes"] = inputs[1].toTensor().sym_sizes();
-  ctx.saved_data["x_dtype"] = inputs[0].toTensor().scalar_type();
-  ctx.saved_data["y_dtype"] = inputs[1].toTensor().scalar_type();
-}
-
+// d/dx = d/dy = 1, summed back over broadcast dims, in each input's dtype. The context records
+// each input's shape and dtype, so nothing needs saving.
 std::vector<at::Tensor> fused_add_backward(opreg::AutogradContext& ctx,
                                            const std::vector<at::Tensor>& grads) {
   std::vector<at::Tensor> result(2);
-  const char* names[] = {"x", "y"};
-  for (int i = 0; i < 2; ++i) {
+  for (size_t i = 0; i < 2; ++i) {
     if (!ctx.needs_input_grad(i)) continue;
-    const std::string name = names[i];
-    result[i] = at::sum_to(grads[0], ctx.saved_data[name + "_sizes"].toSymIntVector())
-                    .to(ctx.saved_data[name + "_dtype"].toScalarType());
+    result[i] = at::sum_to(grads[0], ctx.input_sym_sizes(i));
+    if (result[i].scalar_type() != ctx.input_scalar_type(i)) {
+      result[i] = result[i].to(ctx.input_scalar_type(i));
+    }
   }
   return result;
 }
@@ -75,7 +68,7 @@ const auto fused_add_op =
     opreg::op("opreg::fused_add(Tensor x, Tensor y) -> Tensor")
         .fallback(fused_add_reference)
         .kernel(fused_add_triton, opreg::on({"cuda"}).name("triton_aot").accepts(triton_accepts))
-        .backward(fused_add_backward, fused_add_setup)
+        .backward(fused_add_backward)
         .batch_polymorphic()
         .define();
 // [fused_add_declaration.end]

@@ -116,6 +116,35 @@ TEST(Autograd, BackwardArityAndShapeAreChecked) {
                   "opreg_ad::shape: backward's gradient for input 'x' has shape [], expected [3]");
 }
 
+at::Tensor scale(const at::Tensor& x, const at::Tensor& y, double alpha) { return x * y * alpha; }
+
+TEST(Autograd, ContextRecordsEachTensorInputsShapeAndDtype) {
+  std::vector<std::vector<int64_t>> sizes;
+  std::vector<at::ScalarType> dtypes;
+  std::string non_tensor_error, out_of_range_error;
+  auto op = opreg::op("opreg_ad::scale(Tensor x, Tensor y, float alpha) -> Tensor")
+                .fallback(scale)
+                .backward([&](opreg::AutogradContext& ctx, const std::vector<at::Tensor>& grads) {
+                  for (size_t i : {0, 1}) {
+                    sizes.push_back(c10::asIntArrayRefUnchecked(ctx.input_sym_sizes(i)).vec());
+                    dtypes.push_back(ctx.input_scalar_type(i));
+                  }
+                  non_tensor_error = error_of([&] { ctx.input_sym_sizes(2); });
+                  out_of_range_error = error_of([&] { ctx.input_scalar_type(3); });
+                  return std::vector<at::Tensor>{at::sum_to(grads[0], ctx.input_sym_sizes(0)),
+                                                 at::Tensor(), at::Tensor()};
+                })
+                .define();
+  auto x = at::randn({4, 1}).requires_grad_();
+  auto y = at::randn({3}, at::kDouble);
+  auto grads = grad_of(op(x, y, 2.0), {x});
+  EXPECT_EQ(sizes, (std::vector<std::vector<int64_t>>{{4, 1}, {3}}));
+  EXPECT_EQ(dtypes, (std::vector<at::ScalarType>{at::kFloat, at::kDouble}));
+  EXPECT_EQ(grads[0].sizes(), x.sizes());
+  EXPECT_CONTAINS(non_tensor_error, "input_sym_sizes(2): that input is not a tensor");
+  EXPECT_CONTAINS(out_of_range_error, "input_scalar_type(3): the op has 3 inputs");
+}
+
 TEST(Autograd, BackwardForAMutatingOpIsRefused) {
   auto message = error_of([] {
     opreg::op("opreg_ad::mutating(Tensor(a!) x) -> ()")

@@ -30,8 +30,10 @@ CMAKE_PREFIX="$(cd /tmp && python3 -m opreg cmake-dir)"
 step benchmarks
 (cmake -S bench/cpp -B build/bench -G Ninja -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX" &&
   cmake --build build/bench) > "$OUT/bench-build.log" 2>&1 || tail -20 "$OUT/bench-build.log"
-for bench in "launch_cpp.py build/bench/launch_bench" eager_overhead.py bandwidth.py philox.py vmap.py \
-    first_call.py ${EXTRA_BENCHES:-}; do
+ALL_BENCHES='launch_cpp.py:build/bench/launch_bench eager_overhead.py bandwidth.py philox.py vmap.py
+  first_call.py'
+for bench in ${BENCHES:-$ALL_BENCHES}; do
+  bench="${bench/:/ }"
   timeout 240 python3 bench/$bench > "$OUT/bench-${bench%%.py*}.log" 2>&1 ||
     { echo "bench $bench failed"; tail -15 "$OUT/bench-${bench%%.py*}.log"; }
 done

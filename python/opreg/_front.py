@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import torch
 import torch.utils._pytree as pytree
 
-from opreg import _C
+from opreg import _C, _jit_launch
 from opreg._public import public
 from opreg._registry import accelerated_device_types, register_accelerated_device_type
 
@@ -473,8 +473,14 @@ def register_triton_op(
         elif triton_fn is not None:
             if usable:
                 types = _device_types(triton_device_types)
-                kernels.append(("triton", types, triton_fn, triton_accepts))
+                kernels.append(
+                    ("triton", types, _jit_launch.accelerated(triton_fn), triton_accepts)
+                )
                 status = f"triton_fn serves {', '.join(types) if types else 'the Triton devices'}"
+                adopted = _jit_launch.kernels_reached_by(triton_fn)
+                if adopted:
+                    names = ", ".join(kernel.__name__ for kernel in adopted)
+                    status += f"; launches of {names} skip Triton's per-call binding once compiled"
             else:
                 status = f"triton_fn is off: {why}"
         rule = None

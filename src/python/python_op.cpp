@@ -28,20 +28,31 @@ PyRef ref(py::object object) {
 
 struct PyArgs {
   py::tuple args;
-  py::dict kwargs;
+  py::object kwargs;  // a dict; null when the schema has no keyword-only arguments
 };
+
+// fn(*args, **kwargs) without pybind's argument collector, which copies both on every call.
+py::object call(const py::object& fn, const PyArgs& arguments) {
+  PyObject* result = PyObject_Call(fn.ptr(), arguments.args.ptr(), arguments.kwargs.ptr());
+  if (result == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(result);
+}
 
 // Pops the op's arguments from the stack as Python values; keyword-only ones as kwargs.
 PyArgs pop_arguments(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
   const auto& arguments = schema.arguments();
   size_t positional = 0;
   for (const auto& argument : arguments) positional += argument.kwarg_only() ? 0 : 1;
-  PyArgs result{py::tuple(positional), py::dict()};
+  PyArgs result{py::tuple(positional), py::object()};
+  if (positional < arguments.size()) result.kwargs = py::dict();
   auto first = stack->end() - arguments.size();
   for (size_t i = 0; i < arguments.size(); ++i) {
     auto value = torch::jit::toPyObject(std::move(first[i]));
     if (arguments[i].kwarg_only()) {
-      result.kwargs[py::str(arguments[i].name())] = std::move(value);
+      if (PyDict_SetItemString(result.kwargs.ptr(), arguments[i].name().c_str(), value.ptr()) !=
+          0) {
+        throw py::error_already_set();
+      }
     } else {
       result.args[i] = std::move(value);
     }
@@ -96,17 +107,17 @@ class PythonKernel final : public c10::OperatorKernel {
     auto arguments = pop_arguments(schema, stack);
     const py::object* fn = fn_.get();
     std::string impl = label_;
-    if (accepts_ && !(*accepts_)(*arguments.args, **arguments.kwargs).cast<bool>()) {
+    if (accepts_ && !call(*accepts_, arguments).cast<bool>()) {
       fn = fallback_.get();
       impl = "fallback(declined by " + label_ + ")";
     }
     if (trace_enabled()) detail::record_trace(runtime_->name, impl, device);
     if (role_ != Role::kMeta) {
-      push_result(schema, (*fn)(*arguments.args, **arguments.kwargs), stack);
+      push_result(schema, call(*fn, arguments), stack);
       return;
     }
     try {
-      push_result(schema, (*fn)(*arguments.args, **arguments.kwargs), stack);
+      push_result(schema, call(*fn, arguments), stack);
     } catch (py::error_already_set& error) {
       std::string what = error.what();
       detail::throw_no_fake(runtime_->name, what);

@@ -1,0 +1,180 @@
+"""Cached launches of Triton JIT kernels inside opreg ops (python/opreg/_jit_launch.py): which
+launches reuse a compiled kernel, which go back to Triton, and what the launch receives. On CPU
+the compiled kernel is a recorder; with CUDA, real kernels are compared with the fallback."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from opreg import _jit_launch
+from opreg._jit_launch import CachedLaunches, specialization_key
+
+
+class Param:
+    def __init__(self, name, default=None):
+        self.name, self.default = name, default
+
+
+class FakeKernel:
+    """What CachedLaunches reads from a triton JITFunction."""
+
+    def __init__(self):
+        self.params = [Param("x"), Param("n"), Param("BLOCK", 64), Param("FLAG", False)]
+        self.pre_run_hooks = []
+        self.debug = False
+        self.used_global_vals = {}
+
+
+class Compiled:
+    """A compiled kernel whose launches are recorded (Triton's launcher ABI)."""
+
+    function, packed_metadata = 1234, ("meta",)
+
+    def __init__(self):
+        self.launches = []
+
+    def run(self, g0, g1, g2, stream, function, metadata, launch_metadata, enter, exit, *args):
+        self.launches.append(((g0, g1, g2), stream, args))
+
+
+@pytest.fixture
+def launches():
+    compiled = []
+
+    def triton_run(*args, grid, warmup, **kwargs):
+        compiled.append(Compiled())
+        return compiled[-1]
+
+    cache = CachedLaunches(FakeKernel(), triton_run, lambda: 0, lambda device: 77)
+    cache.compiled = compiled
+    token = _jit_launch._inside_op.set(True)
+    yield cache
+    _jit_launch._inside_op.reset(token)
+
+
+def test_second_launch_with_the_same_specialization_reuses_the_compiled_kernel(launches):
+    x = torch.zeros(64)
+    launches.run(x, 64, grid=(4,), warmup=False, BLOCK=16)
+    launches.run(x, 128, grid=lambda meta: (meta["n"] // meta["BLOCK"], 2), warmup=False, BLOCK=16)
+    assert len(launches.compiled) == 1 and launches.hits == 1
+    # All parameters in order (keyword and default ones too), the grid from them, the stream.
+    assert launches.compiled[0].launches == [((8, 2, 1), 77, (x, 128, 16, False))]
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ((torch.zeros(64), 64), (torch.zeros(64)[1:], 64)),  # 16-byte alignment
+        ((torch.zeros(64), 64), (torch.zeros(64, dtype=torch.float64), 64)),  # dtype
+        ((torch.zeros(64), 64), (torch.zeros(64), 1)),  # == 1
+        ((torch.zeros(64), 64), (torch.zeros(64), 63)),  # divisibility by 16
+        ((torch.zeros(64), 64), (torch.zeros(64), 2**31)),  # 32- vs 64-bit integer
+        ((torch.zeros(64), 1), (torch.zeros(64), True)),  # bool is not int
+    ],
+)
+def test_what_triton_specializes_on_gives_another_key(launches, first, second):
+    launches.run(*first, grid=(1,), warmup=False)
+    launches.run(*second, grid=(1,), warmup=False)
+    assert len(launches.compiled) == 2 and launches.hits == 0
+
+
+def test_keyword_values_are_part_of_the_key():
+    x = torch.zeros(4)
+    assert specialization_key(0, (x,), {"BLOCK": 1}) != specialization_key(0, (x,), {"BLOCK": 2})
+    assert specialization_key(0, (x,), {"BLOCK": 1}) != specialization_key(0, (x,), {"BLOCK": True})
+    assert specialization_key(0, (x,), {}) != specialization_key(1, (x,), {})
+    assert specialization_key(0, (x, "a string"), {}) is None
+    assert specialization_key(0, (x,), {"layout": object()}) is None
+
+
+def test_launches_the_key_cannot_cover_go_to_triton_every_time(launches):
+    for _ in range(2):
+        launches.run(torch.zeros(4), (1, 2), grid=(1,), warmup=False)
+    assert len(launches.compiled) == 2 and launches.hits == 0
+
+
+def test_hooks_changed_globals_warmup_and_outside_ops_go_to_triton(launches):
+    x = torch.zeros(64)
+    launches.run(x, 64, grid=(1,), warmup=False)
+    launches.run(x, 64, grid=(1,), warmup=True)
+    launches.kernel.pre_run_hooks.append(lambda *args, **kwargs: None)
+    launches.run(x, 64, grid=(1,), warmup=False)
+    launches.kernel.pre_run_hooks.clear()
+    from triton import knobs
+
+    knobs.runtime.launch_enter_hook.add(_hook)
+    try:
+        launches.run(x, 64, grid=(1,), warmup=False)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(_hook)
+    module_globals = {"SCALE": 2}
+    launches.kernel.used_global_vals = {("SCALE", id(module_globals)): (1, module_globals)}
+    launches.run(x, 64, grid=(1,), warmup=False)
+    launches.kernel.used_global_vals = {}
+    token = _jit_launch._inside_op.set(False)
+    launches.run(x, 64, grid=(1,), warmup=False)
+    _jit_launch._inside_op.reset(token)
+    assert len(launches.compiled) == 6 and launches.hits == 0
+    launches.run(x, 64, grid=(1,), warmup=False)
+    assert launches.hits == 1
+
+
+def _hook(*args):
+    pass
+
+
+def test_jit_kernels_are_found_through_globals_closures_and_wrappers():
+    pytest.importorskip("triton")
+    from triton.runtime.jit import JITFunction
+
+    kernel = JITFunction(_kernel_source)
+
+    class Autotuned:
+        fn = kernel
+
+    wrapped = Autotuned()
+
+    def launcher():
+        return wrapped, torch
+
+    assert _jit_launch.kernels_reached_by(launcher) == [kernel]
+    assert _jit_launch.kernels_reached_by(len) == []
+    cache = _jit_launch.adopt(kernel)
+    assert _jit_launch.adopt(kernel) is cache and kernel.run == cache.run
+    assert _jit_launch.accelerated(len) is len
+
+
+def _kernel_source(x_ptr, n):
+    pass
+
+
+needs_cuda_triton = pytest.mark.skipif(
+    not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+    reason="needs CUDA and compiled Triton",
+)
+
+
+@needs_cuda_triton
+def test_cached_launches_match_the_fallback_on_every_specialization():
+    import seed_example
+
+    base = torch.randn(2**20 + 20, device="cuda")
+    cases = []
+    for dtype in (torch.float32, torch.float16):
+        full = base.to(dtype)
+        for n in (1, 17, 1023, 1024, 2**20 + 3):
+            for offset in (0, 1):  # 16-byte aligned, then not
+                cases.append((full[offset : offset + n], full[offset + 2 : offset + 2 + n]))
+    for _ in range(2):  # the second round hits the cache
+        for x, y in cases:
+            torch.testing.assert_close(seed_example.fused_add(x, y), x + y, rtol=0, atol=0)
+    assert seed_example._add_kernel._opreg_launches.hits >= len(cases)
+    stream = torch.cuda.Stream()
+    x, y = cases[-1]
+    with torch.cuda.stream(stream):
+        out = seed_example.fused_add(x, y)
+    stream.synchronize()
+    torch.testing.assert_close(out, x + y, rtol=0, atol=0)

@@ -86,6 +86,7 @@ def main() -> None:
         "seed fused_add via opreg.register_triton_op, Triton JIT launch",
         lambda: front_ops.front_jit_add(x, y),
     )
+    print("front_jit:", opreg.kernel_status("opreg_bench::front_jit_add"))
     t(
         "opreg_front_aot",
         "seed fused_add via opreg.register_triton_op, AOT kernel via the C++ launcher",

@@ -179,6 +179,7 @@ class _Registration:
     qualname: str
     libraries: list[torch.library.Library]
     kernel_status: str
+    jit_kernels: list[Any]
 
 
 _registrations: dict[str, _Registration] = {}
@@ -188,7 +189,13 @@ _registrations: dict[str, _Registration] = {}
 def kernel_status(name: str) -> str:
     """Why a Python-defined op's Triton kernel is on or off."""
     registration = _registrations.get(name)
-    return registration.kernel_status if registration else "not a Python-defined opreg op"
+    if registration is None:
+        return "not a Python-defined opreg op"
+    launches = [
+        f"{kernel.__name__}: {kernel._opreg_launches.describe()}"
+        for kernel in registration.jit_kernels
+    ]
+    return "; ".join([registration.kernel_status, *launches])
 
 
 def _qualified_name(name: str | None, fn: Callable[..., Any]) -> str:
@@ -296,7 +303,13 @@ def _define(
             _functional_tensor_mode(),
             _decomposition(decompose_with[0], fn, decompose_with[1]),
         )
-    _registrations[qualname] = _Registration(qualname, [library], kernel_status_text)
+    jit_kernels = [
+        kernel
+        for _, _, fn, _ in kernels
+        for kernel in _jit_launch.kernels_reached_by(getattr(fn, "__wrapped__", fn))
+        if "_opreg_launches" in kernel.__dict__
+    ]
+    _registrations[qualname] = _Registration(qualname, [library], kernel_status_text, jit_kernels)
     return _op(qualname)
 
 
@@ -477,10 +490,6 @@ def register_triton_op(
                     ("triton", types, _jit_launch.accelerated(triton_fn), triton_accepts)
                 )
                 status = f"triton_fn serves {', '.join(types) if types else 'the Triton devices'}"
-                adopted = _jit_launch.kernels_reached_by(triton_fn)
-                if adopted:
-                    names = ", ".join(kernel.__name__ for kernel in adopted)
-                    status += f"; launches of {names} skip Triton's per-call binding once compiled"
             else:
                 status = f"triton_fn is off: {why}"
         rule = None

@@ -7,8 +7,8 @@ that is at least as fine as Triton's, and later calls with that key launch the c
 directly through Triton's own compiled launcher. The key: the current device; each tensor's
 dtype and 16-byte alignment; each integer's width class, whether it is 1 and whether 16 divides
 it; the type of floats, bools and None; every keyword argument's name, type and value. Anything
-else (other argument types, launch hooks, pre-run hooks, changed globals, warm-up calls) goes
-through Triton unchanged, as do all launches outside opreg ops.
+else (other argument types, pre-run hooks, changed globals, warm-up calls) goes through Triton
+unchanged, as do all launches outside opreg ops; launch hooks are called as Triton calls them.
 
 The kernels a ``triton_fn`` reaches through its globals and closure are adopted: their ``run``
 is wrapped (on the kernel object, not its class) so that launches inside an opreg op take the
@@ -17,62 +17,21 @@ cached path. Launches elsewhere call Triton's ``run`` as before.
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
-
-_INT32 = (-(2**31), 2**31)
-_INT64 = (-(2**63), 2**63)
+from opreg import _C
 
 _inside_op: contextvars.ContextVar[bool] = contextvars.ContextVar("opreg_inside_op", default=False)
 
 
-def _argument_key(value: Any) -> Any:
-    """The part of the key for one argument, or ``_UNCACHEABLE``."""
-    kind = type(value)
-    if kind is bool:
-        return (bool, value)
-    if kind is int:
-        return (
-            int,
-            _INT32[0] <= value < _INT32[1],
-            _INT64[0] <= value < _INT64[1],
-            value == 1,
-            value % 16 == 0,
-        )
-    if kind is float:
-        return float
-    if value is None:
-        return None
-    if isinstance(value, torch.Tensor):
-        return (value.dtype, value.data_ptr() % 16 == 0)
-    return _UNCACHEABLE
-
-
-_UNCACHEABLE = object()
-_KEYWORD_TYPES = (int, float, bool, str, type(None))
-
-
-def specialization_key(device: int, args: tuple, kwargs: dict[str, Any]) -> tuple | None:
-    """The cache key of a launch, or None when an argument is outside what the key covers."""
-    parts: list[Any] = [device]
-    for value in args:
-        part = _argument_key(value)
-        if part is _UNCACHEABLE:
-            return None
-        parts.append(part)
-    for name, value in kwargs.items():
-        kind = type(value)
-        if kind not in _KEYWORD_TYPES:
-            if not isinstance(value, torch.Tensor):
-                return None
-            parts.append((name, _argument_key(value)))
-            continue
-        parts.append((name, kind, value))
-    return tuple(parts)
+def specialization_key(device: int, args: tuple, kwargs: dict[str, Any], salt: Any = ()) -> Any:
+    """The cache key of a launch (a flat tuple), or None when an argument is outside what the
+    key covers. Computed in C++ (src/python/jit_launch.cpp): it runs on every launch."""
+    return _C.triton_launch_key(device, args, kwargs, salt)
 
 
 class CachedLaunches:
@@ -90,77 +49,65 @@ class CachedLaunches:
         self.kernel = kernel
         self.triton_run = triton_run
         self.params = [(param.name, param.default) for param in kernel.params]
-        self.names = tuple(name for name, _ in self.params)
-        self.entries: dict[tuple, tuple[Any, tuple]] = {}
-        self.hits = 0
         self.knobs = knobs
-        self.current_device = current_device  # bound on first use: the driver starts lazily
-        self.current_stream = current_stream
+        self.native = _C.TritonLaunchCache(tuple(name for name, _ in self.params), knobs.runtime)
+        if current_device is not None and current_stream is not None:
+            self.native.bind_driver(current_device, current_stream)
+        self.through_triton: collections.Counter[str] = collections.Counter()
+
+    @property
+    def hits(self) -> int:
+        return self.native.hits
 
     def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
-        if warmup or not _inside_op.get() or not self._plain_launch():
+        if warmup or not _inside_op.get():
             return self.triton_run(*args, grid=grid, warmup=warmup, **kwargs)
-        if self.current_device is None or self.current_stream is None:
+        declined = self._declined()
+        if declined:
+            self.through_triton[declined] += 1
+            return self.triton_run(*args, grid=grid, warmup=False, **kwargs)
+        if not self.native.bound:  # the driver starts lazily: bind it at the first launch
             from triton.runtime import driver
 
-            self.current_device = driver.active.get_current_device
-            self.current_stream = driver.active.get_current_stream
-        device = self.current_device()
-        key = specialization_key(device, args, kwargs)
-        if key is not None:  # Triton compiles another kernel when these change
-            key += (self.kernel.debug or self.knobs.runtime.debug,)
-            key += (self.knobs.compilation.instrumentation_mode,)
-        entry = self.entries.get(key) if key is not None else None
-        if entry is None:
-            compiled = self.triton_run(*args, grid=grid, warmup=False, **kwargs)
-            if key is not None and compiled is not None and hasattr(compiled, "function"):
-                self.entries[key] = (compiled, self._defaults_plan(len(args), kwargs))
+            self.native.bind_driver(
+                driver.active.get_current_device, driver.active.get_current_stream
+            )
+        # Triton compiles another kernel when these change.
+        salt = self.kernel.debug or self.knobs.runtime.debug
+        salt = (salt, self.knobs.compilation.instrumentation_mode)
+        compiled = self.native.launch(grid, args, kwargs, salt)
+        if compiled is not None:
             return compiled
-        self.hits += 1
-        compiled, plan = entry
-        values = args + tuple(
-            kwargs[name] if keyword else default for keyword, name, default in plan
-        )
-        if callable(grid):
-            grid = grid(dict(zip(self.names, values, strict=True)))
-        size = len(grid)
-        compiled.run(
-            grid[0],
-            grid[1] if size > 1 else 1,
-            grid[2] if size > 2 else 1,
-            self.current_stream(device),
-            compiled.function,
-            compiled.packed_metadata,
-            None,
-            None,
-            None,
-            *values,
-        )
+        key = specialization_key(self.native.current_device(), args, kwargs, salt)
+        if key is None:
+            self.through_triton["arguments outside the key"] += 1
+            return self.triton_run(*args, grid=grid, warmup=False, **kwargs)
+        self.through_triton["first launch of a specialization"] += 1
+        compiled = self.triton_run(*args, grid=grid, warmup=False, **kwargs)
+        if compiled is not None and hasattr(compiled, "function"):
+            self.native.store(key, compiled, self._defaults_plan(len(args), kwargs))
         return compiled
 
-    def _plain_launch(self) -> bool:
-        """No hook observes launches and no global the kernel read has changed."""
-        runtime = self.knobs.runtime
+    def describe(self) -> str:
+        """Launches so far: cached, and through Triton with why."""
+        reasons = ", ".join(f"{count} {why}" for why, count in self.through_triton.items())
+        return f"{self.hits} cached launches; through Triton: {reasons or 'none'}"
+
+    def _declined(self) -> str:
+        """Why a launch must go through Triton's own path ('' when it need not)."""
         if self.kernel.pre_run_hooks:
-            return False
-        if _observed(runtime.launch_enter_hook) or _observed(runtime.launch_exit_hook):
-            return False
+            return "pre-run hooks"
         missing = object()
         for (name, _), (value, module_globals) in getattr(
             self.kernel, "used_global_vals", {}
         ).items():
             if module_globals.get(name, missing) != value:
-                return False
-        return True
+                return "a global the kernel read has changed"
+        return ""
 
     def _defaults_plan(self, num_args: int, kwargs: dict[str, Any]) -> tuple:
         """How the parameters after the positional ones get their values: keyword or default."""
         return tuple((name in kwargs, name, default) for name, default in self.params[num_args:])
-
-
-def _observed(hook: Any) -> bool:
-    """Whether a launch hook is set: Triton 3.6 keeps an always-present chain of hooks."""
-    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def _jit_functions(value: Any) -> Iterator[Any]:

@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 
+import opreg
 from opreg import _jit_launch
 from opreg._jit_launch import CachedLaunches, specialization_key
 
@@ -34,10 +35,14 @@ class Compiled:
     function, packed_metadata = 1234, ("meta",)
 
     def __init__(self):
-        self.launches = []
+        self.launches, self.hooks = [], []
 
     def run(self, g0, g1, g2, stream, function, metadata, launch_metadata, enter, exit, *args):
         self.launches.append(((g0, g1, g2), stream, args))
+        self.hooks.append((launch_metadata, enter, exit))
+
+    def launch_metadata(self, grid, stream, *args):
+        return ("metadata", grid, stream, args)
 
 
 @pytest.fixture
@@ -103,13 +108,6 @@ def test_hooks_changed_globals_warmup_and_outside_ops_go_to_triton(launches):
     launches.kernel.pre_run_hooks.append(lambda *args, **kwargs: None)
     launches.run(x, 64, grid=(1,), warmup=False)
     launches.kernel.pre_run_hooks.clear()
-    from triton import knobs
-
-    knobs.runtime.launch_enter_hook.add(_hook)
-    try:
-        launches.run(x, 64, grid=(1,), warmup=False)
-    finally:
-        knobs.runtime.launch_enter_hook.remove(_hook)
     module_globals = {"SCALE": 2}
     launches.kernel.used_global_vals = {("SCALE", id(module_globals)): (1, module_globals)}
     launches.run(x, 64, grid=(1,), warmup=False)
@@ -117,13 +115,32 @@ def test_hooks_changed_globals_warmup_and_outside_ops_go_to_triton(launches):
     token = _jit_launch._inside_op.set(False)
     launches.run(x, 64, grid=(1,), warmup=False)
     _jit_launch._inside_op.reset(token)
-    assert len(launches.compiled) == 6 and launches.hits == 0
+    assert len(launches.compiled) == 5 and launches.hits == 0
     launches.run(x, 64, grid=(1,), warmup=False)
     assert launches.hits == 1
+    assert launches.describe() == (
+        "1 cached launches; through Triton: 1 first launch of a specialization, "
+        "1 pre-run hooks, 1 a global the kernel read has changed"
+    )
 
 
-def _hook(*args):
-    pass
+def test_launch_hooks_see_cached_launches_as_triton_shows_them(launches):
+    from triton import knobs
+
+    x = torch.zeros(64)
+    launches.run(x, 64, grid=(1,), warmup=False)
+    knobs.runtime.launch_enter_hook.add(print)
+    try:
+        launches.run(x, 64, grid=(1,), warmup=False)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(print)
+    launches.run(x, 64, grid=(1,), warmup=False)
+    compiled = launches.compiled[0]
+    assert launches.hits == 2 and len(compiled.hooks) == 2
+    metadata, enter, exit = compiled.hooks[0]
+    assert metadata == ("metadata", (1,), 77, (x, 64, 64, False))
+    assert enter is knobs.runtime.launch_enter_hook and exit is knobs.runtime.launch_exit_hook
+    assert compiled.hooks[1] == (None, None, None)  # no hook set: nothing to call
 
 
 def test_jit_kernels_are_found_through_globals_closures_and_wrappers():
@@ -172,6 +189,8 @@ def test_cached_launches_match_the_fallback_on_every_specialization():
         for x, y in cases:
             torch.testing.assert_close(seed_example.fused_add(x, y), x + y, rtol=0, atol=0)
     assert seed_example._add_kernel._opreg_launches.hits >= len(cases)
+    status = opreg.kernel_status("opreg_py::fused_add")
+    assert "_add_kernel: " in status and " cached launches; through Triton: " in status
     stream = torch.cuda.Stream()
     x, y = cases[-1]
     with torch.cuda.stream(stream):

@@ -303,12 +303,7 @@ def _define(
             _functional_tensor_mode(),
             _decomposition(decompose_with[0], fn, decompose_with[1]),
         )
-    jit_kernels = [
-        kernel
-        for _, _, fn, _ in kernels
-        for kernel in _jit_launch.kernels_reached_by(getattr(fn, "__wrapped__", fn))
-        if "_opreg_launches" in kernel.__dict__
-    ]
+    jit_kernels = [jit for _, _, run, _ in kernels for jit in getattr(run, "jit_kernels", ())]
     _registrations[qualname] = _Registration(qualname, [library], kernel_status_text, jit_kernels)
     return _op(qualname)
 

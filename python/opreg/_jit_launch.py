@@ -152,8 +152,9 @@ def _filled(cell: Any) -> bool:
 
 
 def accelerated(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` running with cached launches for the JIT kernels it reaches; ``fn`` itself when
-    it reaches none (Triton missing, interpreted kernels, kernels reached some other way)."""
+    """``fn`` running with cached launches for the JIT kernels it reaches (listed in the
+    result's ``jit_kernels``); ``fn`` itself when it reaches none (Triton missing, interpreted
+    kernels, kernels reached some other way)."""
     try:
         kernels = kernels_reached_by(fn)
     except ImportError:
@@ -171,4 +172,5 @@ def accelerated(fn: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             _inside_op.reset(token)
 
+    run_inside_op.jit_kernels = kernels  # type: ignore[attr-defined]
     return run_inside_op

@@ -168,6 +168,53 @@ def _kernel_source(x_ptr, n):
     pass
 
 
+def _add_source(x_ptr, y_ptr, out_ptr, n, BLOCK_SIZE):
+    pass
+
+
+def test_an_op_launches_through_the_cache_and_reports_it():
+    pytest.importorskip("triton")
+    from triton.runtime.jit import JITFunction
+
+    kernel = JITFunction(_add_source)
+    launched = []
+
+    def triton_add(x, y):
+        out = torch.empty_like(x)
+        kernel[lambda meta: (meta["n"] // meta["BLOCK_SIZE"],)](x, y, out, x.numel(), BLOCK_SIZE=4)
+        launched.append(out)
+        return out
+
+    def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y
+
+    op = opreg.register_triton_op(
+        fake_fn=lambda x, y: torch.empty_like(x),
+        triton_fn=triton_add,
+        triton_device_types="cpu",
+        name="opreg_test_jit::add",
+    )(add)
+    cache = kernel._opreg_launches  # adopted at registration; Triton itself needs a GPU here
+    compiled = []
+
+    def triton_run(*args, grid, warmup, **kwargs):
+        compiled.append(Compiled())
+        return compiled[-1]
+
+    cache.triton_run = triton_run
+    cache.native.bind_driver(lambda: 0, lambda device: 5)
+    x = torch.ones(16)
+    for _ in range(3):
+        op(x, x)
+    kernel[(1,)](x, x, x, 16, BLOCK_SIZE=4)  # outside the op: Triton's path
+    assert len(compiled) == 2 and cache.hits == 2
+    assert [launch[0] for launch in compiled[0].launches] == [(4, 1, 1), (4, 1, 1)]
+    assert opreg.kernel_status("opreg_test_jit::add") == (
+        "triton_fn serves cpu; _add_source: 2 cached launches; "
+        "through Triton: 1 first launch of a specialization"
+    )
+
+
 needs_cuda_triton = pytest.mark.skipif(
     not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
     reason="needs CUDA and compiled Triton",

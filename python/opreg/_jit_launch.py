@@ -1,14 +1,15 @@
 """Cheaper launches of Triton JIT kernels from an op's ``triton_fn``.
 
 Triton's launcher rebuilds a specialization key in Python on every call (binding, signature
-strings, cache-key tuples) before it launches the compiled kernel: about two thirds of its host
-cost. Once Triton has compiled (or found) the kernel for a call, opreg remembers it under a key
-that is at least as fine as Triton's, and later calls with that key launch the compiled kernel
-directly through Triton's own compiled launcher. The key: the current device; each tensor's
-dtype and 16-byte alignment; each integer's width class, whether it is 1 and whether 16 divides
-it; the type of floats, bools and None; every keyword argument's name, type and value. Anything
-else (other argument types, pre-run hooks, changed globals, warm-up calls) goes through Triton
-unchanged, as do all launches outside opreg ops; launch hooks are called as Triton calls them.
+strings, cache-key tuples) before it launches the compiled kernel. Once Triton has compiled (or
+found) the kernel for a call, opreg remembers it under a key at least as fine as Triton's, and
+later calls with that key launch the compiled kernel directly through Triton's own compiled
+launcher. The key: the current device; each tensor's dtype and 16-byte alignment; each
+integer's width class, whether it is 1 and whether 16 divides it; the type of floats, bools and
+None; every keyword argument's name, type and value; Triton's debug and instrumentation
+settings. Anything else (other argument types, pre-run hooks, changed globals, warm-up calls)
+goes through Triton unchanged, as do all launches outside opreg ops; launch hooks are called as
+Triton calls them.
 
 The kernels a ``triton_fn`` reaches through its globals and closure are adopted: their ``run``
 is wrapped (on the kernel object, not its class) so that launches inside an opreg op take the
@@ -140,7 +141,8 @@ def kernels_reached_by(fn: Callable[..., Any]) -> list[Any]:
         return []
     candidates = [fn.__globals__.get(name) for name in code.co_names]
     candidates += [cell.cell_contents for cell in fn.__closure__ or () if _filled(cell)]
-    return [kernel for value in candidates for kernel in _jit_functions(value)]
+    kernels = [kernel for value in candidates for kernel in _jit_functions(value)]
+    return list({id(kernel): kernel for kernel in kernels}.values())
 
 
 def _filled(cell: Any) -> bool:

@@ -155,9 +155,11 @@ def test_jit_kernels_are_found_through_globals_closures_and_wrappers():
     wrapped = Autotuned()
 
     def launcher():
-        return wrapped, torch
+        return wrapped, torch, kernel  # the same kernel twice: listed once
 
     assert _jit_launch.kernels_reached_by(launcher) == [kernel]
+    globals()["_global_kernel"] = JITFunction(_add_source)
+    assert _jit_launch.kernels_reached_by(_launches_a_global) == [_global_kernel]  # noqa: F821
     assert _jit_launch.kernels_reached_by(len) == []
     cache = _jit_launch.adopt(kernel)
     assert _jit_launch.adopt(kernel) is cache and kernel.run == cache.run
@@ -170,6 +172,10 @@ def _kernel_source(x_ptr, n):
 
 def _add_source(x_ptr, y_ptr, out_ptr, n, BLOCK_SIZE):
     pass
+
+
+def _launches_a_global():
+    return _global_kernel  # noqa: F821  (set by the test that reads it)
 
 
 def test_an_op_launches_through_the_cache_and_reports_it():

@@ -296,3 +296,38 @@ def test_wrap_triton_returns_a_triton_kernel_like_object():
     wrapped = opreg.wrap_triton(ops.scale_rows_kernel)
     assert isinstance(wrapped, opreg.TritonKernelLike)
     assert callable(wrapped[(1,)])
+
+
+@triton_available  # triton_fn is only registered when Triton works
+def test_keyword_only_arguments_reach_kernel_accepts_and_fallback():
+    seen = []
+
+    def scaled_kernel(x, *, scale):
+        seen.append(("kernel", scale))
+        return x * scale
+
+    def accepts(x, *, scale):
+        seen.append(("accepts", scale))
+        return scale > 0
+
+    @opreg.register_triton_op(
+        fake_fn=lambda x, *, scale: torch.empty_like(x),
+        triton_fn=scaled_kernel,
+        triton_device_types="cpu",
+        triton_accepts=accepts,
+        name="opreg_test_front::scaled",
+    )
+    def scaled(x: torch.Tensor, *, scale: float) -> torch.Tensor:
+        seen.append(("fallback", scale))
+        return x * scale
+
+    assert "float scale" in str(scaled._schema).split("*")[1]  # keyword-only in the schema
+    x = torch.randn(5)
+    torch.testing.assert_close(scaled(x, scale=2.0), x * 2.0)
+    torch.testing.assert_close(scaled(x, scale=-1.0), -x)
+    assert seen == [
+        ("accepts", 2.0),
+        ("kernel", 2.0),
+        ("accepts", -1.0),
+        ("fallback", -1.0),
+    ]

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # bench/gpu_session.sh: everything one lease of the GPU machine runs, in one call: build and
 # install opreg against the machine's PyTorch, the C++ and Python test suites, then the
-# benchmarks. Logs and results go to $OUT (the device tool brings them back). Build inputs the
-# machine lacks (nlohmann-json headers, GoogleTest source) travel in .carry/ (ignored by git).
+# benchmarks. Logs and results are written to a work folder and packed into
+# $OUT/session.tar.gz after every step (the device tool brings back only a few files, and none
+# written after a time limit cuts the call). Build inputs the machine lacks (nlohmann-json
+# headers, GoogleTest source) travel in .carry/ (ignored by git).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-export PYTHONUNBUFFERED=1 OPREG_BENCH_OUT="$OUT/results"
-mkdir -p "$OUT/results" "$OUT/logs"
-step() { echo "=== $* ($(date +%T))"; }
+WORK=$(mktemp -d)
+export PYTHONUNBUFFERED=1 OPREG_BENCH_OUT="$WORK/results"
+mkdir -p "$WORK/results" "$WORK/logs"
+pack() { tar -czf "$OUT/session.tar.gz.part" -C "$WORK" . && mv "$OUT/session.tar.gz.part" "$OUT/session.tar.gz"; }
+step() { pack; echo "=== $* ($(date +%T))"; }
 
 step build
 rm -rf build  # earlier leases' CMake caches may hold another compiler
@@ -19,48 +23,47 @@ for candidate in /usr/bin/g++ /usr/bin/g++-12 /usr/bin/g++-11; do
 done
 echo "CXX=${CXX:-default}: $(${CXX:-g++} --version | head -1)"
 export CUDAHOSTCXX="${CXX:-}"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$WORK/gpu.txt"
 python3 -m pip install -q --no-build-isolation --no-deps \
   --config-settings=cmake.define.OPREG_NLOHMANN_JSON_INCLUDE_DIR="$PWD/.carry/include" . \
-  > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+  > "$WORK/logs/build.log" 2>&1 || { tail -50 "$WORK/logs/build.log"; pack; exit 1; }
 SITE=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 echo "libopreg needs: $(ldd "$SITE/opreg/lib/libopreg.so" | grep -E "stdc\+\+|not found" | tr -s " ")"
 CMAKE_PREFIX="$(cd /tmp && python3 -m opreg cmake-dir)"
 
 step benchmarks
 (cmake -S bench/cpp -B build/bench -G Ninja -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX" &&
-  cmake --build build/bench) > "$OUT/bench-build.log" 2>&1 || tail -20 "$OUT/bench-build.log"
+  cmake --build build/bench) > "$WORK/logs/bench-build.log" 2>&1 || tail -20 "$WORK/logs/bench-build.log"
 ALL_BENCHES='launch_cpp.py:build/bench/launch_bench eager_overhead.py bandwidth.py philox.py vmap.py
   first_call.py'
 for bench in ${BENCHES:-$ALL_BENCHES}; do
   bench="${bench/:/ }"
-  timeout 240 python3 bench/$bench > "$OUT/bench-${bench%%.py*}.log" 2>&1 ||
-    { echo "bench $bench failed"; tail -15 "$OUT/bench-${bench%%.py*}.log"; }
+  timeout 240 python3 bench/$bench > "$WORK/logs/bench-${bench%%.py*}.log" 2>&1 ||
+    { echo "bench $bench failed"; tail -15 "$WORK/logs/bench-${bench%%.py*}.log"; }
+  pack
 done
 if [ -z "${SKIP_CPP_TESTS:-}" ]; then
 step cpp tests
 cmake -S tests -B build/gpu-tests -G Ninja -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX" \
-  -DOPREG_GTEST_SOURCE_DIR="$PWD/.carry/googletest" > "$OUT/cpp-tests.log" 2>&1 &&
-  cmake --build build/gpu-tests >> "$OUT/cpp-tests.log" 2>&1 &&
-  ctest --test-dir build/gpu-tests --output-on-failure >> "$OUT/cpp-tests.log" 2>&1
-tail -4 "$OUT/cpp-tests.log"
+  -DOPREG_GTEST_SOURCE_DIR="$PWD/.carry/googletest" > "$WORK/logs/cpp-tests.log" 2>&1 &&
+  cmake --build build/gpu-tests >> "$WORK/logs/cpp-tests.log" 2>&1 &&
+  ctest --test-dir build/gpu-tests --output-on-failure >> "$WORK/logs/cpp-tests.log" 2>&1
+tail -4 "$WORK/logs/cpp-tests.log"
 else  # only the op library the Python tests load
   cmake -S tests -B build/gpu-tests -G Ninja -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX" \
-    -DOPREG_GTEST_SOURCE_DIR="$PWD/.carry/googletest" > "$OUT/cpp-tests.log" 2>&1 &&
-    cmake --build build/gpu-tests --target opreg_test_ops >> "$OUT/cpp-tests.log" 2>&1
+    -DOPREG_GTEST_SOURCE_DIR="$PWD/.carry/googletest" > "$WORK/logs/cpp-tests.log" 2>&1 &&
+    cmake --build build/gpu-tests --target opreg_test_ops >> "$WORK/logs/cpp-tests.log" 2>&1
 fi
 
 step python tests
 export OPREG_TEST_OPS="$PWD/build/gpu-tests/libopreg_test_ops.so"
 for file in ${GPU_TESTS:-tests/python/test_*.py}; do
-  log="$OUT/logs/pytest-$(basename "${file%%::*}" .py).log"
-  mkdir -p "$OUT/logs"
+  log="$WORK/logs/pytest-$(basename "${file%%::*}" .py).log"
   timeout 300 python3 -m pytest -q -p no:cacheprovider "$file" > "$log" 2>&1
   echo "$(basename "$file"): rc=$? $(tail -1 "$log")"
   grep -E "^(FAILED|ERROR)|Fatal Python error|^  File .*opreg|^Current thread" "$log" | head -12
+  pack
 done
 
-grep -h -A40 "^| subject" "$OUT"/results/*.md
-mv "$OUT"/*.log "$OUT/logs/" 2>/dev/null
-tar -czf "$OUT/session.tar.gz" -C "$OUT" results logs gpu.txt && rm -rf "$OUT/results" "$OUT/logs"
+grep -h -A40 "^| subject" "$WORK"/results/*.md
 step done

@@ -1,6 +1,6 @@
-"""Diagnostic, not a benchmark (prints text, keeps no result): host cost of the parts of a
-cached Triton JIT launch (python/opreg/_jit_launch.py) against Triton's own launch of the same
-kernel, 1024 float32 elements, tuple grid. Needs CUDA and opreg installed.
+"""Diagnostic, not a benchmark (prints text, keeps no result): host cost of the parts of an
+opreg op whose triton_fn launches a Triton JIT kernel (python/opreg/_jit_launch.py), against
+Triton's own launch of the same kernel; 1024 float32 elements. Needs CUDA and opreg installed.
 
     python bench/diag/jit_launch_parts.py
 """
@@ -12,14 +12,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[1]))
 import torch
 
-from opreg import _C, _jit_launch
+from opreg import _jit_launch
 from peers import front_ops
-from peers.triton_add import add_kernel
+from peers.front_ops import front_add_kernel
+from peers.registrations import seed_triton_fn, triton_add
+from peers.triton_add import add_kernel  # the peers' kernel: never adopted
 
 x, y = torch.randn(1024, device="cuda"), torch.randn(1024, device="cuda")
 out = torch.empty_like(x)
 front_ops.front_jit_add(x, y)
-cache = add_kernel._opreg_launches
+cache = front_add_kernel._opreg_launches
+cached_triton_add = seed_triton_fn(front_add_kernel)
 
 
 def us(f, n=3000):
@@ -34,18 +37,21 @@ def us(f, n=3000):
     return sorted(r)[2]
 
 
-a, kw, salt = (x, y, out, 1024), {"BLOCK_SIZE": 1024}, (False, "")
-add_kernel[(1,)](*a, **kw)
-tok = _jit_launch._inside_op.set(True)
-add_kernel[(1,)](*a, **kw)
-print("entries", len(cache.native), cache.describe())
-for name, f in [
-    ("key", lambda: _C.triton_launch_key(0, a, kw, salt)),
-    ("native.launch tuple", lambda: cache.native.launch((1,), a, kw, salt)),
-    ("declined", lambda: cache._declined()),
-    ("cached kernel[(1,)]", lambda: add_kernel[(1,)](*a, **kw)),
-    ("cur dev", lambda: torch.cuda.current_device()),
-]:
-    print(f"{name:24s} {us(f):7.2f}")
-_jit_launch._inside_op.reset(tok)
-print(f"{'triton kernel[(1,)]':24s} {us(lambda: add_kernel[(1,)](*a, **kw)):7.2f}")
+a, kw = (x, y, out, 1024), {"BLOCK_SIZE": 1024}
+parts = {
+    "triton kernel[(1,)]": lambda: add_kernel[(1,)](*a, **kw),
+    "triton_fn (seed), Triton's launch": lambda: triton_add(x, y),
+    "torch.empty_like": lambda: torch.empty_like(x),
+    "opreg front op (seed)": lambda: front_ops.front_jit_add(x, y),
+}
+for name, f in parts.items():
+    print(f"{name:40s} {us(f):7.2f} us")
+with _jit_launch.inside_op():
+    front_add_kernel[(1,)](*a, **kw)
+    for name, f in {
+        "cached kernel[(1,)]": lambda: front_add_kernel[(1,)](*a, **kw),
+        "cached kernel[lambda grid]": lambda: front_add_kernel[lambda m: (1,)](*a, **kw),
+        "triton_fn (seed), cached launch": lambda: cached_triton_add(x, y),
+    }.items():
+        print(f"{name:40s} {us(f):7.2f} us")
+print(cache.describe())

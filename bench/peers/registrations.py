@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 import triton
 from peers.triton_add import add_kernel
 
 
-def triton_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    out = torch.empty_like(x)
-    n = x.numel()
-    add_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_SIZE"]),)](x, y, out, n, BLOCK_SIZE=1024)
-    return out
+def seed_triton_fn(kernel: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The seed's triton_fn, launching `kernel` (each registration gets its own kernel object,
+    so that one's launches never pass through another's)."""
+
+    def triton_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        n = x.numel()
+        kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_SIZE"]),)](x, y, out, n, BLOCK_SIZE=1024)
+        return out
+
+    return triton_add
+
+
+triton_add = seed_triton_fn(add_kernel)
 
 
 # EvoX style: custom_op with the fallback, register_kernel("cuda", triton_fn), a fake.

@@ -255,6 +255,7 @@ def _define(
     origin: str,
     fallback_label: str = "fallback",
     bitwise: bool = False,
+    jit_kernels: Sequence[Any] = (),
 ) -> torch._ops.OpOverload:
     if replace:
         _forget(qualname)
@@ -303,8 +304,9 @@ def _define(
             _functional_tensor_mode(),
             _decomposition(decompose_with[0], fn, decompose_with[1]),
         )
-    jit_kernels = [jit for _, _, run, _ in kernels for jit in getattr(run, "jit_kernels", ())]
-    _registrations[qualname] = _Registration(qualname, [library], kernel_status_text, jit_kernels)
+    _registrations[qualname] = _Registration(
+        qualname, [library], kernel_status_text, list(jit_kernels)
+    )
     return _op(qualname)
 
 
@@ -481,9 +483,7 @@ def register_triton_op(
         elif triton_fn is not None:
             if usable:
                 types = _device_types(triton_device_types)
-                kernels.append(
-                    ("triton", types, _jit_launch.accelerated(triton_fn), triton_accepts)
-                )
+                kernels.append(("triton", types, triton_fn, triton_accepts))
                 status = f"triton_fn serves {', '.join(types) if types else 'the Triton devices'}"
             else:
                 status = f"triton_fn is off: {why}"
@@ -531,6 +531,7 @@ def register_triton_op(
             origin=origin,
             bitwise=bitwise,
             aot_kernels=aot_kernels,
+            jit_kernels=_jit_launch.adopt_kernels_reached_by(triton_fn, vmap_fn) if usable else [],
         )
 
     return decorator

@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
+#include "jit_launch.h"
 #include "opreg/op.h"
 #include "opreg/trace.h"
 
@@ -104,6 +105,7 @@ class PythonKernel final : public c10::OperatorKernel {
     detail::check_boxed_arguments(*runtime_, stack->data() + (stack->size() - num_args), num_args);
     const std::string device = trace_enabled() ? device_of(*stack, num_args) : "";
     py::gil_scoped_acquire gil;
+    InsideOp inside;
     auto arguments = pop_arguments(schema, stack);
     const py::object* fn = fn_.get();
     std::string impl = label_;
@@ -160,6 +162,7 @@ void add_autograd(detail::OpSpec& spec, PyRef backward, PyRef setup_context, PyR
                                     AutogradContext& ctx, const std::vector<c10::IValue>& inputs,
                                     const std::vector<c10::IValue>& outputs) {
     py::gil_scoped_acquire gil;
+    InsideOp inside;
     py::object py_ctx = (*make_context)(py::cast(&ctx, py::return_value_policy::reference));
     if (setup_context) (*setup_context)(py_ctx, to_python(inputs, false), to_python(outputs, true));
     ctx.saved_data[kPythonContext] = torch::jit::toIValue(py_ctx, c10::PyObjectType::get());
@@ -168,6 +171,7 @@ void add_autograd(detail::OpSpec& spec, PyRef backward, PyRef setup_context, PyR
   spec.autograd.backward = [backward, name](AutogradContext& ctx,
                                             const std::vector<at::Tensor>& grads) {
     py::gil_scoped_acquire gil;
+    InsideOp inside;
     py::object py_ctx = torch::jit::toPyObject(ctx.saved_data.at(kPythonContext));
     py::tuple py_grads(grads.size());
     for (size_t i = 0; i < grads.size(); ++i) py_grads[i] = py::cast(grads[i]);
@@ -208,6 +212,7 @@ void add_vmap_rule(detail::OpSpec& spec, PyRef rule) {
   spec.vmap.rule = [rule](const VmapInfo& info, const std::vector<std::optional<int64_t>>& in_dims,
                           const std::vector<c10::IValue>& args) {
     py::gil_scoped_acquire gil;
+    InsideOp inside;
     static const char* kRandomness[] = {"error", "same", "different"};
     py::list dims;
     for (const auto& dim : in_dims) dims.append(dim ? py::cast(*dim) : py::none());

@@ -6,6 +6,8 @@
 
 #include <mutex>
 
+#include <c10/util/Exception.h>
+
 namespace opreg::triton::cuda {
 namespace {
 
@@ -71,6 +73,17 @@ const Driver* driver(std::string* why_not) {
   const auto& state = loaded();
   if (!state.ok && why_not != nullptr) *why_not = state.why_not;
   return state.ok ? &state.driver : nullptr;
+}
+
+void make_context_current(const Driver& d, int device) {
+  CUcontext context = nullptr;
+  d.cuCtxGetCurrent(&context);
+  if (context != nullptr) return;
+  CUdevice handle;
+  TORCH_CHECK(d.cuDeviceGet(&handle, device) == kSuccess &&
+                  d.cuDevicePrimaryCtxRetain(&context, handle) == kSuccess &&
+                  d.cuCtxSetCurrent(context) == kSuccess,
+              "opreg: cannot make the primary context of CUDA device ", device, " current");
 }
 
 std::string error_text(CUresult result) {

@@ -70,6 +70,10 @@ struct Driver {
 // The driver, or nullptr when libcuda.so.1 cannot be opened (then `why_not` says why).
 const Driver* driver(std::string* why_not = nullptr);
 
+// Makes `device`'s primary context current on this thread when no context is (a thread where
+// PyTorch has not touched CUDA yet), as the CUDA runtime does; raises when it cannot.
+void make_context_current(const Driver& d, int device);
+
 // "CUDA_ERROR_INVALID_VALUE (invalid argument)"
 std::string error_text(CUresult result);
 

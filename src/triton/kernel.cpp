@@ -350,19 +350,6 @@ Variant* select(const KernelImpl& kernel, c10::ArrayRef<Arg> args, int device,
   return nullptr;
 }
 
-void make_context_current(const cuda::Driver& d, int device) {
-  cuda::CUcontext context = nullptr;
-  d.cuCtxGetCurrent(&context);
-  if (context != nullptr) return;
-  // A thread where PyTorch has not touched CUDA yet: use the device's primary context, as the
-  // CUDA runtime (and so PyTorch) does.
-  cuda::CUdevice handle;
-  TORCH_CHECK(d.cuDeviceGet(&handle, device) == cuda::kSuccess &&
-                  d.cuDevicePrimaryCtxRetain(&context, handle) == cuda::kSuccess &&
-                  d.cuCtxSetCurrent(context) == cuda::kSuccess,
-              "opreg: cannot make the primary context of CUDA device ", device, " current");
-}
-
 cuda::CUfunction function_on(const KernelImpl& kernel, Variant& variant, const cuda::Driver& d,
                              int device) {
   auto function = variant.functions[device].load(std::memory_order_acquire);
@@ -564,7 +551,7 @@ void Kernel::launch(Grid grid, c10::ArrayRef<Arg> args) const {
   const auto* d = cuda::driver();
   c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(call.device));
   c10::DeviceGuard guard(device);
-  make_context_current(*d, call.device);
+  cuda::make_context_current(*d, call.device);
   auto stream = static_cast<cuda::CUstream>(
       c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).native_handle());
   cuda::CUfunction function = function_on(kernel, *variant, *d, call.device);

@@ -10,20 +10,25 @@ import pytest
 import torch
 
 import opreg
-from opreg import _jit_launch
-from opreg._jit_launch import CachedLaunches, specialization_key
+from opreg import _C, _jit_launch
+from opreg._jit_launch import CachedLaunches
 
 
 class Param:
-    def __init__(self, name, default=None):
-        self.name, self.default = name, default
+    def __init__(self, name, default=None, is_constexpr=False):
+        self.name, self.default, self.is_constexpr = name, default, is_constexpr
 
 
 class FakeKernel:
     """What CachedLaunches reads from a triton JITFunction."""
 
     def __init__(self):
-        self.params = [Param("x"), Param("n"), Param("BLOCK", 64), Param("FLAG", False)]
+        self.params = [
+            Param("x"),
+            Param("n"),
+            Param("BLOCK", 64, is_constexpr=True),
+            Param("FLAG", False, is_constexpr=True),
+        ]
         self.pre_run_hooks = []
         self.debug = False
         self.used_global_vals = {}
@@ -32,7 +37,7 @@ class FakeKernel:
 class Compiled:
     """A compiled kernel whose launches are recorded (Triton's launcher ABI)."""
 
-    function, packed_metadata = 1234, ("meta",)
+    function, packed_metadata = 1234, (4, 1, 0)
 
     def __init__(self):
         self.launches, self.hooks = [], []
@@ -45,26 +50,39 @@ class Compiled:
         return ("metadata", grid, stream, args)
 
 
+class Launches:
+    """A CachedLaunches over a FakeKernel whose Triton path compiles a recorder each time."""
+
+    def __init__(self):
+        self.compiled = []
+
+        def triton_run(*args, grid, warmup, **kwargs):
+            self.compiled.append(Compiled())
+            return self.compiled[-1]
+
+        self.cache = CachedLaunches(FakeKernel(), triton_run, lambda: 0, lambda device: 77)
+        self.kernel = self.cache.kernel
+
+    def __call__(self, *args, inside=True, **kwargs):
+        if not inside:
+            return self.cache.run(*args, **kwargs)
+        with _jit_launch.inside_op():
+            return self.cache.run(*args, **kwargs)
+
+    def key(self, *args, **kwargs):
+        return self.cache.native.key(args, kwargs)
+
+
 @pytest.fixture
 def launches():
-    compiled = []
-
-    def triton_run(*args, grid, warmup, **kwargs):
-        compiled.append(Compiled())
-        return compiled[-1]
-
-    cache = CachedLaunches(FakeKernel(), triton_run, lambda: 0, lambda device: 77)
-    cache.compiled = compiled
-    token = _jit_launch._inside_op.set(True)
-    yield cache
-    _jit_launch._inside_op.reset(token)
+    return Launches()
 
 
 def test_second_launch_with_the_same_specialization_reuses_the_compiled_kernel(launches):
     x = torch.zeros(64)
-    launches.run(x, 64, grid=(4,), warmup=False, BLOCK=16)
-    launches.run(x, 128, grid=lambda meta: (meta["n"] // meta["BLOCK"], 2), warmup=False, BLOCK=16)
-    assert len(launches.compiled) == 1 and launches.hits == 1
+    launches(x, 64, grid=(4,), warmup=False, BLOCK=16)
+    launches(x, 128, grid=lambda meta: (meta["n"] // meta["BLOCK"], 2), warmup=False, BLOCK=16)
+    assert len(launches.compiled) == 1 and launches.cache.hits == 1
     # All parameters in order (keyword and default ones too), the grid from them, the stream.
     assert launches.compiled[0].launches == [((8, 2, 1), 77, (x, 128, 16, False))]
 
@@ -78,48 +96,56 @@ def test_second_launch_with_the_same_specialization_reuses_the_compiled_kernel(l
         ((torch.zeros(64), 64), (torch.zeros(64), 63)),  # divisibility by 16
         ((torch.zeros(64), 64), (torch.zeros(64), 2**31)),  # 32- vs 64-bit integer
         ((torch.zeros(64), 1), (torch.zeros(64), True)),  # bool is not int
+        ((torch.zeros(64), 64, 16), (torch.zeros(64), 64, 32)),  # a constexpr, by position
+        ((torch.zeros(64), 64, 16), (torch.zeros(64), 64, 16.0)),  # ... with its type
     ],
 )
 def test_what_triton_specializes_on_gives_another_key(launches, first, second):
-    launches.run(*first, grid=(1,), warmup=False)
-    launches.run(*second, grid=(1,), warmup=False)
-    assert len(launches.compiled) == 2 and launches.hits == 0
+    launches(*first, grid=(1,), warmup=False)
+    launches(*second, grid=(1,), warmup=False)
+    assert len(launches.compiled) == 2 and launches.cache.hits == 0
 
 
-def test_keyword_values_are_part_of_the_key():
+def test_keys_take_constexprs_and_options_by_value_and_runtime_arguments_by_kind(launches):
     x = torch.zeros(4)
-    assert specialization_key(0, (x,), {"BLOCK": 1}) != specialization_key(0, (x,), {"BLOCK": 2})
-    assert specialization_key(0, (x,), {"BLOCK": 1}) != specialization_key(0, (x,), {"BLOCK": True})
-    assert specialization_key(0, (x,), {}) != specialization_key(1, (x,), {})
-    assert specialization_key(0, (x, "a string"), {}) is None
-    assert specialization_key(0, (x,), {"layout": object()}) is None
+    assert launches.key(x, BLOCK=1) != launches.key(x, BLOCK=2)
+    assert launches.key(x, BLOCK=1) != launches.key(x, BLOCK=True)
+    assert launches.key(x, num_warps=4) != launches.key(x, num_warps=8)
+    assert launches.key(x, n=32) == launches.key(x, n=64)  # a runtime argument by keyword
+    assert launches.key(x, 32) == launches.key(x, 64)
+    assert launches.key(x) != launches.key(x, grid=(1,), BLOCK=64)
+    assert launches.key(x, grid=(1,), warmup=False) == launches.key(x)  # the launch's own
+    assert launches.key(x, "a string") is None
+    assert launches.key(x, layout=object()) is None
+    assert launches.cache.native.key((x,), {}, 0) != launches.cache.native.key((x,), {}, 1)
+    assert launches.cache.native.key((x,), {}) != launches.cache.native.key((x,), {}, debug=True)
 
 
 def test_launches_the_key_cannot_cover_go_to_triton_every_time(launches):
     for _ in range(2):
-        launches.run(torch.zeros(4), (1, 2), grid=(1,), warmup=False)
-    assert len(launches.compiled) == 2 and launches.hits == 0
+        launches(torch.zeros(4), (1, 2), grid=(1,), warmup=False)
+    assert len(launches.compiled) == 2 and launches.cache.hits == 0
 
 
 def test_hooks_changed_globals_warmup_and_outside_ops_go_to_triton(launches):
     x = torch.zeros(64)
-    launches.run(x, 64, grid=(1,), warmup=False)
-    launches.run(x, 64, grid=(1,), warmup=True)
+    launches(x, 64, grid=(1,), warmup=False)
+    launches(x, 64, grid=(1,), warmup=True)
     launches.kernel.pre_run_hooks.append(lambda *args, **kwargs: None)
-    launches.run(x, 64, grid=(1,), warmup=False)
+    launches(x, 64, grid=(1,), warmup=False)
     launches.kernel.pre_run_hooks.clear()
     module_globals = {"SCALE": 2}
     launches.kernel.used_global_vals = {("SCALE", id(module_globals)): (1, module_globals)}
-    launches.run(x, 64, grid=(1,), warmup=False)
+    launches(x, 64, grid=(1,), warmup=False)
     launches.kernel.used_global_vals = {}
-    token = _jit_launch._inside_op.set(False)
-    launches.run(x, 64, grid=(1,), warmup=False)
-    _jit_launch._inside_op.reset(token)
-    assert len(launches.compiled) == 5 and launches.hits == 0
-    launches.run(x, 64, grid=(1,), warmup=False)
-    assert launches.hits == 1
-    assert launches.describe() == (
-        "1 cached launches; through Triton: 1 first launch of a specialization, "
+    launches(x, 64, grid=(1,), warmup=False, inside=False)
+    assert not _C.inside_op()
+    assert len(launches.compiled) == 5 and launches.cache.hits == 0
+    launches(x, 64, grid=(1,), warmup=False)
+    assert launches.cache.hits == 1
+    assert launches.cache.describe() == (
+        "1 cached launches (0 from C++), through Triton's launcher because Triton's active "
+        "driver is not CUDA; through Triton: 1 first launch of a specialization, "
         "1 pre-run hooks, 1 a global the kernel read has changed"
     )
 
@@ -128,19 +154,32 @@ def test_launch_hooks_see_cached_launches_as_triton_shows_them(launches):
     from triton import knobs
 
     x = torch.zeros(64)
-    launches.run(x, 64, grid=(1,), warmup=False)
+    launches(x, 64, grid=(1,), warmup=False)
     knobs.runtime.launch_enter_hook.add(print)
     try:
-        launches.run(x, 64, grid=(1,), warmup=False)
+        launches(x, 64, grid=(1,), warmup=False)
     finally:
         knobs.runtime.launch_enter_hook.remove(print)
-    launches.run(x, 64, grid=(1,), warmup=False)
+    launches(x, 64, grid=(1,), warmup=False)
     compiled = launches.compiled[0]
-    assert launches.hits == 2 and len(compiled.hooks) == 2
+    assert launches.cache.hits == 2 and len(compiled.hooks) == 2
     metadata, enter, exit = compiled.hooks[0]
     assert metadata == ("metadata", (1,), 77, (x, 64, 64, False))
     assert enter is knobs.runtime.launch_enter_hook and exit is knobs.runtime.launch_exit_hook
     assert compiled.hooks[1] == (None, None, None)  # no hook set: nothing to call
+
+
+def test_errors_in_the_grid_reach_the_caller(launches):
+    x = torch.zeros(64)
+    launches(x, 64, grid=(1,), warmup=False)
+
+    def grid(meta):
+        raise ValueError("bad grid")
+
+    with pytest.raises(ValueError, match="bad grid"):
+        launches(x, 64, grid=grid, warmup=False)
+    with pytest.raises(TypeError):
+        launches(x, 64, grid=7, warmup=False)
 
 
 def test_jit_kernels_are_found_through_globals_closures_and_wrappers():
@@ -163,7 +202,11 @@ def test_jit_kernels_are_found_through_globals_closures_and_wrappers():
     assert _jit_launch.kernels_reached_by(len) == []
     cache = _jit_launch.adopt(kernel)
     assert _jit_launch.adopt(kernel) is cache and kernel.run == cache.run
-    assert _jit_launch.accelerated(len) is len
+    assert _jit_launch.adopt_kernels_reached_by(len, None) == []
+    assert _jit_launch.adopt_kernels_reached_by(launcher, _launches_a_global) == [
+        kernel,
+        _global_kernel,  # noqa: F821
+    ]
 
 
 def _kernel_source(x_ptr, n):
@@ -183,6 +226,13 @@ def test_an_op_launches_through_the_cache_and_reports_it():
     from triton.runtime.jit import JITFunction
 
     kernel = JITFunction(_add_source)
+    compiled = []
+
+    def triton_run(*args, grid, warmup, **kwargs):  # Triton itself needs a GPU here
+        compiled.append(Compiled())
+        return compiled[-1]
+
+    kernel.run = triton_run  # what adoption wraps
     launched = []
 
     def triton_add(x, y):
@@ -200,14 +250,7 @@ def test_an_op_launches_through_the_cache_and_reports_it():
         triton_device_types="cpu",
         name="opreg_test_jit::add",
     )(add)
-    cache = kernel._opreg_launches  # adopted at registration; Triton itself needs a GPU here
-    compiled = []
-
-    def triton_run(*args, grid, warmup, **kwargs):
-        compiled.append(Compiled())
-        return compiled[-1]
-
-    cache.triton_run = triton_run
+    cache = kernel._opreg_launches  # adopted at registration
     cache.native.bind_driver(lambda: 0, lambda device: 5)
     x = torch.ones(16)
     for _ in range(3):
@@ -216,7 +259,8 @@ def test_an_op_launches_through_the_cache_and_reports_it():
     assert len(compiled) == 2 and cache.hits == 2
     assert [launch[0] for launch in compiled[0].launches] == [(4, 1, 1), (4, 1, 1)]
     assert opreg.kernel_status("opreg_test_jit::add") == (
-        "triton_fn serves cpu; _add_source: 2 cached launches; "
+        "triton_fn serves cpu; _add_source: 2 cached launches (0 from C++), through Triton's "
+        "launcher because Triton's active driver is not CUDA; "
         "through Triton: 1 first launch of a specialization"
     )
 
@@ -241,12 +285,36 @@ def test_cached_launches_match_the_fallback_on_every_specialization():
     for _ in range(2):  # the second round hits the cache
         for x, y in cases:
             torch.testing.assert_close(seed_example.fused_add(x, y), x + y, rtol=0, atol=0)
-    assert seed_example._add_kernel._opreg_launches.hits >= len(cases)
+    launches = seed_example._add_kernel._opreg_launches.native
+    assert launches.hits >= len(cases) and launches.direct_hits == launches.hits
+    assert launches.indirect_reasons == []
     status = opreg.kernel_status("opreg_py::fused_add")
-    assert "_add_kernel: " in status and " cached launches; through Triton: " in status
+    assert "_add_kernel: " in status and " from C++); through Triton: " in status
     stream = torch.cuda.Stream()
     x, y = cases[-1]
     with torch.cuda.stream(stream):
         out = seed_example.fused_add(x, y)
     stream.synchronize()
     torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+
+
+@needs_cuda_triton
+def test_scalars_none_pointers_and_positional_constexprs_launch_from_cpp():
+    import jit_launch_kernels as kernels
+
+    for _ in range(2):  # the second round hits the cache
+        for n in (1, 100, 4095, 4096, 100_000):
+            x, y, bias = (torch.randn(n, device="cuda") for _ in range(3))
+            for alpha, beta, offset, with_bias in [
+                (1.5, -0.25, 3, False),
+                (0.0, 2.0, -(2**40), True),
+                (-1.0, 1.0, 0, True),
+            ]:
+                b = bias if with_bias else None
+                b_cpu = None if b is None else b.cpu()
+                expected = kernels.axpby(x.cpu(), y.cpu(), alpha, beta, offset, b_cpu)
+                actual = kernels.axpby(x, y, alpha, beta, offset, b)
+                torch.testing.assert_close(actual.cpu(), expected)
+    launches = kernels._axpby_kernel._opreg_launches.native
+    assert launches.direct_hits > 0 and launches.direct_hits == launches.hits
+    assert launches.indirect_reasons == []

@@ -41,6 +41,26 @@ def host_us_per_call(
     return statistics.median(batches)
 
 
+def host_us_per_call_interleaved(
+    fns: dict[str, Callable[[], object]], device: str, calls: int = 2000, repeats: int = 7
+) -> dict[str, float]:
+    """host_us_per_call for several paths at once, their batches taken in turn (batch i of every
+    path before batch i+1 of any), so that drift in the host's speed reaches each path alike."""
+    for fn in fns.values():
+        for _ in range(min(calls, 200)):
+            fn()
+    sync(device)
+    batches: dict[str, list[float]] = {key: [] for key in fns}
+    for _ in range(repeats):
+        for key, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            sync(device)
+            batches[key].append((time.perf_counter() - start) / calls * 1e6)
+    return {key: statistics.median(values) for key, values in batches.items()}
+
+
 def device_ms(fn: Callable[[], object], device: str, repeats: int = 50) -> float:
     """Median milliseconds of one call, timed with CUDA events (host timer on CPU)."""
     for _ in range(5):

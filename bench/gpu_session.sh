@@ -38,8 +38,8 @@ ALL_BENCHES='launch_cpp.py:build/bench/launch_bench eager_overhead.py bandwidth.
   first_call.py'
 for bench in ${BENCHES:-$ALL_BENCHES}; do
   bench="${bench/:/ }"
-  timeout 240 python3 bench/$bench > "$WORK/logs/bench-${bench%%.py*}.log" 2>&1 ||
-    { echo "bench $bench failed"; tail -15 "$WORK/logs/bench-${bench%%.py*}.log"; }
+  log="$WORK/logs/bench-$(echo "${bench%%.py*}" | tr / -).log"
+  timeout 240 python3 bench/$bench > "$log" 2>&1 || { echo "bench $bench failed"; tail -15 "$log"; }
   pack
 done
 if [ -z "${SKIP_CPP_TESTS:-}" ]; then

@@ -654,6 +654,10 @@ class LaunchCache {
     }
     const Py_ssize_t rank = PyObject_Length(grid_sizes.ptr());
     if (rank < 0) throw py::error_already_set();
+    if (rank == 0) {
+      PyErr_SetString(PyExc_IndexError, "opreg: a Triton launch grid needs 1 to 3 sizes, got ()");
+      throw py::error_already_set();
+    }
     std::array<py::object, 3> dims{py::int_(1), py::int_(1), py::int_(1)};
     for (Py_ssize_t i = 0; i < std::min<Py_ssize_t>(rank, 3); ++i) {
       PyObject* item = PySequence_GetItem(grid_sizes.ptr(), i);

@@ -180,6 +180,8 @@ def test_errors_in_the_grid_reach_the_caller(launches):
         launches(x, 64, grid=grid, warmup=False)
     with pytest.raises(TypeError):
         launches(x, 64, grid=7, warmup=False)
+    with pytest.raises(IndexError):
+        launches(x, 64, grid=(), warmup=False)
 
 
 def test_jit_kernels_are_found_through_globals_closures_and_wrappers():

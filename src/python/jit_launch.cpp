@@ -8,18 +8,16 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/Exceptions.h>
-#include <torch/csrc/autograd/python_variable.h>
 
 #include <array>
-#include <climits>
-#include <cstring>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
-#include "../triton/cuda_driver.h"
+#include "jit_direct_launch.h"
+#include "jit_launch_key.h"
 
 namespace opreg::python {
 namespace {
@@ -33,7 +31,6 @@ bool inside_op() { return inside_op_depth > 0; }
 namespace {
 
 namespace py = pybind11;
-namespace cuda = opreg::triton::cuda;
 
 // Names looked up on every launch, interned once.
 PyObject* interned(const char* text) {
@@ -71,297 +68,20 @@ bool truthy(PyObject* object) {
   return result == 1;
 }
 
-// ---------------------------------------------------------------------------------------------
-// The specialization key: bytes, at least as fine as what makes Triton compile another kernel.
-
-enum Tag : char {
-  kTensor = 'T',
-  kBool = 'B',
-  kInt = 'I',
-  kFloat = 'F',
-  kNone = 'N',
-  kValue = 'V',
-  kKeyword = 'K',
-  kSalt = 'S',
-};
-
-template <class T>
-void append_raw(std::string& key, const T& value) {
-  key.append(reinterpret_cast<const char*>(&value), sizeof(value));
-}
-
-bool append_text(std::string& key, PyObject* text) {
-  Py_ssize_t size = 0;
-  const char* data = PyUnicode_AsUTF8AndSize(text, &size);
-  if (data == nullptr) {
-    PyErr_Clear();
-    return false;
-  }
-  append_raw(key, static_cast<int64_t>(size));
-  key.append(data, size);
-  return true;
-}
-
-// A tensor, as Triton specializes a pointer: dtype and 16-byte alignment.
-void append_tensor(std::string& key, PyObject* object) {
-  const auto& tensor = THPVariable_Unpack(object);
-  key.push_back(kTensor);
-  key.push_back(static_cast<char>(tensor.scalar_type()));
-  key.push_back(reinterpret_cast<uintptr_t>(tensor.data_ptr()) % 16 == 0 ? 1 : 0);
-}
-
-// A runtime argument: its type and what Triton specializes it on (for integers: 32 or 64 bits,
-// == 1, divisible by 16). False when the key does not cover its type.
-bool append_argument(std::string& key, PyObject* object) {
-  if (THPVariable_Check(object)) {
-    append_tensor(key, object);
-    return true;
-  }
-  if (PyBool_Check(object)) {
-    key.push_back(kBool);
-    key.push_back(object == Py_True ? 1 : 0);
-    return true;
-  }
-  if (PyLong_CheckExact(object)) {
-    int overflow = 0;
-    const long long number = PyLong_AsLongLongAndOverflow(object, &overflow);
-    if (overflow != 0) return false;  // beyond 64 bits: Triton's to judge
-    const bool narrow = number >= INT32_MIN && number <= INT32_MAX;
-    key.push_back(kInt);
-    key.push_back(
-        static_cast<char>((narrow ? 4 : 0) | (number == 1 ? 2 : 0) | (number % 16 == 0 ? 1 : 0)));
-    return true;
-  }
-  if (PyFloat_CheckExact(object)) {
-    key.push_back(kFloat);
-    return true;
-  }
-  if (object == Py_None) {
-    key.push_back(kNone);
-    return true;
-  }
-  return false;
-}
-
-// A constexpr or an option: by type and value, so that 1, 1.0 and True differ.
-bool append_value(std::string& key, PyObject* object) {
-  if (THPVariable_Check(object)) {
-    append_tensor(key, object);
-    return true;
-  }
-  key.push_back(kValue);
-  if (PyBool_Check(object)) {
-    key.push_back('b');
-    key.push_back(object == Py_True ? 1 : 0);
-    return true;
-  }
-  if (PyLong_CheckExact(object)) {
-    int overflow = 0;
-    const long long number = PyLong_AsLongLongAndOverflow(object, &overflow);
-    if (overflow != 0) return false;
-    key.push_back('i');
-    append_raw(key, number);
-    return true;
-  }
-  if (PyFloat_CheckExact(object)) {
-    key.push_back('f');
-    append_raw(key, PyFloat_AS_DOUBLE(object));
-    return true;
-  }
-  if (PyUnicode_CheckExact(object)) {
-    key.push_back('s');
-    return append_text(key, object);
-  }
-  if (object == Py_None) {
-    key.push_back('n');
-    return true;
-  }
-  return false;
-}
-
-// What a launch's key is built from besides its arguments.
-struct KeyContext {
-  int64_t device;
-  const std::vector<bool>* constexpr_params;  // by position
-  PyObject* constexpr_by_name;                // dict: parameter name -> bool
-  bool debug;
-  PyObject* instrumentation_mode;  // str
-};
-
-// The key of a launch, or false when an argument is outside what it covers. `grid` and `warmup`
-// (the launch's own keywords) are not part of it.
-bool launch_key(const KeyContext& context, PyObject* args, PyObject* kwargs, std::string* key) {
-  key->clear();
-  append_raw(*key, context.device);
-  const Py_ssize_t num_args = PyTuple_GET_SIZE(args);
-  for (Py_ssize_t i = 0; i < num_args; ++i) {
-    PyObject* value = PyTuple_GET_ITEM(args, i);
-    const bool by_value =
-        static_cast<size_t>(i) < context.constexpr_params->size() && (*context.constexpr_params)[i];
-    if (!(by_value ? append_value(*key, value) : append_argument(*key, value))) return false;
-  }
-  if (kwargs != nullptr) {
-    const auto& n = names();
-    Py_ssize_t position = 0;
-    PyObject *name, *value;
-    while (PyDict_Next(kwargs, &position, &name, &value)) {
-      if (name == n.grid || name == n.warmup) continue;
-      key->push_back(kKeyword);
-      if (!PyUnicode_Check(name) || !append_text(*key, name)) return false;
-      PyObject* constexpr_flag = PyDict_GetItemWithError(context.constexpr_by_name, name);
-      if (constexpr_flag == nullptr && PyErr_Occurred()) throw py::error_already_set();
-      const bool runtime_param = constexpr_flag == Py_False;  // options and constexprs: by value
-      if (!(runtime_param ? append_argument(*key, value) : append_value(*key, value))) return false;
-    }
-  }
-  key->push_back(kSalt);
-  key->push_back(context.debug ? 1 : 0);
-  return PyUnicode_Check(context.instrumentation_mode) &&
-         append_text(*key, context.instrumentation_mode);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Compiled kernels and how to launch them.
-
 // A parameter after the positional ones: given by keyword, or its default.
 struct Fill {
   py::object name;
   py::object default_value;
 };
 
-// A parameter as Triton's CUDA launcher passes it (the `signature` of the compiled kernel).
-enum class Slot : uint8_t {
-  kPointer,
-  kI8,
-  kI16,
-  kI32,
-  kI64,
-  kU8,
-  kU16,
-  kU32,
-  kU64,
-  kFp16,
-  kBf16,
-  kFp32,
-  kFp64
-};
-
-std::optional<Slot> slot_of(const std::string& type) {
-  if (!type.empty() && type[0] == '*') return Slot::kPointer;
-  static const std::pair<const char*, Slot> kTypes[] = {
-      {"i1", Slot::kI8},     {"i8", Slot::kI8},    {"i16", Slot::kI16},   {"i32", Slot::kI32},
-      {"i64", Slot::kI64},   {"u1", Slot::kU8},    {"u8", Slot::kU8},     {"u16", Slot::kU16},
-      {"u32", Slot::kU32},   {"u64", Slot::kU64},  {"fp16", Slot::kFp16}, {"bf16", Slot::kBf16},
-      {"fp32", Slot::kFp32}, {"f32", Slot::kFp32}, {"fp64", Slot::kFp64}};
-  for (const auto& [name, slot] : kTypes) {
-    if (type == name) return slot;
-  }
-  return std::nullopt;
-}
-
-// A compiled kernel launched from C++: its CUfunction and configuration as Triton loaded it.
-struct DirectLaunch {
-  cuda::CUfunction function = nullptr;
-  unsigned block = 0, shared = 0;
-  bool pdl = false, cooperative = false;
-  std::vector<std::pair<size_t, Slot>> slots;  // (parameter index, how it is passed)
-};
-
+// A compiled kernel and how launches that hit it reach it.
 struct Entry {
   py::object compiled, launcher, function, packed_metadata;
-  std::vector<Fill> fills;  // parameters after the positional ones
-  std::optional<DirectLaunch> direct;
-  std::string name;
+  std::vector<Fill> fills;             // parameters after the positional ones
+  std::optional<DirectLaunch> direct;  // absent: through Triton's compiled launcher
 };
 
-constexpr size_t kMaxParams = 64;
 constexpr size_t kMaxEntries = 4096;
-
-// Writes one parameter into its 8-byte slot as Triton's launcher would; false when the value is
-// one the direct path leaves to Triton's launcher (a CPU tensor, an out-of-range integer, ...).
-bool pack(Slot slot, PyObject* value, uint64_t* out) {
-  *out = 0;
-  auto store = [&](auto number) { std::memcpy(out, &number, sizeof(number)); };
-  if (slot == Slot::kPointer) {
-    if (THPVariable_Check(value)) {
-      const auto& tensor = THPVariable_Unpack(value);
-      if (!tensor.is_cuda()) return false;
-      store(reinterpret_cast<uint64_t>(tensor.data_ptr()));
-      return true;
-    }
-    return value == Py_None;  // a null pointer; raw integer addresses go through Triton
-  }
-  if (slot >= Slot::kFp16) {
-    if (!PyFloat_Check(value) && !PyLong_Check(value)) return false;
-    const double number = PyFloat_AsDouble(value);
-    if (number == -1.0 && PyErr_Occurred()) {
-      PyErr_Clear();
-      return false;
-    }
-    switch (slot) {
-      case Slot::kFp16: {
-        uint16_t bits;
-        if (PyFloat_Pack2(number, reinterpret_cast<char*>(&bits), 1) != 0) {
-          PyErr_Clear();
-          return false;
-        }
-        store(bits);
-        return true;
-      }
-      case Slot::kBf16: {
-        const float single = static_cast<float>(number);
-        uint32_t bits;
-        std::memcpy(&bits, &single, sizeof(bits));
-        store(static_cast<uint16_t>(bits >> 16));
-        return true;
-      }
-      case Slot::kFp32:
-        store(static_cast<float>(number));
-        return true;
-      default:
-        store(number);
-        return true;
-    }
-  }
-  if (!PyLong_Check(value)) return false;
-  int overflow = 0;
-  const long long number = PyLong_AsLongLongAndOverflow(value, &overflow);
-  if (overflow != 0 || (number == -1 && PyErr_Occurred())) {
-    PyErr_Clear();
-    return false;
-  }
-  auto within = [&](long long low, long long high) { return number >= low && number <= high; };
-  switch (slot) {
-    case Slot::kI8:  // Triton parses 8-bit integers as unsigned char, signed or not
-    case Slot::kU8:
-      if (!within(0, UCHAR_MAX)) return false;
-      store(static_cast<uint8_t>(number));
-      return true;
-    case Slot::kI16:
-      if (!within(SHRT_MIN, SHRT_MAX)) return false;
-      store(static_cast<int16_t>(number));
-      return true;
-    case Slot::kU16:
-      if (!within(0, USHRT_MAX)) return false;
-      store(static_cast<uint16_t>(number));
-      return true;
-    case Slot::kI32:
-      if (!within(INT_MIN, INT_MAX)) return false;
-      store(static_cast<int32_t>(number));
-      return true;
-    case Slot::kU32:
-      if (!within(0, UINT_MAX)) return false;
-      store(static_cast<uint32_t>(number));
-      return true;
-    case Slot::kI64:
-      store(static_cast<int64_t>(number));
-      return true;
-    default:  // kU64
-      if (number < 0) return false;
-      store(static_cast<uint64_t>(number));
-      return true;
-  }
-}
 
 bool observed(PyObject* hook) {
   if (hook == Py_None) return false;
@@ -373,12 +93,6 @@ bool observed(PyObject* hook) {
   const bool any = truthy(calls);
   Py_DECREF(calls);
   return any;
-}
-
-std::string type_name(const py::handle& object) {
-  auto type = py::type::handle_of(object);
-  return py::str(type.attr("__module__")).cast<std::string>() + "." +
-         py::str(type.attr("__qualname__")).cast<std::string>();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -426,8 +140,8 @@ class LaunchCache {
       return call_triton(args, kwargs);
     }
     if (!bound_) bind_default_driver();
-    KeyContext context{current_device(), &constexpr_params_, constexpr_by_name_.ptr(), false,
-                       nullptr};
+    LaunchKeyContext context{current_device(), &constexpr_params_, constexpr_by_name_.ptr(), false,
+                             nullptr};
     context.debug = truthy(attribute(kernel_.ptr(), n.debug).ptr()) ||
                     truthy(attribute(runtime_knobs_.ptr(), n.debug).ptr());
     const py::object mode = attribute(compilation_knobs_.ptr(), n.instrumentation_mode);
@@ -466,8 +180,8 @@ class LaunchCache {
 
   py::object key_of(PyObject* args, PyObject* kwargs, int64_t device, bool debug,
                     const py::str& instrumentation_mode) const {
-    KeyContext context{device, &constexpr_params_, constexpr_by_name_.ptr(), debug,
-                       instrumentation_mode.ptr()};
+    LaunchKeyContext context{device, &constexpr_params_, constexpr_by_name_.ptr(), debug,
+                             instrumentation_mode.ptr()};
     std::string key;
     if (!launch_key(context, args, kwargs, &key)) return py::none();
     return py::bytes(key);
@@ -523,7 +237,7 @@ class LaunchCache {
 
   void bind_default_driver() {
     py::object active = py::module_::import("triton.runtime.driver").attr("driver").attr("active");
-    const std::string driver = type_name(active);
+    const std::string driver = python_type_name(active);
     torch_cuda_ = (driver.find("CudaDriver") != std::string::npos ||
                    driver.find("HIPDriver") != std::string::npos) &&
                   c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA);
@@ -553,12 +267,11 @@ class LaunchCache {
     entry.launcher = compiled.attr("run");
     entry.function = compiled.attr("function");
     entry.packed_metadata = compiled.attr("packed_metadata");
-    entry.name = py::str(py::getattr(compiled, "name", py::str("?"))).cast<std::string>();
     for (size_t i = static_cast<size_t>(num_args); i < param_names_.size(); ++i) {
       entry.fills.push_back({param_names_[i], defaults_[i]});
     }
     std::string why_not;
-    entry.direct = direct_launch(compiled, entry, &why_not);
+    entry.direct = direct_launch(compiled, &why_not);
     if (!entry.direct) note_indirect(why_not);
     entries_.emplace(std::move(key), std::move(entry));
   }
@@ -570,63 +283,14 @@ class LaunchCache {
     indirect_reasons_.push_back(why);
   }
 
-  // Whether this compiled kernel can be launched from C++: Triton's CUDA launcher, one CTA per
-  // program, no scratch memory, every parameter a pointer or a number.
-  std::optional<DirectLaunch> direct_launch(const py::object& compiled, const Entry& entry,
+  // How this compiled kernel is launched from C++, or why it is not.
+  std::optional<DirectLaunch> direct_launch(const py::object& compiled,
                                             std::string* why_not) const {
     if (!torch_cuda_ || !cuda_driver_) {
       *why_not = "Triton's active driver is not CUDA";
       return std::nullopt;
     }
-    std::string driver_error;
-    if (cuda::driver(&driver_error) == nullptr) {
-      *why_not = driver_error;
-      return std::nullopt;
-    }
-    const std::string launcher = type_name(entry.launcher);
-    if (launcher != "triton.backends.nvidia.driver.CudaLauncher") {
-      *why_not = "the launcher is " + launcher;
-      return std::nullopt;
-    }
-    auto get_int = [&](const char* name) {
-      return py::getattr(entry.launcher, name, py::int_(-1)).cast<int64_t>();
-    };
-    if (get_int("num_ctas") != 1 || get_int("global_scratch_size") != 0 ||
-        get_int("profile_scratch_size") != 0) {
-      *why_not = "the kernel uses clusters or scratch memory";
-      return std::nullopt;
-    }
-    auto metadata = entry.packed_metadata.cast<py::tuple>();  // (num_warps, num_ctas, shared)
-    DirectLaunch direct;
-    direct.block = 32 * metadata[0].cast<unsigned>();
-    direct.shared = metadata[2].cast<unsigned>();
-    direct.pdl = truthy(py::getattr(entry.launcher, "launch_pdl", py::bool_(false)).ptr());
-    direct.cooperative =
-        truthy(py::getattr(entry.launcher, "launch_cooperative_grid", py::bool_(false)).ptr());
-    direct.function = reinterpret_cast<cuda::CUfunction>(entry.function.cast<uint64_t>());
-    auto signature = compiled.attr("src").attr("signature").cast<py::dict>();
-    if (signature.size() != param_names_.size() || param_names_.size() > kMaxParams) {
-      *why_not = "the compiled signature does not list one type per parameter";
-      return std::nullopt;
-    }
-    size_t index = 0;
-    for (const auto& [name, type] : signature) {
-      if (!py::isinstance<py::str>(type)) {
-        *why_not = "a tuple parameter";
-        return std::nullopt;
-      }
-      const auto text = type.cast<std::string>();
-      if (text != "constexpr") {
-        auto slot = slot_of(text);
-        if (!slot) {
-          *why_not = "a parameter of type " + text;
-          return std::nullopt;
-        }
-        direct.slots.emplace_back(index, *slot);
-      }
-      ++index;
-    }
-    return direct;
+    return DirectLaunch::of(compiled, param_names_.size(), why_not);
   }
 
   void launch(Entry& entry, int64_t device, PyObject* grid, PyObject* args, PyObject* kwargs) {
@@ -670,7 +334,7 @@ class LaunchCache {
     py::object enter = attribute(runtime_knobs_.ptr(), n.launch_enter_hook);
     py::object exit = attribute(runtime_knobs_.ptr(), n.launch_exit_hook);
     const bool hooks = observed(enter.ptr()) || observed(exit.ptr());
-    if (!hooks && entry.direct && launch_directly(entry, device, stream, dims, values)) {
+    if (!hooks && entry.direct && entry.direct->launch(device, stream, dims, values)) {
       ++direct_hits_;
       return;
     }
@@ -705,75 +369,6 @@ class LaunchCache {
     PyObject* result = PyObject_Call(entry.launcher.ptr(), call.ptr(), nullptr);
     if (result == nullptr) throw py::error_already_set();
     Py_DECREF(result);
-  }
-
-  // cuLaunchKernel with the parameters packed as Triton's CUDA launcher packs them; false (and
-  // nothing launched) when a value is one the direct path leaves to Triton's launcher.
-  bool launch_directly(const Entry& entry, int64_t device, uint64_t stream,
-                       const std::array<py::object, 3>& dims,
-                       const c10::SmallVector<PyObject*, 16>& values) {
-    const DirectLaunch& direct = *entry.direct;
-    std::array<long long, 3> grid{};
-    for (size_t i = 0; i < 3; ++i) {
-      int overflow = 0;
-      grid[i] =
-          PyLong_Check(dims[i].ptr()) ? PyLong_AsLongLongAndOverflow(dims[i].ptr(), &overflow) : -1;
-      if (overflow != 0 || grid[i] < 0 || grid[i] > INT_MAX) return false;
-    }
-    std::array<uint64_t, kMaxParams + 2> slots{};
-    std::array<void*, kMaxParams + 2> params{};
-    size_t count = 0;
-    for (const auto& [index, slot] : direct.slots) {
-      if (!pack(slot, values[index], &slots[count])) return false;
-      params[count] = &slots[count];
-      ++count;
-    }
-    params[count] = &slots[count];  // global scratch: none (checked when stored)
-    ++count;
-    params[count] = &slots[count];  // profile scratch: none
-    if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return true;
-
-    const auto* d = cuda::driver();
-    cuda::make_context_current(*d, static_cast<int>(device));
-    auto cu_stream = reinterpret_cast<cuda::CUstream>(stream);
-    cuda::CUresult result;
-    {
-      py::gil_scoped_release no_gil;
-      if (!direct.pdl && !direct.cooperative) {
-        result =
-            d->cuLaunchKernel(direct.function, static_cast<unsigned>(grid[0]),
-                              static_cast<unsigned>(grid[1]), static_cast<unsigned>(grid[2]),
-                              direct.block, 1, 1, direct.shared, cu_stream, params.data(), nullptr);
-      } else {
-        std::array<cuda::LaunchAttribute, 2> attributes{};
-        unsigned num_attributes = 0;
-        if (direct.pdl) {
-          auto& a = attributes[num_attributes++];
-          a.id = cuda::kLaunchAttrProgrammaticStreamSerialization;
-          a.value.programmatic_stream_serialization_allowed = 1;
-        }
-        if (direct.cooperative) {
-          auto& a = attributes[num_attributes++];
-          a.id = cuda::kLaunchAttrCooperative;
-          a.value.cooperative = 1;
-        }
-        cuda::LaunchConfig config{static_cast<unsigned>(grid[0]),
-                                  static_cast<unsigned>(grid[1]),
-                                  static_cast<unsigned>(grid[2]),
-                                  direct.block,
-                                  1,
-                                  1,
-                                  direct.shared,
-                                  cu_stream,
-                                  attributes.data(),
-                                  num_attributes};
-        result = d->cuLaunchKernelEx(&config, direct.function, params.data(), nullptr);
-      }
-    }
-    TORCH_CHECK(result == cuda::kSuccess, "opreg: launching Triton kernel '", entry.name,
-                "' with grid (", grid[0], ", ", grid[1], ", ", grid[2], ") on cuda:", device,
-                " failed: ", cuda::error_text(result));
-    return true;
   }
 
   py::object kernel_, triton_run_, runtime_knobs_, compilation_knobs_;

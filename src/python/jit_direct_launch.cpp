@@ -17,10 +17,11 @@ constexpr size_t kMaxParams = 64;
 std::optional<ParamSlot> slot_of(const std::string& type) {
   if (!type.empty() && type[0] == '*') return ParamSlot::kPointer;
   static const std::pair<const char*, ParamSlot> kTypes[] = {
-      {"i1", ParamSlot::kI8},     {"i8", ParamSlot::kI8},    {"i16", ParamSlot::kI16},   {"i32", ParamSlot::kI32},
-      {"i64", ParamSlot::kI64},   {"u1", ParamSlot::kU8},    {"u8", ParamSlot::kU8},     {"u16", ParamSlot::kU16},
-      {"u32", ParamSlot::kU32},   {"u64", ParamSlot::kU64},  {"fp16", ParamSlot::kFp16}, {"bf16", ParamSlot::kBf16},
-      {"fp32", ParamSlot::kFp32}, {"f32", ParamSlot::kFp32}, {"fp64", ParamSlot::kFp64}};
+      {"i1", ParamSlot::kI8},     {"i8", ParamSlot::kI8},     {"i16", ParamSlot::kI16},
+      {"i32", ParamSlot::kI32},   {"i64", ParamSlot::kI64},   {"u1", ParamSlot::kU8},
+      {"u8", ParamSlot::kU8},     {"u16", ParamSlot::kU16},   {"u32", ParamSlot::kU32},
+      {"u64", ParamSlot::kU64},   {"fp16", ParamSlot::kFp16}, {"bf16", ParamSlot::kBf16},
+      {"fp32", ParamSlot::kFp32}, {"f32", ParamSlot::kFp32},  {"fp64", ParamSlot::kFp64}};
   for (const auto& [name, slot] : kTypes) {
     if (type == name) return slot;
   }
@@ -142,7 +143,8 @@ std::optional<DirectLaunch> DirectLaunch::of(const py::object& compiled, size_t 
     *why_not = "the kernel uses clusters or scratch memory";
     return std::nullopt;
   }
-  auto metadata = compiled.attr("packed_metadata").cast<py::tuple>();  // (num_warps, num_ctas, shared)
+  auto metadata =
+      compiled.attr("packed_metadata").cast<py::tuple>();  // (num_warps, num_ctas, shared)
   DirectLaunch direct;
   direct.name = py::str(py::getattr(compiled, "name", py::str("?"))).cast<std::string>();
   direct.block = 32 * metadata[0].cast<unsigned>();
@@ -205,10 +207,9 @@ bool DirectLaunch::launch(int64_t device, uint64_t stream, const std::array<py::
   {
     py::gil_scoped_release no_gil;
     if (!pdl && !cooperative) {
-      result =
-          d->cuLaunchKernel(function, static_cast<unsigned>(grid[0]),
-                            static_cast<unsigned>(grid[1]), static_cast<unsigned>(grid[2]),
-                            block, 1, 1, shared, cu_stream, params.data(), nullptr);
+      result = d->cuLaunchKernel(function, static_cast<unsigned>(grid[0]),
+                                 static_cast<unsigned>(grid[1]), static_cast<unsigned>(grid[2]),
+                                 block, 1, 1, shared, cu_stream, params.data(), nullptr);
     } else {
       std::array<cuda::LaunchAttribute, 2> attributes{};
       unsigned num_attributes = 0;
@@ -235,8 +236,8 @@ bool DirectLaunch::launch(int64_t device, uint64_t stream, const std::array<py::
       result = d->cuLaunchKernelEx(&config, function, params.data(), nullptr);
     }
   }
-  TORCH_CHECK(result == cuda::kSuccess, "opreg: launching Triton kernel '", name,
-              "' with grid (", grid[0], ", ", grid[1], ", ", grid[2], ") on cuda:", device,
+  TORCH_CHECK(result == cuda::kSuccess, "opreg: launching Triton kernel '", name, "' with grid (",
+              grid[0], ", ", grid[1], ", ", grid[2], ") on cuda:", device,
               " failed: ", cuda::error_text(result));
   return true;
 }

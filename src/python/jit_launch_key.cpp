@@ -117,7 +117,8 @@ bool append_value(std::string& key, PyObject* object) {
 
 }  // namespace
 
-bool launch_key(const LaunchKeyContext& context, PyObject* args, PyObject* kwargs, std::string* key) {
+bool launch_key(const LaunchKeyContext& context, PyObject* args, PyObject* kwargs,
+                std::string* key) {
   key->clear();
   append_raw(*key, context.device);
   const Py_ssize_t num_args = PyTuple_GET_SIZE(args);

@@ -320,3 +320,18 @@ def test_scalars_none_pointers_and_positional_constexprs_launch_from_cpp():
     launches = kernels._axpby_kernel._opreg_launches.native
     assert launches.direct_hits > 0 and launches.direct_hits == launches.hits
     assert launches.indirect_reasons == []
+
+
+@needs_cuda_triton
+def test_launches_from_a_vmap_fn_are_cached_too():
+    import evox_style_ops as ops
+
+    x = torch.randn(3, 4, 100, device="cuda")
+    scaled = torch.vmap(torch.vmap(ops.scale_rows, in_dims=(0, None)), in_dims=(0, None))
+    launches = ops.scale_rows_kernel._opreg_launches.native
+    scaled(x, 2.0)  # the first launch of this specialization compiles
+    before = launches.direct_hits
+    ops.calls.clear()
+    torch.testing.assert_close(scaled(x, 2.0), x * 2.0, rtol=0, atol=0)
+    assert "vmap_fn(3, 4, 100)" in ops.calls  # one vmap_fn call for both levels ...
+    assert launches.direct_hits == before + 1  # ... whose launch was cached, from C++

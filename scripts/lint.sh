@@ -3,7 +3,8 @@
 # ruff for Python. Pass --fix to rewrite files instead of checking them.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-mapfile -t cxx < <(git ls-files '*.h' '*.cpp' '*.cu')
+# Tracked and new (not ignored) files alike: a file not yet added is checked too.
+mapfile -t cxx < <(git ls-files --cached --others --exclude-standard '*.h' '*.cpp' '*.cu')
 if [ "${1:-}" = "--fix" ]; then
   clang-format -i "${cxx[@]}"
   ruff format . && ruff check --fix .

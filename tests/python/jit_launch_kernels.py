@@ -57,3 +57,14 @@ def axpby(
 ) -> torch.Tensor:
     result = alpha * x + beta * y + offset
     return result if bias is None else result + bias
+
+
+@triton.jit
+def affine_half_kernel(
+    x_ptr, out_ptr, n, alpha: tl.float16, beta: tl.bfloat16, BLOCK: tl.constexpr
+):
+    """out = x * alpha + beta, with half-precision scalars (packed as 16-bit parameters)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + offs, mask=m)
+    tl.store(out_ptr + offs, x * tl.cast(alpha, tl.float32) + tl.cast(beta, tl.float32), mask=m)

@@ -335,3 +335,26 @@ def test_launches_from_a_vmap_fn_are_cached_too():
     torch.testing.assert_close(scaled(x, 2.0), x * 2.0, rtol=0, atol=0)
     assert "vmap_fn(3, 4, 100)" in ops.calls  # one vmap_fn call for both levels ...
     assert launches.direct_hits == before + 1  # ... whose launch was cached, from C++
+
+
+@needs_cuda_triton
+def test_half_precision_scalars_launch_from_cpp_as_from_triton():
+    import jit_launch_kernels as kernels
+
+    kernel = kernels.affine_half_kernel
+    launches = _jit_launch.adopt(kernel).native
+    x = torch.randn(1000, device="cuda")
+    with _jit_launch.inside_op():  # compiles, and caches this specialization
+        kernel[(4,)](x, torch.empty_like(x), 1000, 1.0, 1.0, BLOCK=256)
+    for alpha, beta in [(1.5, -0.25), (0.333, 3.7), (-2.0e4, 1.0e30)]:
+        through_triton, from_cpp = (
+            torch.full_like(x, float("nan")),
+            torch.full_like(x, float("nan")),
+        )
+        kernel[(4,)](x, through_triton, 1000, alpha, beta, BLOCK=256)  # outside an op
+        with _jit_launch.inside_op():
+            kernel[(4,)](x, from_cpp, 1000, alpha, beta, BLOCK=256)
+        torch.testing.assert_close(from_cpp, through_triton, rtol=0, atol=0, equal_nan=True)
+        if abs(beta) < 100:  # Triton rounds alpha to fp16 and truncates beta to bf16
+            torch.testing.assert_close(from_cpp, x * alpha + beta, rtol=0.01, atol=0.02)
+    assert launches.direct_hits == 3 and launches.indirect_reasons == []

@@ -169,11 +169,6 @@ class LaunchCache {
   int64_t hits() const { return hits_; }
   int64_t direct_hits() const { return direct_hits_; }
   size_t size() const { return entries_.size(); }
-  size_t direct_entries() const {
-    size_t count = 0;
-    for (const auto& [key, entry] : entries_) count += entry.direct ? 1 : 0;
-    return count;
-  }
   // Why compiled kernels are not launched from C++ (one line per reason), for kernel_status.
   std::vector<std::string> indirect_reasons() const { return indirect_reasons_; }
   std::vector<std::pair<std::string, int64_t>> through_triton() const { return through_triton_; }
@@ -419,7 +414,6 @@ void bind_jit_launch(py::module& m) {
                              })
       .def_property_readonly("hits", &LaunchCache::hits)
       .def_property_readonly("direct_hits", &LaunchCache::direct_hits)
-      .def_property_readonly("direct_entries", &LaunchCache::direct_entries)
       .def_property_readonly("indirect_reasons", &LaunchCache::indirect_reasons)
       .def_property_readonly("through_triton", &LaunchCache::through_triton)
       .def("__len__", &LaunchCache::size)

@@ -180,7 +180,7 @@ def test_errors_in_the_grid_reach_the_caller(launches):
         launches(x, 64, grid=grid, warmup=False)
     with pytest.raises(TypeError):
         launches(x, 64, grid=7, warmup=False)
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match=r"a Triton launch grid needs 1 to 3 sizes, got \(\)"):
         launches(x, 64, grid=(), warmup=False)
 
 

@@ -74,7 +74,8 @@ inline KernelOptions<> on(std::vector<std::string> device_types) {
 
 namespace detail {
 
-// State shared by an op's typed wrappers, completed by define() once the schema is known.
+// What an op's wrappers need to know about it, completed by define() once the schema is known
+// and never changed after the definition is published.
 struct OpRuntime {
   std::string name;
   std::vector<std::string> arg_names;
@@ -82,40 +83,38 @@ struct OpRuntime {
   bool same_device = true;
 };
 
-struct OpSpec;
+// What a kernel's factory gets: the op's runtime, its checked fallback (boxed) and schema.
+struct KernelContext {
+  std::shared_ptr<const OpRuntime> runtime;
+  std::shared_ptr<const c10::KernelFunction> fallback;
+  const c10::FunctionSchema& schema;
+};
 
 struct KernelSpec {
   std::string name;
   std::optional<std::vector<std::string>> device_types;  // nullopt: follow the registry
-  std::function<torch::CppFunction()> make_impl;
-  // For kernels built from the whole op (an AotLaunch), instead of make_impl.
-  std::function<torch::CppFunction(const OpSpec&, const c10::FunctionSchema&)> make_boxed;
+  std::function<c10::KernelFunction(const KernelContext&)> make;
 };
 
-// Everything define() needs, with the C++ signature erased.
+// Everything define() needs, with the C++ signature erased. Each define() builds a new,
+// immutable definition from it; see Note [Definitions are immutable] in src/core/registry.cpp.
 struct OpSpec {
   std::string name_or_schema;
-  std::function<c10::FunctionSchema()> infer_schema;
+  std::function<c10::FunctionSchema()> infer_schema;  // from the C++ signature; empty in Python
   std::shared_ptr<OpRuntime> runtime;
-  std::function<torch::CppFunction()> make_fallback;
-  std::shared_ptr<c10::KernelFunction> fallback_kernel;  // the same, callable boxed
-  std::function<torch::CppFunction()> make_meta;
+  std::shared_ptr<const c10::KernelFunction> fallback;  // runs the checks, then the fallback
+  std::shared_ptr<const c10::KernelFunction> meta;      // null: a fake registered from Python
   bool explicit_fake = false;
-  bool register_meta = true;  // false when the fake is registered from Python (torch.library)
-  std::string python_module;  // the module that registers it (set_python_module)
+  std::string python_module;  // the module that registers its Python pieces (set_python_module)
   std::vector<KernelSpec> kernels;
   std::vector<std::pair<std::string, std::vector<c10::ScalarType>>> dtype_rules;
   AutogradSpec autograd;
   VmapSpec vmap;
-  bool bitwise = false;     // kernels promise bitwise equality with the fallback
-  bool is_mutable = false;  // set by define() from the schema
+  bool bitwise = false;  // kernels promise bitwise equality with the fallback
   bool replace = false;
   std::string origin;
   const void* caller = nullptr;  // an address in the defining library, for `origin`
 };
-
-// Changes whenever an op is replaced or removed.
-uint64_t registry_generation();
 
 // The dispatcher's handle of "ns::name" or "ns::name.overload"; a ValueError when there is none.
 c10::OperatorHandle find_operator(const std::string& qualified);
@@ -126,14 +125,16 @@ void check_boxed_arguments(const OpRuntime& runtime, const c10::IValue* first, s
 [[noreturn]] void throw_no_fake(const std::string& op, const std::string& reason);
 
 // The kernel of .aot_kernel(): src/triton/aot_launch.cpp.
-torch::CppFunction make_aot_launch_kernel(const OpSpec& spec, const AotLaunch& launch,
-                                          const std::string& label,
-                                          const c10::FunctionSchema& schema);
+c10::KernelFunction make_aot_launch_kernel(const KernelContext& context, const AotLaunch& launch,
+                                           const std::string& label);
 
-// Registers the op with the dispatcher and the opreg registry; returns the qualified name.
-// `spec_size` is evaluated where the op is declared: a library built against other opreg headers
-// is refused with an error instead of misreading the spec.
+// Validates the spec completely, then publishes it as the op's definition at once; a failure
+// changes nothing. Returns the qualified name. `spec_size` is evaluated where the op is declared:
+// a library built against other opreg headers is refused with an error instead of misreading it.
 std::string define(OpSpec spec, size_t spec_size = sizeof(OpSpec));
+
+// Defines several ops together: all of them, or (on any error) none.
+std::vector<std::string> define_all(std::vector<OpSpec> specs, size_t spec_size = sizeof(OpSpec));
 
 // Each tensor argument, in schema order, for the argument checks.
 template <class... Args>
@@ -159,6 +160,12 @@ std::string device_of(const Args&... args) {
   return device;
 }
 
+template <class Lambda>
+std::shared_ptr<const c10::KernelFunction> make_kernel_function(Lambda lambda) {
+  return std::make_shared<const c10::KernelFunction>(
+      c10::KernelFunction::makeFromUnboxedLambda(std::move(lambda)));
+}
+
 }  // namespace detail
 
 // A callable handle on a defined op: calls go through the dispatcher, like any PyTorch op.
@@ -173,23 +180,19 @@ class OpHandle<Ret(Args...)> {
   const std::string& name() const { return name_; }
   Ret operator()(Args... args) const { return typed().call(std::forward<Args>(args)...); }
 
-  // The dispatcher's handle, looked up once and again only after an op was replaced or removed
-  // (the dispatcher may then have dropped the entry the old handle points to).
+  // The dispatcher's handle, looked up on first use. It stays valid when the op is replaced or
+  // undefined: opreg keeps an op's dispatcher entry for the life of the process.
   c10::TypedOperatorHandle<Ret(Args...)> typed() const {
-    const uint64_t generation = detail::registry_generation();
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!cached_ || cached_generation_ != generation) {
-      cached_ = detail::find_operator(name_).template typed<Ret(Args...)>();
-      cached_generation_ = generation;
-    }
+    std::call_once(found_, [this] {
+      cached_.emplace(detail::find_operator(name_).template typed<Ret(Args...)>());
+    });
     return *cached_;
   }
 
  private:
   std::string name_;
-  mutable std::mutex mutex_;
+  mutable std::once_flag found_;
   mutable std::optional<c10::TypedOperatorHandle<Ret(Args...)>> cached_;
-  mutable uint64_t cached_generation_ = 0;
 };
 
 template <class Sig>
@@ -224,8 +227,8 @@ class Op<Ret(Args...)> {
     detail::KernelSpec kernel_spec;
     kernel_spec.name = options.kernel_name();
     kernel_spec.device_types = options.device_types();
-    kernel_spec.make_impl = [=] {
-      return torch::CppFunction([=](Args... args) -> Ret {
+    kernel_spec.make = [=](const detail::KernelContext&) {
+      return c10::KernelFunction::makeFromUnboxedLambda([=](Args... args) -> Ret {
         detail::check_args(*runtime, args...);
         if (accepts && !accepts(args...)) {
           if (trace_enabled()) {
@@ -252,9 +255,8 @@ class Op<Ret(Args...)> {
     detail::KernelSpec kernel_spec;
     kernel_spec.name = std::move(name);
     kernel_spec.device_types = std::move(devices);
-    kernel_spec.make_boxed = [launch = std::move(launch), label](
-                                 const detail::OpSpec& spec, const c10::FunctionSchema& schema) {
-      return detail::make_aot_launch_kernel(spec, launch, label, schema);
+    kernel_spec.make = [launch = std::move(launch), label](const detail::KernelContext& context) {
+      return detail::make_aot_launch_kernel(context, launch, label);
     };
     spec_.kernels.push_back(std::move(kernel_spec));
     return std::move(*this);
@@ -267,13 +269,11 @@ class Op<Ret(Args...)> {
     Function fake_fn(std::move(fake));
     auto runtime = spec_.runtime;
     spec_.explicit_fake = true;
-    spec_.make_meta = [=] {
-      return torch::CppFunction([=](Args... args) -> Ret {
-        detail::check_args(*runtime, args...);
-        if (trace_enabled()) detail::record_trace(runtime->name, "fake", "meta");
-        return fake_fn(args...);
-      });
-    };
+    spec_.meta = detail::make_kernel_function([=](Args... args) -> Ret {
+      detail::check_args(*runtime, args...);
+      if (trace_enabled()) detail::record_trace(runtime->name, "fake", "meta");
+      return fake_fn(args...);
+    });
     return std::move(*this);
   }
 
@@ -351,23 +351,19 @@ class Op<Ret(Args...)> {
       }
       return fallback(args...);
     };
-    spec_.make_fallback = [=] { return torch::CppFunction(checked_fallback); };
-    spec_.fallback_kernel = std::make_shared<c10::KernelFunction>(
-        c10::KernelFunction::makeFromUnboxedLambda(checked_fallback));
-    if (!spec_.make_meta) {
-      spec_.make_meta = [=] {
-        return torch::CppFunction([=](Args... args) -> Ret {
-          detail::check_args(*runtime, args...);
-          if (trace_enabled()) detail::record_trace(runtime->name, "fallback(meta)", "meta");
-          try {
-            return fallback(args...);
-          } catch (const c10::Error& error) {
-            detail::throw_no_fake(runtime->name, error.what_without_backtrace());
-          } catch (const std::exception& error) {  // a Python meta function raised
-            detail::throw_no_fake(runtime->name, error.what());
-          }
-        });
-      };
+    spec_.fallback = detail::make_kernel_function(checked_fallback);
+    if (!spec_.meta) {
+      spec_.meta = detail::make_kernel_function([=](Args... args) -> Ret {
+        detail::check_args(*runtime, args...);
+        if (trace_enabled()) detail::record_trace(runtime->name, "fallback(meta)", "meta");
+        try {
+          return fallback(args...);
+        } catch (const c10::Error& error) {
+          detail::throw_no_fake(runtime->name, error.what_without_backtrace());
+        } catch (const std::exception& error) {  // a Python meta function raised
+          detail::throw_no_fake(runtime->name, error.what());
+        }
+      });
     }
     spec_.caller = __builtin_return_address(0);
     return OpHandle<Signature>(detail::define(std::move(spec_)));

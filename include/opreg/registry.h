@@ -31,7 +31,13 @@ std::vector<OpReport> describe_ops();
 OpReport describe_op(const std::string& name);
 bool is_defined(const std::string& name);
 
-// Removes an opreg op and all its registrations (PyTorch forgets the name).
+// Undefines an opreg op: calls then raise an error naming it, and it can be defined again (with
+// any schema). PyTorch keeps the name, so handles taken earlier stay safe to call.
 void undefine(const std::string& name);
+
+// Opens a library whose static initializers define opreg ops. If any definition fails, every op
+// the library defined is rolled back and one exception (a ValueError in Python) names the library
+// and each failure; the process survives. See Note [Loading op libraries] in src/core/load.cpp.
+void load_library(const std::string& path);
 
 }  // namespace opreg

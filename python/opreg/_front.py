@@ -206,8 +206,16 @@ def _qualified_name(name: str | None, fn: Callable[..., Any]) -> str:
 
 def _schema(qualname: str, fn: Callable[..., Any], schema: str | None, mutates_args: Any) -> str:
     if schema is None:
-        schema = torch.library.infer_schema(fn, mutates_args=mutates_args)
-    return qualname + schema
+        try:
+            schema = torch.library.infer_schema(fn, mutates_args=mutates_args)
+        except ValueError as error:
+            raise ValueError(f"opreg: op '{qualname}': {error}") from None
+    if not isinstance(schema, str) or not schema.strip().startswith("("):
+        raise ValueError(
+            f"opreg: op '{qualname}': schema= is the signature without the name, e.g. "
+            f"'(Tensor x, float alpha) -> Tensor'; got {schema!r}"
+        )
+    return qualname + schema.strip()
 
 
 def _device_types(types: str | Sequence[str] | None) -> list[str] | None:
@@ -216,15 +224,26 @@ def _device_types(types: str | Sequence[str] | None) -> list[str] | None:
     return [types.strip().lower()] if isinstance(types, str) else [t.strip().lower() for t in types]
 
 
-def _forget(qualname: str) -> None:
-    """Drop opreg's Python-side registrations of an op, and torch.ops' cached handle."""
+def _check_callables(qualname: str, **pieces: Any) -> None:
+    """Pieces that are called later (at a call, under compile, in a backward) are checked now."""
+    for keyword, piece in pieces.items():
+        if piece is not None and not callable(piece):
+            raise TypeError(
+                f"opreg: op '{qualname}': {keyword} must be callable or None, got "
+                f"{type(piece).__name__}"
+            )
+
+
+def _forget(qualname: str, schema_changed: bool) -> None:
+    """Drop opreg's Python-side registrations of an op; with a new schema, also torch.ops'
+    cached handle, so that the next access reads the new schema."""
     registration = _registrations.pop(qualname, None)
     if registration is not None:
         for library in registration.libraries:
             library._destroy()
-    namespace, name = qualname.split("::")
-    packet_cache = getattr(torch.ops, namespace).__dict__
-    packet_cache.pop(name.split(".")[0], None)
+    if schema_changed:
+        namespace, name = qualname.split("::")
+        vars(getattr(torch.ops, namespace)).pop(name.split(".")[0], None)
 
 
 def _op(qualname: str) -> torch._ops.OpOverload:
@@ -233,7 +252,20 @@ def _op(qualname: str) -> torch._ops.OpOverload:
     return getattr(packet, name.split(".")[1] if "." in name else "default")
 
 
-def _define(
+@dataclass
+class _Declaration:
+    """One Python-defined op, ready for the C++ core (``cpp``) and for the Python-side
+    registrations made after the core accepted it."""
+
+    qualname: str
+    cpp: Any  # _C.PythonOpDefinition
+    fake_fn: Callable[..., Any] | None
+    decompose_with: tuple[Callable[..., Any], Callable[..., Any], list[str] | None] | None
+    kernel_status: str
+    jit_kernels: list[Any]
+
+
+def _declare(
     fn: Callable[..., Any],
     *,
     qualname: str,
@@ -256,9 +288,15 @@ def _define(
     fallback_label: str = "fallback",
     bitwise: bool = False,
     jit_kernels: Sequence[Any] = (),
-) -> torch._ops.OpOverload:
-    if replace:
-        _forget(qualname)
+) -> _Declaration:
+    _check_callables(
+        qualname, fallback=fn, fake_fn=fake_fn, backward=backward, setup_context=setup_context
+    )
+    if autograd not in ("fallback", "error", "none"):
+        raise ValueError(
+            f"opreg: op '{qualname}': autograd must be 'fallback', 'error' or 'none', "
+            f"got {autograd!r}"
+        )
     definition = _C.PythonOpDefinition()
     definition.schema = _schema(qualname, fn, schema, mutates_args)
     definition.fallback = fn
@@ -292,22 +330,44 @@ def _define(
     definition.bitwise = bitwise
     definition.replace = replace
     definition.origin = origin
-    _C.define_python_op(definition)
-
-    namespace, name = qualname.split("::")
-    library = torch.library.Library(namespace, "FRAGMENT")
-    if fake_fn is not None:
-        torch.library.register_fake(qualname, fake_fn, lib=library)
+    decomposition = None
     if decompose_with is not None:
-        library._register_torch_dispatch_rule(
-            name,
-            _functional_tensor_mode(),
-            _decomposition(decompose_with[0], fn, decompose_with[1]),
-        )
-    _registrations[qualname] = _Registration(
-        qualname, [library], kernel_status_text, list(jit_kernels)
+        decomposition = (decompose_with[0], fn, decompose_with[1])
+    return _Declaration(
+        qualname, definition, fake_fn, decomposition, kernel_status_text, list(jit_kernels)
     )
-    return _op(qualname)
+
+
+def _define(*declarations: _Declaration) -> list[torch._ops.OpOverload]:
+    """Defines the ops together through the C++ core, which validates everything before it
+    changes anything: all are defined, or none and the earlier definitions stay. Then the
+    Python-side pieces (fakes, the decomposition under compile) replace the earlier ones."""
+    schemas_before = {}
+    for declaration in declarations:
+        try:
+            schemas_before[declaration.qualname] = _C.describe_op(declaration.qualname).schema
+        except ValueError:
+            schemas_before[declaration.qualname] = None
+    _C.define_python_ops([declaration.cpp for declaration in declarations])
+    for declaration in declarations:
+        qualname = declaration.qualname
+        schema_now = _C.describe_op(qualname).schema
+        _forget(qualname, schema_changed=schemas_before[qualname] not in (None, schema_now))
+        library = torch.library.Library(qualname.split("::")[0], "FRAGMENT")
+        if declaration.fake_fn is not None:
+            torch.library.register_fake(qualname, declaration.fake_fn, lib=library)
+        if declaration.decompose_with is not None:
+            triton_fn, fallback, device_types = declaration.decompose_with
+            torch.library.register_torch_dispatch(
+                qualname,
+                _functional_tensor_mode(),
+                _decomposition(triton_fn, fallback, device_types),
+                lib=library,
+            )
+        _registrations[qualname] = _Registration(
+            qualname, [library], declaration.kernel_status, declaration.jit_kernels
+        )
+    return [_op(declaration.qualname) for declaration in declarations]
 
 
 def _functional_tensor_mode() -> type:
@@ -356,43 +416,49 @@ def _vmap_fn_rules(
     vmap_out_dims: Any,
     replace: bool,
     origin: str,
-) -> Callable[..., Any]:
+) -> tuple[Callable[..., Any], _Declaration]:
     """EvoX's vmap_fn, at any depth, without one op per level: one companion op `<name>_vmap`
     runs vmap_fn on inputs with leading batch dims; the rule of both ops wraps the inputs of
-    one more level and calls the companion again, so the innermost call sees every level."""
+    one more level and calls the companion again, so the innermost call sees every level.
+    Returns the rule and the companion's declaration (defined together with the op)."""
+    _check_callables(
+        qualname, vmap_fn=vmap_fn, fake_vmap_fn=fake_vmap_fn, vmap_wrap_inputs=vmap_wrap_inputs
+    )
     wrap = vmap_wrap_inputs or default_vmap_wrap_inputs
     companion_name = qualname + "_vmap"
     companion: list[torch._ops.OpOverload] = []
 
     def rule(batch_size: int, randomness: str, in_dims: list[int | None], args: tuple):
+        if not companion:
+            companion.append(_op(companion_name))
         wrapped = wrap(VmapInfo(batch_size, randomness), in_dims, *args)
         outputs = _as_tuple(companion[0](*wrapped))
         return outputs, _out_dims(vmap_out_dims, len(outputs))
 
-    companion.append(
-        _define(
-            vmap_fn,
-            qualname=companion_name,
-            schema=schema,
-            mutates_args=mutates_args,
-            fake_fn=fake_vmap_fn,
-            kernels=[],
-            vmap_rule=rule,
-            batch_polymorphic=False,
-            vmap_loop=False,
-            random=False,
-            backward=None,
-            setup_context=None,
-            autograd="fallback",
-            decompose_with=None,
-            replace=replace,
-            kernel_status_text="vmap_fn serves every device",
-            origin=origin,
-            fallback_label="vmap_fn",
-        )
+    # vmap_fn has fn's signature (EvoX's contract): the schema comes from fn when none is given.
+    declaration = _declare(
+        vmap_fn,
+        qualname=companion_name,
+        schema=schema
+        if schema is not None
+        else _schema(companion_name, fn, None, mutates_args)[len(companion_name) :],
+        mutates_args=mutates_args,
+        fake_fn=fake_vmap_fn,
+        kernels=[],
+        vmap_rule=rule,
+        batch_polymorphic=False,
+        vmap_loop=False,
+        random=False,
+        backward=None,
+        setup_context=None,
+        autograd="fallback",
+        decompose_with=None,
+        replace=replace,
+        kernel_status_text="vmap_fn serves every device",
+        origin=origin,
+        fallback_label="vmap_fn",
     )
-    # The companion's schema comes from fn when none is given: vmap_fn has fn's signature.
-    return rule
+    return rule, declaration
 
 
 def _origin(depth: int = 3) -> str:
@@ -487,9 +553,11 @@ def register_triton_op(
                 status = f"triton_fn serves {', '.join(types) if types else 'the Triton devices'}"
             else:
                 status = f"triton_fn is off: {why}"
+        _check_callables(qualname, triton_fn=triton_fn, triton_accepts=triton_accepts, vmap=vmap)
         rule = None
+        companions = []
         if vmap_fn is not None:
-            rule = _vmap_fn_rules(
+            rule, companion = _vmap_fn_rules(
                 qualname,
                 fn,
                 schema=schema,
@@ -501,6 +569,7 @@ def register_triton_op(
                 replace=replace,
                 origin=origin,
             )
+            companions.append(companion)
         elif vmap is not None:
             rule = _explicit_rule(vmap)
         wants_trace = traceable
@@ -511,7 +580,7 @@ def register_triton_op(
         decompose_with = None
         if wants_trace and triton_fn is not None and usable:
             decompose_with = (triton_fn, _device_types(triton_device_types))
-        return _define(
+        declaration = _declare(
             fn,
             qualname=qualname,
             schema=schema,
@@ -533,6 +602,7 @@ def register_triton_op(
             aot_kernels=aot_kernels,
             jit_kernels=_jit_launch.adopt_kernels_reached_by(triton_fn, vmap_fn) if usable else [],
         )
+        return _define(declaration, *companions)[0]
 
     return decorator
 

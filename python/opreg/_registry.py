@@ -84,8 +84,17 @@ def register_accelerated_device_type(name: str) -> str:
 
 @public
 def load_library(path: str | Path) -> None:
-    """Load a C++ library whose opreg ops then become ``torch.ops.<ns>.<name>``."""
-    torch.ops.load_library(str(path))
+    """Load a C++ library whose opreg ops then become ``torch.ops.<ns>.<name>``.
+
+    If any of its definitions fails, none of its ops stays defined (ops it replaced get their
+    earlier definition back) and a ValueError names the library and each failing op; the
+    process survives. A missing file raises FileNotFoundError.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"opreg.load_library: no library at {path}")
+    _C.load_library(str(path.resolve()))
+    torch.ops.loaded_libraries.add(str(path.resolve()))
 
 
 @public

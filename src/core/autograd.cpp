@@ -57,10 +57,13 @@ struct OpregBackward : torch::autograd::Node {
 
   std::string name() const override { return runtime->name + "Backward"; }
 
+  // Set when values saved for the backward were freed (after a backward without retain_graph).
   void release_variables() override {
+    released_ = released_ || !ctx.saved_.empty() || !ctx.saved_data.empty();
     ctx.saved_.clear();
     ctx.saved_data.clear();
   }
+  bool released_ = false;
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     const std::string& op_name = runtime->name;
@@ -71,8 +74,18 @@ struct OpregBackward : torch::autograd::Node {
     for (size_t i = 0; i < grads.size(); ++i) {
       if (!grads[i].defined()) grads[i] = at::zeros_symint(outputs[i].sizes, outputs[i].options);
     }
+    TORCH_CHECK(!released_, op_name,
+                ": backward ran a second time through the same graph, whose saved values were "
+                "freed after the first; pass retain_graph=True to the first backward");
     ctx.in_backward_ = true;
-    auto result = spec->backward(ctx, grads);
+    auto result = [&] {
+      try {
+        return spec->backward(ctx, grads);
+      } catch (...) {
+        ctx.in_backward_ = false;
+        throw;
+      }
+    }();
     ctx.in_backward_ = false;
     TORCH_CHECK(result.size() == ctx.input_edges_.size(), op_name, ": backward returned ",
                 result.size(), " gradients, expected ", ctx.input_edges_.size(),
@@ -146,6 +159,19 @@ bool requires_grad(const c10::IValue& value) {
   return false;
 }
 
+bool has_tangent(const c10::IValue& value) {
+  if (value.isTensor()) {
+    const auto& tensor = value.toTensor();
+    return tensor.defined() && tensor._fw_grad(/*level=*/0).defined();
+  }
+  if (value.isTensorList()) {
+    for (const auto& tensor : value.toTensorList()) {
+      if (static_cast<at::Tensor>(tensor)._fw_grad(/*level=*/0).defined()) return true;
+    }
+  }
+  return false;
+}
+
 void bump_versions_of_mutated_inputs(const c10::FunctionSchema& schema,
                                      const std::vector<c10::IValue>& inputs) {
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -160,8 +186,8 @@ void bump_versions_of_mutated_inputs(const c10::FunctionSchema& schema,
 
 class AutogradKernel final : public c10::OperatorKernel {
  public:
-  AutogradKernel(std::shared_ptr<detail::OpRuntime> runtime, AutogradSpec spec,
-                 std::shared_ptr<c10::KernelFunction> fallback)
+  AutogradKernel(std::shared_ptr<const detail::OpRuntime> runtime, AutogradSpec spec,
+                 std::shared_ptr<const c10::KernelFunction> fallback)
       : runtime_(std::move(runtime)),
         spec_(std::make_shared<const AutogradSpec>(std::move(spec))),
         fallback_(std::move(fallback)) {}
@@ -171,13 +197,15 @@ class AutogradKernel final : public c10::OperatorKernel {
     const auto& schema = op.schema();
     const size_t num_args = schema.arguments().size();
     bool any_requires_grad = false;
-    if (c10::GradMode::is_enabled()) {
-      for (auto it = stack->end() - num_args; it != stack->end(); ++it) {
-        any_requires_grad = any_requires_grad || requires_grad(*it);
-      }
+    bool any_tangent = false;
+    for (auto it = stack->end() - num_args; it != stack->end(); ++it) {
+      any_requires_grad = any_requires_grad || requires_grad(*it);
+      any_tangent = any_tangent || has_tangent(*it);
     }
+    any_requires_grad = any_requires_grad && c10::GradMode::is_enabled();
+    const bool differentiable = spec_->backward || spec_->policy != AutogradPolicy::kNone;
     // 1. No gradient needed (or never given): run below autograd, kernel included.
-    if (!any_requires_grad || (!spec_->backward && spec_->policy == AutogradPolicy::kNone)) {
+    if ((!any_requires_grad && !any_tangent) || !differentiable) {
       std::vector<c10::IValue> inputs;
       if (schema.is_mutable()) inputs.assign(stack->end() - num_args, stack->end());
       {
@@ -187,12 +215,14 @@ class AutogradKernel final : public c10::OperatorKernel {
       if (schema.is_mutable()) bump_versions_of_mutated_inputs(schema, inputs);
       return;
     }
-    // 2. Gradient needed, no backward: the policy decides.
-    if (!spec_->backward) {
-      TORCH_CHECK(spec_->policy != AutogradPolicy::kError, runtime_->name,
-                  ": an input requires grad, but the op has no backward and its autograd policy "
-                  "is 'error'; give it a backward (.backward(setup_context, backward) in C++, "
-                  "backward= in Python), or use the 'fallback' policy");
+    // 2. Gradient needed, no backward: the policy decides. Forward-mode tangents always take
+    // the fallback: its ATen ops have forward formulas (an explicit backward is reverse-only).
+    if (!spec_->backward || any_tangent) {
+      TORCH_CHECK(spec_->policy != AutogradPolicy::kError || spec_->backward, runtime_->name,
+                  ": an input ", any_tangent ? "has a forward-mode tangent" : "requires grad",
+                  ", but the op has no backward and its autograd policy is 'error'; give it a "
+                  "backward (.backward(backward, setup_context) in C++, backward= in Python), or "
+                  "use the 'fallback' policy");
       fallback_->callBoxed(op, keys, stack);
       return;
     }
@@ -259,22 +289,21 @@ class AutogradKernel final : public c10::OperatorKernel {
     ctx.node_ = node.get();
   }
 
-  std::shared_ptr<detail::OpRuntime> runtime_;
+  std::shared_ptr<const detail::OpRuntime> runtime_;
   std::shared_ptr<const AutogradSpec> spec_;
-  std::shared_ptr<c10::KernelFunction> fallback_;
+  std::shared_ptr<const c10::KernelFunction> fallback_;
 };
 
 namespace detail {
 
-void register_autograd(torch::Library& library, const std::string& op_name, const OpSpec& spec) {
-  TORCH_CHECK_VALUE(!spec.autograd.backward || !spec.is_mutable, spec.runtime->name,
+c10::KernelFunction make_autograd_kernel(const OpSpec& spec, const c10::FunctionSchema& schema) {
+  TORCH_CHECK_VALUE(!spec.autograd.backward || !schema.is_mutable(), spec.runtime->name,
                     ": a backward for an op that mutates its inputs is not supported; leave the "
                     "backward out (the fallback then runs under autograd)");
-  library.impl(
-      op_name.c_str(),
-      torch::dispatch(c10::DispatchKey::Autograd,
-                      torch::CppFunction::makeFromBoxedFunctor(std::make_unique<AutogradKernel>(
-                          spec.runtime, spec.autograd, spec.fallback_kernel))));
+  TORCH_CHECK_VALUE(!spec.autograd.setup_context || spec.autograd.backward, spec.runtime->name,
+                    ": setup_context is given without a backward");
+  return c10::KernelFunction::makeFromBoxedFunctor(
+      std::make_unique<AutogradKernel>(spec.runtime, spec.autograd, spec.fallback));
 }
 
 std::string describe_autograd(const OpSpec& spec) {

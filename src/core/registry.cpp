@@ -1,6 +1,6 @@
-// src/core/registry.cpp: turns an OpSpec into dispatcher registrations, keeps them (one
-// torch::Library per registration group) so that ops can be described, extended to device types
-// registered later, and replaced; and holds the registry of accelerated device types.
+// src/core/registry.cpp: turns an OpSpec into an immutable definition and publishes it on the
+// dispatcher; keeps each op's dispatcher entry for the life of the process so that handles,
+// replaces and undefines stay safe; holds the registry of accelerated device types.
 //
 // Note [How an opreg op maps onto the dispatcher]
 // fallback -> CompositeExplicitAutograd: serves every backend key, Meta included, unless a more
@@ -12,6 +12,18 @@
 //             names the op when the fallback cannot run there.
 // autograd -> Autograd (src/core/autograd.cpp); vmap -> FuncTorchBatched (src/core/vmap.cpp).
 // opreg adds no dispatch of its own in front of PyTorch's dispatcher.
+//
+// Note [Definitions are immutable]
+// What the dispatcher calls for an opreg op is a trampoline per dispatch key: a boxed kernel that
+// loads the op's current Definition (a shared_ptr, read atomically) and holds it for the whole
+// call. define() validates and builds a new Definition completely, then publishes it with one
+// atomic store: a call runs either the old definition or the new one, never a mix, and a failed
+// define() or replace changes nothing. Registrations with the dispatcher outlive definitions:
+// the schema stays registered while it is unchanged, and trampolines are only added or removed
+// when the set of dispatch keys changes; the functor of every trampoline ever registered is kept
+// alive (OpEntry::functors), so removing one while another thread runs it frees nothing. An
+// op's dispatcher entry is never removed (undefine() empties the slot: calls then raise an error
+// naming the op), so OperatorHandles and Python OpOverloads taken earlier stay valid.
 #include "opreg/registry.h"
 
 #include <dlfcn.h>
@@ -19,39 +31,83 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <sstream>
 
+#include <ATen/ATen.h>
+#include <ATen/core/op_registration/infer_schema.h>
 #include <c10/core/TensorOptions.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include "load_internal.h"
 #include "op_internal.h"
 #include "opreg/device_types.h"
 #include "opreg/op.h"
-#include "registry_internal.h"
 
 namespace opreg {
 namespace {
 
-struct RegisteredOp {
-  detail::OpSpec spec;
-  std::string ns;
-  std::string op_name;  // with the overload, without the namespace
-  std::string schema;
-  std::string origin;
-  std::vector<DeviceServing> kernels;
-  // Destroying these deregisters the op. Declared last: destroyed first.
-  std::vector<std::unique_ptr<torch::Library>> libraries;
+struct ServedKernel {
+  c10::DispatchKey key;
+  std::string kernel;
+  c10::KernelFunction function;
+  std::string label;  // "kernel '<name>'", for messages
 };
 
-std::atomic<uint64_t> g_generation{1};
+// One immutable definition of an op. Trampolines read it at the start of a call.
+struct Definition {
+  explicit Definition(c10::FunctionSchema parsed) : schema(std::move(parsed)) {}
+
+  detail::OpSpec spec;  // keeps the pieces' captures alive
+  c10::FunctionSchema schema;
+  std::string schema_text;
+  std::string origin;
+  std::vector<size_t> required_tensors;  // arguments that must be defined tensors
+  std::vector<size_t> plain_tensor_returns;
+  std::vector<bool> return_aliases;  // per return: declared as aliasing an input
+  std::vector<ServedKernel> kernels;
+  std::vector<DeviceServing> serving;  // for reports, skipped device types included
+  c10::KernelFunction autograd;
+  c10::KernelFunction vmap;
+  std::optional<c10::KernelFunction> randomness;
+
+  const ServedKernel* kernel_at(c10::DispatchKey key) const {
+    for (const auto& served : kernels) {
+      if (served.key == key) return &served;
+    }
+    return nullptr;
+  }
+  const std::string& name() const { return spec.runtime->name; }
+};
+
+using DefinitionPtr = std::shared_ptr<const Definition>;
+
+// An op's place in the registry and on the dispatcher; never destroyed (see the Note).
+struct OpEntry {
+  std::string qualified, ns, op_name;
+  DefinitionPtr current;  // read and written with std::atomic_load/atomic_store only
+  std::string registered_schema;
+  std::unique_ptr<torch::Library> schema_library;
+  std::map<c10::DispatchKey, std::unique_ptr<torch::Library>> trampolines;
+  std::vector<c10::BoxedKernel> functors;
+
+  DefinitionPtr load() const {
+    return std::atomic_load_explicit(&current, std::memory_order_acquire);
+  }
+  void store(DefinitionPtr definition) {
+    std::atomic_store_explicit(&current, std::move(definition), std::memory_order_release);
+  }
+};
 
 struct Registry {
-  std::mutex mutex;
-  std::map<std::string, std::unique_ptr<RegisteredOp>> ops;
+  std::recursive_mutex mutex;  // recursive: a fallback may define ops while a define runs it
+  std::map<std::string, OpEntry*> ops;
   std::vector<std::string> device_types{"cuda"};
 };
 
@@ -67,6 +123,13 @@ std::string origin_of(const void* address) {
     return info.dli_fname;
   }
   return "unknown";
+}
+
+// A library that defined ops stays loaded: its code is what the definitions call.
+void pin_library_of(const void* address) {
+  Dl_info info;
+  if (address == nullptr || dladdr(address, &info) == 0 || info.dli_fname == nullptr) return;
+  dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
 }
 
 bool is_identifier(const std::string& text) {
@@ -94,93 +157,493 @@ void split_name(const std::string& qualified, const std::string& what, std::stri
                     "' is not an identifier (letters, digits and '_', not starting with a digit)");
   TORCH_CHECK_VALUE(overload->empty() || is_identifier(*overload), "opreg: op '", what,
                     "': overload name '", *overload, "' is not an identifier");
+  static const std::set<std::string> kReserved{"aten", "prim", "prims", "torch", "_"};
+  TORCH_CHECK_VALUE(kReserved.count(*ns) == 0, "opreg: op '", what, "': the namespace '", *ns,
+                    "' belongs to PyTorch; define ops in a namespace of your own");
 }
 
 c10::FunctionSchema parse_schema(const detail::OpSpec& spec) {
   const std::string& text = spec.name_or_schema;
+  for (size_t i = 0; i < text.size(); ++i) {
+    TORCH_CHECK_VALUE(static_cast<unsigned char>(text[i]) < 0x80, "opreg: op declaration '",
+                      text.substr(0, text.find('(')), "': the schema has a non-ASCII character at ",
+                      "position ", i, "; schemas are ASCII");
+  }
   auto paren = text.find('(');
   std::string qualified = text.substr(0, paren);
   qualified.erase(qualified.find_last_not_of(" \t\n") + 1);
   std::string ns, name, overload;
   split_name(qualified, qualified, &ns, &name, &overload);
   if (paren == std::string::npos) {
+    TORCH_CHECK_VALUE(static_cast<bool>(spec.infer_schema), "opreg: op '", qualified,
+                      "': no schema given (expected '", qualified,
+                      "(Tensor x, ...) -> Tensor'), and none can be inferred from a Python "
+                      "function");
     return spec.infer_schema().cloneWithName(ns + "::" + name, overload);
   }
-  try {
-    return torch::schema(text.c_str());
-  } catch (const std::exception& error) {
-    // The schema parser reports the position under the text, marked "<--- HERE".
-    TORCH_CHECK_VALUE(false, "opreg: op '", qualified, "': cannot parse schema '", text,
-                      "': ", error.what());
+  c10::FunctionSchema schema = [&] {
+    try {
+      return torch::schema(text.c_str());
+    } catch (const std::exception& error) {
+      // The schema parser reports the position under the text, marked "<--- HERE".
+      TORCH_CHECK_VALUE(false, "opreg: op '", qualified, "': cannot parse schema '", text,
+                        "': ", error.what());
+    }
+  }();
+  std::set<std::string> seen;
+  for (const auto& argument : schema.arguments()) {
+    TORCH_CHECK_VALUE(seen.insert(argument.name()).second, "opreg: op '", qualified,
+                      "': the schema names argument '", argument.name(),
+                      "' twice; give each argument its own name");
   }
+  if (spec.infer_schema) {
+    auto inferred = spec.infer_schema();
+    if (auto difference = c10::findSchemaDifferences(inferred, schema)) {
+      std::ostringstream inferred_text;
+      inferred_text << inferred;
+      TORCH_CHECK_VALUE(false, "opreg: op '", qualified,
+                        "': the fallback's C++ signature does not match the schema: ", *difference,
+                        " (the fallback's signature reads as '", inferred_text.str(),
+                        "', the schema is '", text, "')");
+    }
+  }
+  return schema;
 }
 
-// Registers `kernel` for `device_type`, or records why it was skipped.
-void register_kernel(RegisteredOp& op, const detail::KernelSpec& kernel,
-                     const std::string& device_type, bool explicit_device) {
+std::string qualified_name_of(const c10::FunctionSchema& schema) {
+  return schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
+}
+
+// ---- building a definition -------------------------------------------------------------------
+
+// Fills the runtime (shared with the pieces' wrappers) the first time the spec is built.
+void complete_runtime(detail::OpSpec& spec, const c10::FunctionSchema& schema,
+                      const std::string& qualified, const std::string& schema_text) {
+  auto& runtime = *spec.runtime;
+  if (!runtime.name.empty()) return;  // rebuilt for a new device type: already complete
+  std::vector<std::string> names;
+  for (const auto& argument : schema.arguments()) names.push_back(argument.name());
+  std::vector<std::pair<size_t, std::vector<c10::ScalarType>>> rules;
+  for (const auto& [argument, allowed] : spec.dtype_rules) {
+    auto found = std::find(names.begin(), names.end(), argument);
+    TORCH_CHECK_VALUE(found != names.end(), qualified, ": dtypes() names argument '", argument,
+                      "', which the schema '", schema_text, "' does not have");
+    TORCH_CHECK_VALUE(
+        schema.arguments()[found - names.begin()].type()->kind() == c10::TypeKind::TensorType,
+        qualified, ": dtypes() names argument '", argument,
+        "', which is not a Tensor in the schema '", schema_text, "'");
+    rules.emplace_back(found - names.begin(), allowed);
+  }
+  runtime.name = qualified;
+  runtime.arg_names = std::move(names);
+  runtime.dtype_rules = std::move(rules);
+}
+
+void add_kernel(Definition& definition, const detail::KernelSpec& kernel,
+                const detail::KernelContext& context, const std::string& device_type,
+                bool explicit_device) {
+  const std::string& op = definition.name();
   std::string why_not;
   auto key = dispatch_key_for_device_type(device_type, &why_not);
   if (!key) {
-    TORCH_CHECK_VALUE(!explicit_device || device_type != "meta", op.spec.runtime->name,
-                      ": kernel '", kernel.name,
+    TORCH_CHECK_VALUE(!explicit_device || device_type != "meta", op, ": kernel '", kernel.name,
                       "' lists device type 'meta'; meta tensors are served by the fake "
-                      "(.fake(fn)), not by a kernel");
-    op.kernels.push_back({device_type, "skipped: " + why_not});
+                      "(.fake(fn) in C++, fake_fn= in Python), not by a kernel");
+    definition.serving.push_back({device_type, "skipped: " + why_not});
     return;
   }
-  for (const auto& serving : op.kernels) {
-    if (serving.device_type != device_type || serving.served_by.rfind("kernel:", 0) != 0) continue;
-    TORCH_CHECK_VALUE(!explicit_device, op.spec.runtime->name, ": kernels '",
-                      serving.served_by.substr(7), "' and '", kernel.name,
+  if (const auto* served = definition.kernel_at(*key)) {
+    TORCH_CHECK_VALUE(!explicit_device, op, ": kernels '", served->kernel, "' and '", kernel.name,
                       "' both serve device type '", device_type,
                       "'; give each device type one kernel and decline inside it");
-    op.kernels.push_back({device_type, "skipped: kernel '" + serving.served_by.substr(7) +
-                                           "' already serves this device type"});
+    definition.serving.push_back(
+        {device_type, "skipped: kernel '" + served->kernel + "' already serves this device type"});
     return;
   }
-  auto library =
-      std::make_unique<torch::Library>(torch::Library::FRAGMENT, op.ns, std::nullopt, "opreg", 0);
-  try {
-    if (kernel.make_boxed) {
-      const auto& schema = detail::find_operator(op.spec.runtime->name).schema();
-      library->impl(op.op_name.c_str(), torch::dispatch(*key, kernel.make_boxed(op.spec, schema)));
-    } else {
-      library->impl(op.op_name.c_str(), torch::dispatch(*key, kernel.make_impl()));
-    }
-  } catch (const c10::Error& error) {
-    TORCH_CHECK_VALUE(false, op.spec.runtime->name, ": cannot register kernel '", kernel.name,
-                      "' for device type '", device_type, "': ", error.what_without_backtrace());
-  }
-  op.libraries.push_back(std::move(library));
-  op.kernels.push_back({device_type, "kernel:" + kernel.name});
+  definition.kernels.push_back(
+      {*key, kernel.name, kernel.make(context), "kernel '" + kernel.name + "'"});
+  definition.serving.push_back({device_type, "kernel:" + kernel.name});
 }
 
-void register_kernels(RegisteredOp& op, const std::vector<std::string>& registry_types) {
-  for (const auto& kernel : op.spec.kernels) {
-    const auto& types = kernel.device_types ? *kernel.device_types : registry_types;
+// Everything validated and built; nothing published.
+DefinitionPtr build(detail::OpSpec spec, const std::vector<std::string>& device_types) {
+  auto definition = std::make_shared<Definition>(parse_schema(spec));
+  const auto& schema = definition->schema;
+  const std::string qualified = qualified_name_of(schema);
+  std::ostringstream schema_text;
+  schema_text << schema;
+  definition->schema_text = schema_text.str();
+  definition->origin = spec.origin.empty() ? origin_of(spec.caller) : spec.origin;
+  complete_runtime(spec, schema, qualified, definition->schema_text);
+  TORCH_INTERNAL_ASSERT(spec.fallback, qualified, ": a spec without a fallback");
+
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    if (schema.arguments()[i].type()->kind() == c10::TypeKind::TensorType) {
+      definition->required_tensors.push_back(i);
+    }
+  }
+  for (size_t i = 0; i < schema.returns().size(); ++i) {
+    const auto& ret = schema.returns()[i];
+    if (ret.type()->kind() == c10::TypeKind::TensorType) {
+      definition->plain_tensor_returns.push_back(i);
+    }
+    definition->return_aliases.push_back(ret.alias_info() != nullptr);
+  }
+
+  definition->spec = std::move(spec);
+  auto& built = definition->spec;
+  detail::KernelContext context{built.runtime, built.fallback, schema};
+  for (const auto& kernel : built.kernels) {
+    const auto& types = kernel.device_types ? *kernel.device_types : device_types;
     for (const auto& raw : types) {
-      register_kernel(op, kernel, normalize_device_type(raw), kernel.device_types.has_value());
+      add_kernel(*definition, kernel, context, normalize_device_type(raw),
+                 kernel.device_types.has_value());
+    }
+  }
+  definition->autograd = detail::make_autograd_kernel(built, schema);
+  definition->vmap = detail::make_vmap_kernel(built);
+  definition->randomness = detail::make_randomness_kernel(built);
+  return definition;
+}
+
+// The dispatch keys a definition needs trampolines at.
+std::set<c10::DispatchKey> keys_of(const Definition& definition) {
+  std::set<c10::DispatchKey> keys{c10::DispatchKey::CompositeExplicitAutograd,
+                                  c10::DispatchKey::Autograd, c10::DispatchKey::FuncTorchBatched};
+  if (definition.spec.meta) keys.insert(c10::DispatchKey::Meta);
+  if (definition.randomness) keys.insert(c10::DispatchKey::FuncTorchVmapMode);
+  for (const auto& served : definition.kernels) keys.insert(served.key);
+  return keys;
+}
+
+// ---- calls -------------------------------------------------------------------------------------
+
+void check_arguments(const Definition& definition, const torch::jit::Stack& stack) {
+  const auto& arguments = definition.schema.arguments();
+  TORCH_CHECK(stack.size() >= arguments.size(), definition.name(), ": called with ", stack.size(),
+              " arguments, expected ", arguments.size(), " (schema '", definition.schema_text,
+              "')");
+  const c10::IValue* first = stack.data() + (stack.size() - arguments.size());
+  for (size_t index : definition.required_tensors) {
+    const auto& value = first[index];
+    if (value.isTensor() && value.toTensor().defined()) continue;
+    TORCH_CHECK_TYPE(
+        false, definition.name(), ": argument '", arguments[index].name(),
+        "' must be a Tensor, got ", value.isNone() || value.isTensor() ? "None" : value.tagKind(),
+        " (declare it 'Tensor? ", arguments[index].name(), "' in the schema to accept None)");
+  }
+}
+
+// The tensor inputs of a call, held until its outputs are checked.
+using HeldInputs = c10::SmallVector<at::Tensor, 4>;
+
+HeldInputs hold_inputs(const Definition& definition, const torch::jit::Stack& stack) {
+  HeldInputs held;
+  const size_t num_args = definition.schema.arguments().size();
+  for (auto it = stack.end() - num_args; it != stack.end(); ++it) {
+    if (it->isTensor() && it->toTensor().defined()) held.push_back(it->toTensor());
+  }
+  return held;
+}
+
+std::optional<c10::Device> device_of_call(const HeldInputs& inputs) {
+  std::optional<c10::Device> device;
+  for (const auto& tensor : inputs) {
+    if (tensor.dim() == 0 && tensor.device().is_cpu()) continue;
+    if (device && *device != tensor.device()) return std::nullopt;  // mixed devices
+    device = tensor.device();
+  }
+  return device;
+}
+
+// Call-time output checks that cost next to nothing: count, defined, device, no alias of an input
+// where the schema declares none.
+void check_outputs(const Definition& definition, const torch::jit::Stack& stack, size_t base,
+                   const HeldInputs& inputs, const std::string& impl,
+                   std::optional<c10::Device> device) {
+  const auto& returns = definition.schema.returns();
+  TORCH_CHECK(stack.size() == base + returns.size(), definition.name(), ": ", impl, " returned ",
+              stack.size() - std::min(stack.size(), base), " values, expected ", returns.size(),
+              " (schema '", definition.schema_text, "')");
+  for (size_t index : definition.plain_tensor_returns) {
+    const auto& value = stack[base + index];
+    TORCH_CHECK_TYPE(value.isTensor() && value.toTensor().defined(), definition.name(), ": ", impl,
+                     " returned ", value.isTensor() || value.isNone() ? "None" : value.tagKind(),
+                     " for output ", index, ", expected a Tensor (schema '", definition.schema_text,
+                     "')");
+    const auto& output = value.toTensor();
+    if (device && output.device() != *device) {
+      TORCH_CHECK(false, definition.name(), ": ", impl, " returned output ", index, " on ",
+                  output.device(), ", expected ", *device, " (the device of its inputs)");
+    }
+    if (definition.return_aliases[index] || !output.has_storage()) continue;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (!inputs[i].has_storage() || !output.is_alias_of(inputs[i])) continue;
+      TORCH_CHECK(false, definition.name(), ": ", impl, " returned output ", index,
+                  " sharing memory with an input, but the schema '", definition.schema_text,
+                  "' declares no alias; return a new tensor (e.g. x.clone())");
     }
   }
 }
 
-OpReport report_of(const RegisteredOp& op) {
+// OPREG_DEBUG=1: every call of the fallback or a kernel is also run through the op's fake on meta
+// tensors, and the shapes and dtypes must agree (opcheck does the same on samples).
+bool debug_checks() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("OPREG_DEBUG");
+    return value != nullptr && std::string(value) == "1";
+  }();
+  return enabled;
+}
+
+// The call's arguments with meta tensors in place of real ones; nullopt when a tensor is already
+// meta or belongs to a tensor subclass or mode (fake tensors): then there is nothing to compare.
+std::optional<torch::jit::Stack> meta_arguments(const Definition& definition,
+                                                const torch::jit::Stack& stack) {
+  const size_t num_args = definition.schema.arguments().size();
+  torch::jit::Stack meta;
+  for (auto it = stack.end() - num_args; it != stack.end(); ++it) {
+    if (!it->isTensor() || !it->toTensor().defined()) {
+      meta.push_back(*it);
+      continue;
+    }
+    const auto& tensor = it->toTensor();
+    if (tensor.is_meta() || tensor.key_set().has(c10::DispatchKey::Python) ||
+        tensor.layout() != at::kStrided) {
+      return std::nullopt;
+    }
+    meta.emplace_back(
+        at::empty_strided(tensor.sizes(), tensor.strides(), tensor.options().device(at::kMeta)));
+  }
+  return meta;
+}
+
+void compare_with_fake(const Definition& definition, const c10::OperatorHandle& op,
+                       torch::jit::Stack meta, const torch::jit::Stack& stack, size_t base,
+                       const std::string& impl) {
+  {
+    c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
+    op.callBoxed(&meta);
+  }
+  for (size_t index : definition.plain_tensor_returns) {
+    const auto& fake = meta[index].toTensor();
+    const auto& real = stack[base + index].toTensor();
+    TORCH_CHECK(fake.sizes() == real.sizes() && fake.scalar_type() == real.scalar_type(),
+                "OPREG_DEBUG: ", definition.name(), ": ", impl, " returned output ", index,
+                " of shape ", real.sizes(), " and dtype ", real.scalar_type(),
+                ", but the op's fake gives shape ", fake.sizes(), " and dtype ",
+                fake.scalar_type());
+  }
+}
+
+[[noreturn]] void throw_undefined(const OpEntry& entry) {
+  TORCH_CHECK(false, entry.qualified,
+              ": the op is not defined now (it was undefined, or its definition was rolled back "
+              "when its library failed to load); define it again to call it");
+}
+
+// The kernel the dispatcher calls at `key` for one op: see Note [Definitions are immutable].
+class Trampoline final : public c10::OperatorKernel {
+ public:
+  Trampoline(const OpEntry* entry, c10::DispatchKey key) : entry_(entry), key_(key) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                  torch::jit::Stack* stack) {
+    const DefinitionPtr definition = entry_->load();
+    if (!definition) throw_undefined(*entry_);
+    const Definition& d = *definition;
+    check_arguments(d, *stack);
+    switch (key_) {
+      case c10::DispatchKey::Autograd:
+        d.autograd.callBoxed(op, keys, stack);
+        return;
+      case c10::DispatchKey::FuncTorchBatched:
+        d.vmap.callBoxed(op, keys, stack);
+        return;
+      case c10::DispatchKey::FuncTorchVmapMode:
+        if (d.randomness) {
+          d.randomness->callBoxed(op, keys, stack);
+        } else {
+          c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::FuncTorchVmapMode);
+          op.callBoxed(stack);
+        }
+        return;
+      case c10::DispatchKey::Meta:
+        if (!d.spec.meta) {
+          detail::throw_no_fake(d.name(), "its fake is registered from Python and is not there");
+        }
+        run_checked(d, *d.spec.meta, kFake, op, keys, stack);
+        return;
+      default:
+        break;
+    }
+    const ServedKernel* served =
+        key_ == c10::DispatchKey::CompositeExplicitAutograd ? nullptr : d.kernel_at(key_);
+    if (served == nullptr) {
+      run_checked(d, *d.spec.fallback, kFallback, op, keys, stack);
+    } else {
+      run_checked(d, served->function, served->label, op, keys, stack,
+                  /*check_device=*/d.spec.runtime->same_device);
+    }
+  }
+
+ private:
+  inline static const std::string kFallback = "the fallback";
+  inline static const std::string kFake = "the fake";
+
+  void run_checked(const Definition& d, const c10::KernelFunction& function,
+                   const std::string& impl, const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                   torch::jit::Stack* stack, bool check_device = false) {
+    const c10::DispatchKey key = key_;
+    HeldInputs inputs = hold_inputs(d, *stack);
+    const size_t base = stack->size() - d.schema.arguments().size();
+    std::optional<torch::jit::Stack> meta;
+    if (debug_checks() && key != c10::DispatchKey::Meta) meta = meta_arguments(d, *stack);
+    function.callBoxed(op, keys, stack);
+    check_outputs(d, *stack, base, inputs, impl,
+                  check_device ? device_of_call(inputs) : std::nullopt);
+    if (meta) compare_with_fake(d, op, std::move(*meta), *stack, base, impl);
+  }
+
+  const OpEntry* entry_;
+  c10::DispatchKey key_;
+};
+
+// ---- publishing --------------------------------------------------------------------------------
+
+void register_schema(OpEntry& entry, const Definition& definition) {
+  auto library = std::make_unique<torch::Library>(torch::Library::FRAGMENT, entry.ns, std::nullopt,
+                                                  "opreg", 0);
+  if (!definition.spec.python_module.empty()) {
+    // The dispatcher keeps the pointer: the text must outlive every definition.
+    static auto* modules = new std::set<std::string>();
+    library->set_python_module(modules->insert(definition.spec.python_module).first->c_str());
+  }
+  try {
+    library->def(c10::FunctionSchema(definition.schema));
+  } catch (const c10::Error& error) {
+    TORCH_CHECK_VALUE(false, entry.qualified,
+                      ": cannot define the op: ", error.what_without_backtrace());
+  }
+  entry.schema_library = std::move(library);
+  entry.registered_schema = definition.schema_text;
+}
+
+void add_trampoline(OpEntry& entry, c10::DispatchKey key) {
+  auto functor = c10::BoxedKernel::makeFromFunctor(std::make_unique<Trampoline>(&entry, key));
+  auto library = std::make_unique<torch::Library>(torch::Library::FRAGMENT, entry.ns, std::nullopt,
+                                                  "opreg", 0);
+  try {
+    library->impl(entry.op_name.c_str(),
+                  torch::dispatch(key, torch::CppFunction::makeFromBoxedKernel(functor)));
+  } catch (const c10::Error& error) {
+    TORCH_CHECK_VALUE(false, entry.qualified, ": cannot register at dispatch key ",
+                      c10::toString(key), ": ", error.what_without_backtrace());
+  }
+  entry.functors.push_back(std::move(functor));
+  entry.trampolines.emplace(key, std::move(library));
+}
+
+// Makes `definition` the op's current one (nullptr: undefined). Returns the one it replaced.
+// On an error nothing has changed: the schema is registered anew (restoring the old one if the
+// new one is refused) and trampolines are added before the swap; the only steps after the swap,
+// removing trampolines no longer needed, do not fail.
+DefinitionPtr publish(OpEntry& entry, DefinitionPtr definition) {
+  DefinitionPtr previous = entry.load();
+  if (!definition) {
+    entry.store(nullptr);
+    return previous;
+  }
+  if (entry.registered_schema != definition->schema_text) {
+    std::unique_ptr<torch::Library> old_library = std::move(entry.schema_library);
+    std::string old_schema = entry.registered_schema;
+    old_library.reset();  // the entry stays: trampolines are registered on it
+    try {
+      register_schema(entry, *definition);
+    } catch (...) {
+      if (previous) register_schema(entry, *previous);
+      throw;
+    }
+  }
+  const auto keys = keys_of(*definition);
+  std::vector<c10::DispatchKey> added;
+  try {
+    for (auto key : keys) {
+      if (entry.trampolines.count(key)) continue;
+      add_trampoline(entry, key);
+      added.push_back(key);
+    }
+  } catch (...) {
+    for (auto key : added) entry.trampolines.erase(key);
+    throw;
+  }
+  entry.store(definition);
+  for (auto it = entry.trampolines.begin(); it != entry.trampolines.end();) {
+    it = keys.count(it->first) ? std::next(it) : entry.trampolines.erase(it);
+  }
+  return previous;
+}
+
+OpEntry& entry_for(Registry& reg, const Definition& definition) {
+  const std::string qualified = qualified_name_of(definition.schema);
+  auto found = reg.ops.find(qualified);
+  if (found != reg.ops.end()) return *found->second;
+  auto* entry = new OpEntry();  // never freed: see Note [Definitions are immutable]
+  entry->qualified = qualified;
+  std::string name, overload;
+  split_name(qualified, qualified, &entry->ns, &name, &overload);
+  entry->op_name = qualified.substr(entry->ns.size() + 2);
+  reg.ops.emplace(qualified, entry);
+  return *entry;
+}
+
+// Refuses what may not be published: a name taken by an earlier opreg op (unless replacing) or
+// by an op defined outside opreg.
+void check_publishable(Registry& reg, const Definition& definition) {
+  const std::string qualified = qualified_name_of(definition.schema);
+  auto found = reg.ops.find(qualified);
+  if (found != reg.ops.end()) {
+    auto current = found->second->load();
+    TORCH_CHECK_VALUE(!current || definition.spec.replace, qualified,
+                      ": an op of this name is already defined (by ",
+                      current ? current->origin : "",
+                      "); pass replace=True (.replace() in C++) to replace it");
+    return;
+  }
+  auto known = c10::Dispatcher::singleton().findSchema(
+      {definition.schema.name(), definition.schema.overload_name()});
+  TORCH_CHECK_VALUE(!known.has_value(), qualified,
+                    ": an op of this name is already defined outside opreg (",
+                    known ? known->debug() : "", "); opreg cannot replace it");
+}
+
+OpReport report_of(const Definition& definition) {
   OpReport report;
-  report.name = op.spec.runtime->name;
-  report.schema = op.schema;
-  report.origin = op.origin;
-  report.kernels = op.kernels;
-  report.fake = op.spec.explicit_fake ? "explicit" : "fallback on meta";
-  report.bitwise = op.spec.bitwise;
-  report.random = op.spec.vmap.random;
-  for (const auto& [index, dtypes] : op.spec.runtime->dtype_rules) {
+  const auto& spec = definition.spec;
+  report.name = definition.name();
+  report.schema = definition.schema_text;
+  report.origin = definition.origin;
+  report.kernels = definition.serving;
+  report.fake = spec.explicit_fake ? "explicit" : "fallback on meta";
+  report.bitwise = spec.bitwise;
+  report.random = spec.vmap.random;
+  for (const auto& [index, dtypes] : spec.runtime->dtype_rules) {
     std::vector<std::string> names;
     for (auto dtype : dtypes) names.emplace_back(c10::toString(dtype));
-    report.dtypes.emplace_back(op.spec.runtime->arg_names[index], names);
+    report.dtypes.emplace_back(spec.runtime->arg_names[index], names);
   }
-  report.autograd = detail::describe_autograd(op.spec);
-  report.vmap = detail::describe_vmap(op.spec);
+  report.autograd = detail::describe_autograd(spec);
+  report.vmap = detail::describe_vmap(spec);
   return report;
+}
+
+DefinitionPtr current_definition(const std::string& name) {
+  auto& reg = registry();
+  std::lock_guard<std::recursive_mutex> lock(reg.mutex);
+  auto found = reg.ops.find(name);
+  DefinitionPtr definition = found == reg.ops.end() ? nullptr : found->second->load();
+  TORCH_CHECK_VALUE(definition != nullptr, "opreg: no op named '", name, "' is defined by opreg");
+  return definition;
 }
 
 }  // namespace
@@ -214,8 +677,9 @@ std::optional<c10::DispatchKey> dispatch_key_for_device_type(const std::string& 
 }
 
 std::vector<std::string> accelerated_device_types() {
-  std::lock_guard<std::mutex> lock(registry().mutex);
-  return registry().device_types;
+  auto& reg = registry();
+  std::lock_guard<std::recursive_mutex> lock(reg.mutex);
+  return reg.device_types;
 }
 
 std::string register_accelerated_device_type(const std::string& name) {
@@ -223,23 +687,32 @@ std::string register_accelerated_device_type(const std::string& name) {
   TORCH_CHECK_VALUE(!normalized.empty(),
                     "opreg: register_accelerated_device_type: the device type name is empty");
   auto& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mutex);
+  std::lock_guard<std::recursive_mutex> lock(reg.mutex);
   if (std::find(reg.device_types.begin(), reg.device_types.end(), normalized) !=
       reg.device_types.end()) {
     return normalized;
   }
-  reg.device_types.push_back(normalized);
-  for (auto& [name_, op] : reg.ops) {
-    for (const auto& kernel : op->spec.kernels) {
-      if (!kernel.device_types) register_kernel(*op, kernel, normalized, false);
+  // Every op whose kernels follow the registry gets a new definition that serves the new type
+  // too; built first, published after, so an error leaves every op and the registry as they were.
+  std::vector<std::string> types = reg.device_types;
+  types.push_back(normalized);
+  std::vector<std::pair<OpEntry*, DefinitionPtr>> rebuilt;
+  for (auto& [qualified, entry] : reg.ops) {
+    auto current = entry->load();
+    if (!current) continue;
+    const auto& kernels = current->spec.kernels;
+    if (std::none_of(kernels.begin(), kernels.end(),
+                     [](const auto& kernel) { return !kernel.device_types; })) {
+      continue;
     }
+    rebuilt.emplace_back(entry, build(current->spec, types));
   }
+  for (auto& [entry, definition] : rebuilt) publish(*entry, definition);
+  reg.device_types = std::move(types);
   return normalized;
 }
 
 namespace detail {
-
-uint64_t registry_generation() { return g_generation.load(std::memory_order_acquire); }
 
 c10::OperatorHandle find_operator(const std::string& qualified) {
   auto dot = qualified.find('.', qualified.find("::"));
@@ -256,130 +729,109 @@ void throw_no_fake(const std::string& op, const std::string& reason) {
                               reason);
 }
 
-std::string define(OpSpec spec, size_t spec_size) {
+std::vector<std::string> define_all(std::vector<OpSpec> specs, size_t spec_size) {
   TORCH_CHECK(spec_size == sizeof(OpSpec),
               "opreg: an op library was built against different opreg headers than the loaded "
               "libopreg (OpSpec of ",
               spec_size, " bytes, expected ", sizeof(OpSpec), "); rebuild it against this opreg");
-  // 1. Name and schema.
-  c10::FunctionSchema schema = parse_schema(spec);
-  std::string qualified =
-      schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
-  auto op = std::make_unique<RegisteredOp>();
-  std::string unused_name, unused_overload;
-  split_name(qualified, qualified, &op->ns, &unused_name, &unused_overload);
-  op->op_name = qualified.substr(op->ns.size() + 2);
-  std::ostringstream schema_text;
-  schema_text << schema;
-  op->schema = schema_text.str();
-  op->origin = spec.origin.empty() ? origin_of(spec.caller) : spec.origin;
-
-  // 2. Argument names for messages, and dtype rules by index.
-  auto& runtime = *spec.runtime;
-  runtime.name = qualified;
-  for (const auto& argument : schema.arguments()) runtime.arg_names.push_back(argument.name());
-  for (const auto& [argument, allowed] : spec.dtype_rules) {
-    auto found = std::find(runtime.arg_names.begin(), runtime.arg_names.end(), argument);
-    TORCH_CHECK_VALUE(found != runtime.arg_names.end(), qualified, ": dtypes() names argument '",
-                      argument, "', which the schema '", op->schema, "' does not have");
-    runtime.dtype_rules.emplace_back(found - runtime.arg_names.begin(), allowed);
-  }
-
   auto& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mutex);
-
-  // 3. An existing op of that name: replace it only when asked, and only if opreg owns it.
-  auto existing = reg.ops.find(qualified);
-  if (existing != reg.ops.end()) {
-    TORCH_CHECK_VALUE(spec.replace, qualified, ": an op of this name is already defined (by ",
-                      existing->second->origin,
-                      "); pass replace=True (.replace() in C++) to replace it");
-    reg.ops.erase(existing);
-    g_generation.fetch_add(1);
+  std::lock_guard<std::recursive_mutex> lock(reg.mutex);
+  // 1. Build and validate every definition; nothing is published yet.
+  std::vector<DefinitionPtr> definitions;
+  std::set<std::string> names;
+  for (auto& spec : specs) {
+    auto definition = build(std::move(spec), reg.device_types);
+    check_publishable(reg, *definition);
+    TORCH_CHECK_VALUE(names.insert(definition->name()).second, definition->name(),
+                      ": defined twice in one definition");
+    definitions.push_back(std::move(definition));
   }
-  auto known = c10::Dispatcher::singleton().findSchema({schema.name(), schema.overload_name()});
-  TORCH_CHECK_VALUE(!known.has_value(), qualified,
-                    ": an op of this name is already defined outside opreg (",
-                    known ? known->debug() : "", "); opreg cannot replace it");
-
-  // 4. Registrations. If any step fails, `op` is destroyed and PyTorch forgets the rest.
-  spec.is_mutable = schema.is_mutable();
-  op->spec = std::move(spec);
-  auto library =
-      std::make_unique<torch::Library>(torch::Library::FRAGMENT, op->ns, std::nullopt, "opreg", 0);
-  if (!op->spec.python_module.empty()) {
-    library->set_python_module(op->spec.python_module.c_str());
-  }
+  // 2. Publish them all, or, if one fails, put back what was published before it.
+  std::vector<std::pair<OpEntry*, DefinitionPtr>> published;
   try {
-    library->def(std::move(schema));
-  } catch (const c10::Error& error) {
-    TORCH_CHECK_VALUE(false, qualified, ": cannot define the op: ", error.what_without_backtrace());
-  }
-  auto register_at = [&](c10::DispatchKey key, torch::CppFunction function, const char* what) {
-    try {
-      library->impl(op->op_name.c_str(), torch::dispatch(key, std::move(function)));
-    } catch (const c10::Error& error) {
-      TORCH_CHECK_VALUE(false, qualified, ": cannot register the ", what, ": ",
-                        error.what_without_backtrace());
+    for (const auto& definition : definitions) {
+      OpEntry& entry = entry_for(reg, *definition);
+      published.emplace_back(&entry, publish(entry, definition));
     }
-  };
-  register_at(c10::DispatchKey::CompositeExplicitAutograd, op->spec.make_fallback(), "fallback");
-  if (op->spec.register_meta) {
-    register_at(c10::DispatchKey::Meta, op->spec.make_meta(), "fake");
+  } catch (...) {
+    for (auto it = published.rbegin(); it != published.rend(); ++it)
+      publish(*it->first, it->second);
+    throw;
   }
-  register_autograd(*library, op->op_name, op->spec);
-  register_vmap(*library, op->op_name, op->spec);
-  op->libraries.push_back(std::move(library));
-  register_kernels(*op, reg.device_types);
-
-  reg.ops.emplace(qualified, std::move(op));
+  std::vector<std::string> qualified;
+  for (size_t i = 0; i < definitions.size(); ++i) {
+    pin_library_of(definitions[i]->spec.caller);
+    record_loaded_definition(published[i].first->qualified, published[i].second);
+    qualified.push_back(definitions[i]->name());
+  }
   return qualified;
+}
+
+std::string define(OpSpec spec, size_t spec_size) {
+  if (!loading_library()) {
+    std::vector<OpSpec> specs;
+    specs.push_back(std::move(spec));
+    return define_all(std::move(specs), spec_size).front();
+  }
+  // While opreg::load_library runs a library's static initializers, an exception must not leave
+  // define(): it would terminate the process. The error is recorded and raised by load_library.
+  const std::string declared = spec.name_or_schema.substr(0, spec.name_or_schema.find('('));
+  try {
+    std::vector<OpSpec> specs;
+    specs.push_back(std::move(spec));
+    return define_all(std::move(specs), spec_size).front();
+  } catch (const c10::Error& error) {
+    record_load_failure(declared, error.what_without_backtrace());
+  } catch (const std::exception& error) {
+    record_load_failure(declared, error.what());
+  }
+  return declared;
+}
+
+std::shared_ptr<const c10::KernelFunction> fallback_kernel_of(const std::string& op) {
+  return current_definition(op)->spec.fallback;
+}
+
+void check_stack(const std::string& op, const torch::jit::Stack& stack) {
+  check_arguments(*current_definition(op), stack);
+}
+
+void restore_definition(const std::string& qualified, std::shared_ptr<const void> previous) {
+  auto& reg = registry();
+  std::lock_guard<std::recursive_mutex> lock(reg.mutex);
+  auto found = reg.ops.find(qualified);
+  TORCH_INTERNAL_ASSERT(found != reg.ops.end(), qualified, ": restoring an op never defined");
+  publish(*found->second, std::static_pointer_cast<const Definition>(previous));
 }
 
 }  // namespace detail
 
 std::vector<OpReport> describe_ops() {
   auto& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mutex);
+  std::lock_guard<std::recursive_mutex> lock(reg.mutex);
   std::vector<OpReport> reports;
-  for (const auto& [name, op] : reg.ops) reports.push_back(report_of(*op));
+  for (const auto& [name, entry] : reg.ops) {
+    if (auto definition = entry->load()) reports.push_back(report_of(*definition));
+  }
   return reports;
 }
 
-OpReport describe_op(const std::string& name) {
-  auto& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mutex);
-  auto found = reg.ops.find(name);
-  TORCH_CHECK_VALUE(found != reg.ops.end(), "opreg: no op named '", name, "' was defined by opreg");
-  return report_of(*found->second);
-}
-
-namespace detail {
-
-std::shared_ptr<c10::KernelFunction> fallback_kernel_of(const std::string& op) {
-  auto& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mutex);
-  auto found = reg.ops.find(op);
-  TORCH_CHECK_VALUE(found != reg.ops.end(), "opreg: no op named '", op, "' was defined by opreg");
-  return found->second->spec.fallback_kernel;
-}
-
-}  // namespace detail
+OpReport describe_op(const std::string& name) { return report_of(*current_definition(name)); }
 
 bool is_defined(const std::string& name) {
   auto& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mutex);
-  return reg.ops.count(name) != 0;
+  std::lock_guard<std::recursive_mutex> lock(reg.mutex);
+  auto found = reg.ops.find(name);
+  return found != reg.ops.end() && found->second->load() != nullptr;
 }
 
 void undefine(const std::string& name) {
   auto& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mutex);
+  std::lock_guard<std::recursive_mutex> lock(reg.mutex);
   auto found = reg.ops.find(name);
-  TORCH_CHECK_VALUE(found != reg.ops.end(), "opreg: cannot undefine '", name,
-                    "': no op of this name was defined by opreg");
-  reg.ops.erase(found);
-  g_generation.fetch_add(1);
+  TORCH_CHECK_VALUE(found != reg.ops.end() && found->second->load() != nullptr,
+                    "opreg: cannot undefine '", name, "': no op of this name is defined by opreg");
+  publish(*found->second, nullptr);
 }
 
 }  // namespace opreg

@@ -7,9 +7,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 
+#include "op_internal.h"
 #include "opreg/op.h"
 #include "opreg/registry.h"
-#include "registry_internal.h"
 
 namespace opreg::testing {
 namespace {
@@ -91,6 +91,7 @@ std::vector<c10::IValue> call_fallback(const std::string& op, std::vector<c10::I
   auto handle = detail::find_operator(op);
   auto kernel = detail::fallback_kernel_of(op);
   torch::jit::Stack stack(std::move(args));
+  detail::check_stack(op, stack);
   kernel->callBoxed(handle, c10::DispatchKeySet(c10::DispatchKey::CompositeExplicitAutograd),
                     &stack);
   return stack;
@@ -107,6 +108,7 @@ std::vector<CheckResult> check(const std::string& op,
 
     CheckResult kernel{"kernel_vs_fallback", op, device, index};
     torch::jit::Stack stack = clone_tensors(sample);
+    detail::check_stack(op, stack);
     handle.callBoxed(&stack);
     auto fallback = call_fallback(op, clone_tensors(sample));
     kernel.message = compare(stack, fallback, report.bitwise, &kernel.max_error);

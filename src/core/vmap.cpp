@@ -78,8 +78,8 @@ std::vector<c10::IValue> call_below(const c10::OperatorHandle& op, std::vector<c
 
 class VmapKernel final : public c10::OperatorKernel {
  public:
-  VmapKernel(std::shared_ptr<detail::OpRuntime> runtime, VmapSpec spec,
-             std::shared_ptr<c10::KernelFunction> fallback)
+  VmapKernel(std::shared_ptr<const detail::OpRuntime> runtime, VmapSpec spec,
+             std::shared_ptr<const c10::KernelFunction> fallback)
       : runtime_(std::move(runtime)), spec_(std::move(spec)), fallback_(std::move(fallback)) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
@@ -130,6 +130,14 @@ class VmapKernel final : public c10::OperatorKernel {
     for (size_t i = 0; i < num_returns; ++i) {
       auto& output = result.outputs[i];
       if (output.isTensor() && result.out_dims[i].has_value()) {
+        const auto& tensor = output.toTensor();
+        const int64_t dim = *result.out_dims[i];
+        TORCH_CHECK(dim >= -tensor.dim() && dim < tensor.dim(), runtime_->name,
+                    ": the vmap rule gave out_dim ", dim, " for output ", i, ", which has ",
+                    tensor.dim(), " dims");
+        TORCH_CHECK(tensor.size(dim) == batch_size, runtime_->name, ": the vmap rule returned ",
+                    "output ", i, " with ", tensor.size(dim), " entries along its batch dim ", dim,
+                    ", expected the batch size ", batch_size);
         stack->push_back(functorch::makeBatched(output.toTensor(), *result.out_dims[i], level));
       } else {
         stack->push_back(std::move(output));
@@ -223,9 +231,9 @@ class VmapKernel final : public c10::OperatorKernel {
     });
   }
 
-  std::shared_ptr<detail::OpRuntime> runtime_;
+  std::shared_ptr<const detail::OpRuntime> runtime_;
   VmapSpec spec_;
-  std::shared_ptr<c10::KernelFunction> fallback_;
+  std::shared_ptr<const c10::KernelFunction> fallback_;
   std::once_flag loop_warning_;
 };
 
@@ -235,7 +243,7 @@ class VmapKernel final : public c10::OperatorKernel {
 // example draws its own numbers.
 class RandomnessKernel final : public c10::OperatorKernel {
  public:
-  explicit RandomnessKernel(std::shared_ptr<detail::OpRuntime> runtime)
+  explicit RandomnessKernel(std::shared_ptr<const detail::OpRuntime> runtime)
       : runtime_(std::move(runtime)) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
@@ -267,25 +275,22 @@ class RandomnessKernel final : public c10::OperatorKernel {
   }
 
  private:
-  std::shared_ptr<detail::OpRuntime> runtime_;
+  std::shared_ptr<const detail::OpRuntime> runtime_;
 };
 
 }  // namespace
 
 namespace detail {
 
-void register_vmap(torch::Library& library, const std::string& op_name, const OpSpec& spec) {
-  library.impl(
-      op_name.c_str(),
-      torch::dispatch(c10::DispatchKey::FuncTorchBatched,
-                      torch::CppFunction::makeFromBoxedFunctor(std::make_unique<VmapKernel>(
-                          spec.runtime, spec.vmap, spec.fallback_kernel))));
-  if (spec.vmap.random) {
-    library.impl(op_name.c_str(),
-                 torch::dispatch(c10::DispatchKey::FuncTorchVmapMode,
-                                 torch::CppFunction::makeFromBoxedFunctor(
-                                     std::make_unique<RandomnessKernel>(spec.runtime))));
-  }
+c10::KernelFunction make_vmap_kernel(const OpSpec& spec) {
+  return c10::KernelFunction::makeFromBoxedFunctor(
+      std::make_unique<VmapKernel>(spec.runtime, spec.vmap, spec.fallback));
+}
+
+std::optional<c10::KernelFunction> make_randomness_kernel(const OpSpec& spec) {
+  if (!spec.vmap.random) return std::nullopt;
+  return c10::KernelFunction::makeFromBoxedFunctor(
+      std::make_unique<RandomnessKernel>(spec.runtime));
 }
 
 std::string describe_vmap(const OpSpec& spec) {

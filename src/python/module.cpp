@@ -59,18 +59,11 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("dtypes", &opreg::OpReport::dtypes);
   m.def("describe_ops", &opreg::describe_ops);
   m.def("describe_op", &opreg::describe_op, py::arg("name"));
-  m.def("is_defined", &opreg::is_defined, py::arg("name"));
-  m.def("undefine", &opreg::undefine, py::arg("name"));
+  m.def("load_library", &opreg::load_library, py::arg("path"));
 
   m.def("accelerated_device_types", &opreg::accelerated_device_types);
   m.def("register_accelerated_device_type", &opreg::register_accelerated_device_type,
         py::arg("name"));
-  m.def("dispatch_key_for_device_type", [](const std::string& name) -> py::object {
-    std::string why_not;
-    auto key = opreg::dispatch_key_for_device_type(opreg::normalize_device_type(name), &why_not);
-    if (key) return py::str(c10::toString(*key));
-    return py::none();
-  });
 
   // Triton AOT kernels, launched through the C++ launcher.
   py::class_<opreg::triton::Kernel>(m, "TritonKernel")
@@ -173,7 +166,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("bitwise", &Definition::bitwise)
       .def_readwrite("replace", &Definition::replace)
       .def_readwrite("origin", &Definition::origin);
-  m.def("define_python_op", &opreg::python::define_python_op, py::arg("definition"));
+  m.def("define_python_ops", &opreg::python::define_python_ops, py::arg("definitions"));
   opreg::python::bind_jit_launch(m);
 
   // The fallback alone, bypassing kernels: for opreg.opcheck.

@@ -90,8 +90,8 @@ class PythonKernel final : public c10::OperatorKernel {
  public:
   enum class Role { kFallback, kKernel, kMeta };
 
-  PythonKernel(std::shared_ptr<detail::OpRuntime> runtime, Role role, std::string label, PyRef fn,
-               PyRef accepts, PyRef fallback)
+  PythonKernel(std::shared_ptr<const detail::OpRuntime> runtime, Role role, std::string label,
+               PyRef fn, PyRef accepts, PyRef fallback)
       : runtime_(std::move(runtime)),
         role_(role),
         label_(std::move(label)),
@@ -127,15 +127,15 @@ class PythonKernel final : public c10::OperatorKernel {
   }
 
  private:
-  std::shared_ptr<detail::OpRuntime> runtime_;
+  std::shared_ptr<const detail::OpRuntime> runtime_;
   Role role_;
   std::string label_;
   PyRef fn_, accepts_, fallback_;
 };
 
 template <class... Args>
-torch::CppFunction boxed(Args&&... args) {
-  return torch::CppFunction::makeFromBoxedFunctor(
+c10::KernelFunction boxed(Args&&... args) {
+  return c10::KernelFunction::makeFromBoxedFunctor(
       std::make_unique<PythonKernel>(std::forward<Args>(args)...));
 }
 
@@ -232,51 +232,39 @@ void add_vmap_rule(detail::OpSpec& spec, PyRef rule) {
   };
 }
 
-}  // namespace
-
-std::string define_python_op(const PythonOpDefinition& d) {
+detail::OpSpec spec_of(const PythonOpDefinition& d) {
   detail::OpSpec spec;
   spec.name_or_schema = d.schema;
   spec.runtime = std::make_shared<detail::OpRuntime>();
   spec.runtime->same_device = !d.allow_mixed_devices;
-  auto runtime = spec.runtime;
+  std::shared_ptr<const detail::OpRuntime> runtime = spec.runtime;
   auto fallback = ref(d.fallback);
   TORCH_CHECK_VALUE(fallback != nullptr, "opreg: op '", d.schema, "' needs a fallback function");
   using Role = PythonKernel::Role;
-  const std::string label = d.fallback_label;
-  spec.make_fallback = [=] {
-    return boxed(runtime, Role::kFallback, label, fallback, nullptr, nullptr);
-  };
-  spec.fallback_kernel = std::make_shared<c10::KernelFunction>(
-      c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<PythonKernel>(
-          runtime, Role::kFallback, label, fallback, nullptr, nullptr)));
+  spec.fallback = std::make_shared<const c10::KernelFunction>(
+      boxed(runtime, Role::kFallback, d.fallback_label, fallback, nullptr, nullptr));
   if (d.python_fake) {
-    spec.register_meta = false;  // the fake is registered from Python (torch.library)
-    spec.explicit_fake = true;
+    spec.explicit_fake = true;  // registered from Python (torch.library): no Meta kernel here
     spec.python_module = d.python_module;
   } else {
-    spec.make_meta = [=] {
-      return boxed(runtime, Role::kMeta, "fallback(meta)", fallback, nullptr, nullptr);
-    };
+    spec.meta = std::make_shared<const c10::KernelFunction>(
+        boxed(runtime, Role::kMeta, "fallback(meta)", fallback, nullptr, nullptr));
   }
   for (const auto& kernel : d.kernels) {
     auto fn = ref(kernel.fn);
     auto accepts = ref(kernel.accepts);
     std::string label = "kernel:" + kernel.name;
-    spec.kernels.push_back({kernel.name, kernel.device_types, [=] {
-                              return boxed(runtime, Role::kKernel, label, fn, accepts, fallback);
-                            }});
+    spec.kernels.push_back(
+        {kernel.name, kernel.device_types, [=](const detail::KernelContext& context) {
+           return boxed(context.runtime, Role::kKernel, label, fn, accepts, fallback);
+         }});
   }
   for (const auto& aot : d.aot_kernels) {
-    detail::KernelSpec kernel_spec;
-    kernel_spec.name = aot.name;
-    kernel_spec.device_types = aot.device_types;
     std::string label = "kernel:" + aot.name;
-    kernel_spec.make_boxed = [launch = aot.launch, label](const detail::OpSpec& op_spec,
-                                                          const c10::FunctionSchema& schema) {
-      return detail::make_aot_launch_kernel(op_spec, launch, label, schema);
-    };
-    spec.kernels.push_back(std::move(kernel_spec));
+    spec.kernels.push_back({aot.name, aot.device_types,
+                            [launch = aot.launch, label](const detail::KernelContext& context) {
+                              return detail::make_aot_launch_kernel(context, launch, label);
+                            }});
   }
   for (const auto& [argument, dtypes] : d.dtype_rules)
     spec.dtype_rules.emplace_back(argument, dtypes);
@@ -289,7 +277,15 @@ std::string define_python_op(const PythonOpDefinition& d) {
   spec.bitwise = d.bitwise;
   spec.replace = d.replace;
   spec.origin = d.origin;
-  return detail::define(std::move(spec));
+  return spec;
+}
+
+}  // namespace
+
+std::vector<std::string> define_python_ops(const std::vector<PythonOpDefinition>& definitions) {
+  std::vector<detail::OpSpec> specs;
+  for (const auto& definition : definitions) specs.push_back(spec_of(definition));
+  return detail::define_all(std::move(specs));
 }
 
 }  // namespace opreg::python

@@ -45,7 +45,7 @@ struct PythonOpDefinition {
   std::string origin;
 };
 
-// Returns the qualified name.
-std::string define_python_op(const PythonOpDefinition& definition);
+// Defines the ops together (all, or on an error none); returns their qualified names.
+std::vector<std::string> define_python_ops(const std::vector<PythonOpDefinition>& definitions);
 
 }  // namespace opreg::python

@@ -127,12 +127,12 @@ struct Value {
 
 class AotLaunchKernel final : public c10::OperatorKernel {
  public:
-  AotLaunchKernel(const OpSpec& spec, const AotLaunch& launch, std::string label,
-                  const c10::FunctionSchema& schema)
-      : runtime_(spec.runtime),
-        fallback_(spec.fallback_kernel),
+  AotLaunchKernel(const KernelContext& context, const AotLaunch& launch, std::string label)
+      : runtime_(context.runtime),
+        fallback_(context.fallback),
         kernel_(std::make_unique<triton::Kernel>(launch.kernel)),
         label_(std::move(label)) {
+    const auto& schema = context.schema;
     const size_t num_outputs = schema.returns().size();
     for (const auto& ret : schema.returns()) {
       TORCH_CHECK_VALUE(ret.type()->kind() == c10::TypeKind::TensorType, runtime_->name,
@@ -277,8 +277,8 @@ class AotLaunchKernel final : public c10::OperatorKernel {
     return value;
   }
 
-  std::shared_ptr<OpRuntime> runtime_;
-  std::shared_ptr<c10::KernelFunction> fallback_;
+  std::shared_ptr<const OpRuntime> runtime_;
+  std::shared_ptr<const c10::KernelFunction> fallback_;
   std::unique_ptr<triton::Kernel> kernel_;
   std::string label_;
   std::vector<std::unique_ptr<Expr>> grid_, arguments_;
@@ -287,11 +287,10 @@ class AotLaunchKernel final : public c10::OperatorKernel {
 
 }  // namespace
 
-torch::CppFunction make_aot_launch_kernel(const OpSpec& spec, const AotLaunch& launch,
-                                          const std::string& label,
-                                          const c10::FunctionSchema& schema) {
-  return torch::CppFunction::makeFromBoxedFunctor(
-      std::make_unique<AotLaunchKernel>(spec, launch, label, schema));
+c10::KernelFunction make_aot_launch_kernel(const KernelContext& context, const AotLaunch& launch,
+                                           const std::string& label) {
+  return c10::KernelFunction::makeFromBoxedFunctor(
+      std::make_unique<AotLaunchKernel>(context, launch, label));
 }
 
 }  // namespace opreg::detail

@@ -98,12 +98,17 @@ TEST(Define, AHandleFollowsItsOpThroughReplacement) {
   EXPECT_TRUE(at::equal(old_handle(x), x * 5));
 }
 
-TEST(Define, UndefineMakesPyTorchForgetTheOp) {
-  opreg::op("opreg_cpp::temporary(Tensor x) -> Tensor").fallback(twice).define();
+TEST(Define, UndefinedOpsKeepTheirNameAndRefuseCalls) {
+  auto op = opreg::op("opreg_cpp::temporary(Tensor x) -> Tensor").fallback(twice).define();
   EXPECT_TRUE(opreg::is_defined("opreg_cpp::temporary"));
   opreg::undefine("opreg_cpp::temporary");
   EXPECT_FALSE(opreg::is_defined("opreg_cpp::temporary"));
-  EXPECT_FALSE(c10::Dispatcher::singleton().findSchema({"opreg_cpp::temporary", ""}).has_value());
+  // PyTorch keeps the entry, so that handles taken earlier stay safe to call.
+  EXPECT_TRUE(c10::Dispatcher::singleton().findSchema({"opreg_cpp::temporary", ""}).has_value());
+  EXPECT_CONTAINS(opreg_test::error_of([&] { op(at::ones({1})); }),
+                  "opreg_cpp::temporary: the op is not defined now");
+  opreg::op("opreg_cpp::temporary(Tensor x) -> Tensor").fallback(twice).define();
+  EXPECT_TRUE(at::equal(op(at::ones({1})), at::full({1}, 2.0)));
 }
 
 TEST(Define, OriginNamesTheDefiningBinary) {

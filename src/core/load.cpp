@@ -1,0 +1,80 @@
+// src/core/load.cpp: opreg::load_library, which opens an op library so that an error in one of
+// its definitions raises an exception instead of terminating the process, and rolls the
+// library's definitions back when any failed. See Note [Loading op libraries].
+//
+// Note [Loading op libraries]
+// Ops declared in a static initializer are defined while dlopen runs, where an exception would
+// call std::terminate. load_library marks the thread as loading; define() then records errors
+// instead of throwing. After dlopen returns, if anything failed, every definition the library
+// made is rolled back (replaced ops get their earlier definition again, new ops are undefined)
+// and one exception lists the library and each failure. The library stays mapped: its code may
+// still be referenced, and libraries that define ops are never unloaded (define() pins them).
+// A library opened some other way (torch.ops.load_library, a plain dlopen) gets no such
+// protection: a failing definition there throws out of its static initializer.
+#include "opreg/registry.h"
+
+#include <dlfcn.h>
+
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include <c10/util/Exception.h>
+
+#include "load_internal.h"
+
+namespace opreg {
+namespace {
+
+struct LoadContext {
+  std::vector<std::pair<std::string, std::string>> failures;  // (op, message)
+  std::vector<std::pair<std::string, std::shared_ptr<const void>>> published;
+  LoadContext* outer = nullptr;
+};
+
+thread_local LoadContext* t_load = nullptr;
+
+}  // namespace
+
+namespace detail {
+
+bool loading_library() { return t_load != nullptr; }
+
+void record_load_failure(const std::string& op, const std::string& message) {
+  t_load->failures.emplace_back(op, message);
+}
+
+void record_loaded_definition(const std::string& qualified, std::shared_ptr<const void> previous) {
+  if (t_load != nullptr) t_load->published.emplace_back(qualified, std::move(previous));
+}
+
+}  // namespace detail
+
+void load_library(const std::string& path) {
+  LoadContext context;
+  context.outer = t_load;
+  t_load = &context;
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  t_load = context.outer;
+  if (handle == nullptr) {
+    const char* why = dlerror();
+    TORCH_CHECK(false, "opreg::load_library: cannot load '", path,
+                "': ", why != nullptr ? why : "unknown error");
+  }
+  if (context.failures.empty()) {
+    // A library loaded from inside another one's initializers belongs to the outer load.
+    if (context.outer != nullptr) {
+      for (auto& published : context.published) context.outer->published.push_back(published);
+    }
+    return;
+  }
+  for (auto it = context.published.rbegin(); it != context.published.rend(); ++it) {
+    detail::restore_definition(it->first, it->second);
+  }
+  std::ostringstream failures;
+  for (const auto& [op, message] : context.failures) failures << "\n  " << op << ": " << message;
+  TORCH_CHECK_VALUE(false, "opreg::load_library: '", path, "' defines ops that failed (",
+                    context.failures.size(), "); none of its ops is defined:", failures.str());
+}
+
+}  // namespace opreg

@@ -1,0 +1,124 @@
+// tests/cpp/test_reliability.cpp: a replace or undefine never frees what a running call uses, a
+// failed define or replace changes nothing, and calls to undefined ops raise an error naming them.
+#include <atomic>
+#include <thread>
+
+#include <torch/csrc/autograd/autograd.h>
+
+#include "test_util.h"
+
+using opreg_test::error_of;
+
+namespace {
+
+at::Tensor plus(const at::Tensor& x, double value) { return x + value; }
+
+opreg::OpHandle<at::Tensor(const at::Tensor&)> define_plus(double value, bool replace) {
+  return opreg::op("opreg_rel::plus(Tensor x) -> Tensor")
+      .fallback([value](const at::Tensor& x) { return plus(x, value); })
+      .kernel(
+          [value](const at::Tensor& x) {
+            std::this_thread::yield();  // widen the window in which a replace can happen
+            return plus(x, value);
+          },
+          opreg::on({"cpu"}).name("slow"))
+      .fake([](const at::Tensor& x) { return at::empty_like(x); })
+      .replace(replace)
+      .define();
+}
+
+TEST(Reliability, ReplaceWhileKernelsRun) {
+  auto op = define_plus(1.0, false);
+  std::atomic<bool> stop{false};
+  std::atomic<int> wrong{0}, calls{0};
+  std::vector<std::thread> callers;
+  for (int i = 0; i < 4; ++i) {
+    callers.emplace_back([&] {
+      auto x = at::zeros({8});
+      while (!stop) {
+        double value = op(x)[0].item<double>();
+        if (value != 1.0 && value != 2.0) ++wrong;
+        ++calls;
+      }
+    });
+  }
+  for (int round = 0; round < 300; ++round) define_plus(round % 2 ? 1.0 : 2.0, true);
+  stop = true;
+  for (auto& caller : callers) caller.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(calls.load(), 0);
+}
+
+TEST(Reliability, CallingAnUndefinedOpNamesIt) {
+  auto op = opreg::op("opreg_rel::gone(Tensor x) -> Tensor")
+                .fallback([](const at::Tensor& x) { return x * 2; })
+                .define();
+  auto handle = opreg_test::find_op("opreg_rel::gone");
+  opreg::undefine("opreg_rel::gone");
+  EXPECT_FALSE(opreg::is_defined("opreg_rel::gone"));
+  EXPECT_CONTAINS(error_of([&] { op(at::ones({2})); }), "opreg_rel::gone: the op is not defined");
+  EXPECT_CONTAINS(error_of([&] { opreg_test::call_boxed("opreg_rel::gone", {at::ones({2})}); }),
+                  "opreg_rel::gone: the op is not defined");
+  // Defined again (with another schema): old handles reach the new definition.
+  opreg::op("opreg_rel::gone(Tensor x, float y) -> Tensor")
+      .fallback([](const at::Tensor& x, double y) { return x * y; })
+      .define();
+  torch::jit::Stack stack{at::ones({2}), 3.0};
+  handle.callBoxed(&stack);
+  EXPECT_TRUE(at::equal(stack[0].toTensor(), at::full({2}, 3.0)));
+}
+
+TEST(Reliability, FailedReplaceKeepsTheOp) {
+  auto op = define_plus(1.0, false);
+  const auto before = opreg::describe_op("opreg_rel::plus");
+  auto message = error_of([] {
+    opreg::op("opreg_rel::plus(Tensor x) -> Tensor")
+        .fallback([](const at::Tensor& x) { return x; })
+        .kernel([](const at::Tensor& x) { return x; }, opreg::on({"cpu"}).name("first"))
+        .kernel([](const at::Tensor& x) { return x; }, opreg::on({"cpu"}).name("second"))
+        .replace()
+        .define();
+  });
+  EXPECT_CONTAINS(message, "both serve device type 'cpu'");
+  const auto after = opreg::describe_op("opreg_rel::plus");
+  EXPECT_EQ(after.schema, before.schema);
+  EXPECT_EQ(after.kernels.size(), before.kernels.size());
+  EXPECT_EQ(after.fake, "explicit");
+  EXPECT_TRUE(at::equal(op(at::zeros({2})), at::ones({2})));
+}
+
+TEST(Reliability, ABoxedCallWithTooFewArgumentsIsRefusedBeforeItIsRead) {
+  opreg::op("opreg_rel::two_args(Tensor x, Tensor y) -> Tensor")
+      .fallback([](const at::Tensor& x, const at::Tensor& y) { return x + y; })
+      .define();
+  auto message =
+      error_of([] { opreg::testing::call_fallback("opreg_rel::two_args", {at::ones({1})}); });
+  EXPECT_CONTAINS(message, "opreg_rel::two_args: called with 1 arguments, expected 2");
+}
+
+TEST(Reliability, AKernelReturningItsInputIsRefused) {
+  auto op = opreg::op("opreg_rel::alias(Tensor x) -> Tensor")
+                .fallback([](const at::Tensor& x) { return x.clone(); })
+                .kernel([](const at::Tensor& x) { return x; }, opreg::on({"cpu"}).name("lazy"))
+                .define();
+  EXPECT_CONTAINS(error_of([&] { op(at::ones({2})); }),
+                  "opreg_rel::alias: kernel 'lazy' returned output 0 sharing memory with an input");
+}
+
+TEST(Reliability, ForwardModeTangentsGoThroughTheFallback) {
+  auto op = opreg::op("opreg_rel::square(Tensor x) -> Tensor")
+                .fallback([](const at::Tensor& x) { return x * x; })
+                .backward([](opreg::AutogradContext&, const std::vector<at::Tensor>& grads) {
+                  return std::vector<at::Tensor>{grads[0]};  // wrong on purpose: never used here
+                })
+                .define();
+  auto x = at::tensor({1.0, 2.0, 3.0}, at::kDouble);
+  const auto forward_level = torch::autograd::forward_ad::enter_dual_level();
+  auto dual = at::_make_dual(x, at::ones_like(x), forward_level);
+  auto out = op(dual);
+  auto tangent = std::get<1>(at::_unpack_dual(out, forward_level));
+  torch::autograd::forward_ad::exit_dual_level(forward_level);
+  EXPECT_TRUE(at::allclose(tangent, 2 * x));
+}
+
+}  // namespace

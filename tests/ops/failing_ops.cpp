@@ -1,0 +1,28 @@
+// tests/ops/failing_ops.cpp: op libraries whose static initializers define one good op and then
+// make one declaration mistake (chosen by OPREG_FAILURE at compile time), for the tests that
+// loading them raises one clear error, rolls the good op back, and keeps the process alive.
+#include <ATen/ATen.h>
+#include <opreg/opreg.h>
+
+namespace {
+
+at::Tensor identity(const at::Tensor& x) { return x.clone(); }
+
+const auto good = opreg::op("opreg_failing::good_" OPREG_FAILURE "(Tensor x) -> Tensor")
+                      .fallback(identity)
+                      .define();
+
+#if defined(OPREG_BAD_SCHEMA)
+const auto bad =
+    opreg::op("opreg_failing::bad(Tensor x, Tensr y) -> Tensor").fallback(identity).define();
+#elif defined(OPREG_DUPLICATE_NAME)
+const auto first =
+    opreg::op("opreg_failing::twice(Tensor x) -> Tensor").fallback(identity).define();
+const auto second =
+    opreg::op("opreg_failing::twice(Tensor x) -> Tensor").fallback(identity).define();
+#elif defined(OPREG_SIGNATURE_MISMATCH)
+const auto mismatch =
+    opreg::op("opreg_failing::mismatch(Tensor x, Tensor y) -> Tensor").fallback(identity).define();
+#endif
+
+}  // namespace

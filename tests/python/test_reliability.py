@@ -1,0 +1,506 @@
+"""Nothing a user does crashes the process, corrupts memory, loses a definition or returns a
+silently wrong answer: replaces under load, failed definitions and loads, forward-mode AD,
+call-time output checks and bad input. Probes that could crash run in a subprocess, so that a
+crash fails the test instead of killing the test runner."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import torch
+from torch.func import hessian, jacfwd, jvp, vmap
+
+import opreg
+from conftest import REPO, TEST_OPS_BUILD
+
+PYTHONPATH_SETUP = f"import sys; sys.path.insert(0, {str(REPO / 'tests' / 'python')!r})\n"
+
+
+def run_probe(code: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    """Runs `code` in a fresh interpreter; a crash shows as a negative return code."""
+    return subprocess.run(
+        [sys.executable, "-c", PYTHONPATH_SETUP + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def assert_survived(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, f"rc={result.returncode}\n{result.stdout}\n{result.stderr}"
+
+
+def report_of(name: str) -> tuple:
+    report = opreg.describe_op(name)
+    return (report.schema, report.kernels, report.fake, report.autograd, report.vmap)
+
+
+# ---- replace under load, re-entrant replace, old handles ----------------------------------------
+
+
+def test_replace_of_a_python_op_while_threads_call_it():
+    result = run_probe(
+        """
+        import threading, torch, opreg
+
+        def define(value, replace):
+            @opreg.register_vmap_op(fake_fn=lambda x: torch.empty_like(x),
+                                    name="rel_load::op", replace=replace,
+                                    backward=lambda ctx, g: g)
+            def op(x: torch.Tensor) -> torch.Tensor:
+                return x + value
+            return op
+
+        define(1.0, False)
+        stop, errors, seen = False, [], set()
+
+        def caller():
+            x = torch.zeros(16, requires_grad=True)
+            while not stop:
+                try:
+                    out = torch.ops.rel_load.op(x)
+                    out.sum().backward()
+                    seen.add(float(out[0]))
+                except Exception as error:
+                    errors.append(repr(error))
+
+        threads = [threading.Thread(target=caller) for _ in range(4)]
+        for t in threads: t.start()
+        for i in range(200):
+            define(float(i % 2 + 1), True)
+        stop = True
+        for t in threads: t.join()
+        assert not errors, errors[:3]
+        assert seen <= {1.0, 2.0}, seen
+        print("ok", sorted(seen))
+        """
+    )
+    assert_survived(result)
+    assert "ok" in result.stdout
+
+
+def test_replacing_the_shipped_fused_add_under_load_then_restoring_it():
+    result = run_probe(
+        """
+        import threading, torch, opreg
+
+        stop, errors = False, []
+        def caller():
+            x, y = torch.ones(8), torch.ones(8)
+            while not stop:
+                try:
+                    out = torch.ops.opreg.fused_add(x, y)
+                    assert float(out[0]) in (2.0, 3.0), out
+                except Exception as error:
+                    errors.append(repr(error))
+
+        threads = [threading.Thread(target=caller) for _ in range(4)]
+        for t in threads: t.start()
+        for _ in range(100):
+            @opreg.register_vmap_op(fake_fn=lambda x, y: torch.empty_like(x),
+                                    name="opreg::fused_add", replace=True)
+            def fused_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+                return x + y + 1
+        stop = True
+        for t in threads: t.join()
+        assert not errors, errors[:3]
+        print("ok")
+        """
+    )
+    assert_survived(result)
+
+
+def test_a_fallback_that_replaces_its_own_op():
+    calls = []
+
+    def define(value, replace):
+        @opreg.register_vmap_op(
+            fake_fn=lambda x: torch.empty_like(x), name="rel::reentrant", replace=replace
+        )
+        def reentrant(x: torch.Tensor) -> torch.Tensor:
+            calls.append(value)
+            if value == 1.0:
+                define(2.0, True)  # the running call keeps its own definition
+            return x + value
+
+        return reentrant
+
+    first = define(1.0, False)
+    assert torch.equal(first(torch.zeros(2)), torch.ones(2))
+    # The OpOverload taken before the replace reaches the current definition.
+    assert torch.equal(first(torch.zeros(2)), torch.full((2,), 2.0))
+    assert torch.equal(torch.ops.rel.reentrant(torch.zeros(2)), torch.full((2,), 2.0))
+    assert calls == [1.0, 2.0, 2.0]
+
+
+def test_an_old_handle_after_a_replace_with_another_schema():
+    @opreg.register_vmap_op(fake_fn=lambda x: torch.empty_like(x), name="rel::reschema")
+    def one(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    old = one
+
+    @opreg.register_vmap_op(
+        fake_fn=lambda x, y: torch.empty_like(x), name="rel::reschema", replace=True
+    )
+    def two(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y
+
+    assert torch.equal(torch.ops.rel.reschema(torch.ones(2), torch.ones(2)), torch.full((2,), 2.0))
+    with pytest.raises(Exception, match="rel::reschema"):
+        old(torch.ones(2))
+
+
+# ---- a failed definition or replace changes nothing ---------------------------------------------
+
+
+def _define_plain(name, *, replace=False, **options):
+    @opreg.register_vmap_op(
+        fake_fn=lambda x: torch.empty_like(x), name=name, replace=replace, **options
+    )
+    def plain(x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+    return plain
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"schema": "(Tensr x) -> Tensor"},
+        {"schema": ""},
+        {"schema": "foo(Tensor x) -> Tensor"},
+        {"autograd": "sometimes"},
+        {"mutates_args": ("nosuch",)},
+        {"backward": 42},
+        {"fake_fn": "not a function"},
+        {"aot": opreg.AotLaunch("k", ("cdiv(numel(x), 1024",), ("x",), "like:x")},
+        {"triton_device_types": "meta", "triton_fn": lambda x: x},
+    ],
+    ids=lambda options: next(iter(options)) + "=" + repr(next(iter(options.values())))[:20],
+)
+def test_a_failed_replace_keeps_the_op_its_fake_and_kernel_status(options):
+    _define_plain("rel::kept", replace=True)
+    before = (report_of("rel::kept"), opreg.kernel_status("rel::kept"))
+    fake_fn = options.pop("fake_fn", lambda x: torch.empty_like(x))
+    triton_fn = options.pop("triton_fn", None)
+    with pytest.raises((ValueError, TypeError, RuntimeError)) as raised:
+
+        @opreg.register_triton_op(
+            fake_fn=fake_fn, triton_fn=triton_fn, name="rel::kept", replace=True, **options
+        )
+        def kept(x: torch.Tensor) -> torch.Tensor:
+            return x * 5
+
+    assert "rel::kept" in str(raised.value)
+    assert (report_of("rel::kept"), opreg.kernel_status("rel::kept")) == before
+    assert torch.equal(torch.ops.rel.kept(torch.ones(2)), torch.full((2,), 3.0))
+    fake = torch.ops.rel.kept(torch.empty(4, device="meta"))
+    assert fake.shape == (4,)
+
+
+def test_a_failed_replace_of_the_shipped_fused_add_keeps_it():
+    before = report_of("opreg::fused_add")
+    with pytest.raises(ValueError, match="lists device type 'meta'"):
+
+        @opreg.register_triton_op(
+            fake_fn=lambda x, y: torch.empty_like(x),
+            triton_fn=lambda x, y: x + y,
+            triton_device_types=["cpu", "meta"],
+            name="opreg::fused_add",
+            replace=True,
+        )
+        def fused_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return x + y
+
+    assert report_of("opreg::fused_add") == before
+    x = torch.randn(5)
+    with opreg.trace() as t:
+        assert torch.equal(torch.ops.opreg.fused_add(x, x), x + x)
+    assert t.impls() == ["fallback"]
+
+
+def test_a_failed_replace_with_vmap_fn_keeps_the_op_and_its_companion():
+    def define(scale, replace, schema=None):
+        @opreg.register_vmap_op(
+            fake_fn=lambda x: torch.empty_like(x),
+            vmap_fn=lambda x: x * scale,
+            fake_vmap_fn=lambda x: torch.empty_like(x),
+            name="rel::with_companion",
+            replace=replace,
+            schema=schema,
+        )
+        def with_companion(x: torch.Tensor) -> torch.Tensor:
+            return x * scale
+
+    define(2.0, False)
+    before = report_of("rel::with_companion"), report_of("rel::with_companion_vmap")
+    with pytest.raises(ValueError, match="rel::with_companion"):
+        define(3.0, True, schema="(Tensor x, Tensor x) -> Tensor")
+    after = report_of("rel::with_companion"), report_of("rel::with_companion_vmap")
+    assert after == before
+    assert torch.equal(
+        vmap(torch.ops.rel.with_companion)(torch.ones(3, 2)), torch.full((3, 2), 2.0)
+    )
+
+
+def test_a_failed_definition_leaves_nothing_behind():
+    with pytest.raises(ValueError, match="schema= is the signature without the name"):
+        _define_plain("rel_fresh::bad", schema="foo(Tensor x) -> Tensor")
+    assert not [r.name for r in opreg.describe_ops() if r.name.startswith("rel_fresh::")]
+    for name in ("bad", "badfoo"):
+        with pytest.raises((AttributeError, RuntimeError)):
+            _ = getattr(torch.ops.rel_fresh, name).default
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ("(Tensor x, Tensor x) -> Tensor", "names argument 'x' twice"),
+        ("(Tensor x, float \u03b1) -> Tensor", "non-ASCII character"),
+    ],
+)
+def test_schema_mistakes_are_refused_with_a_clear_message(schema, message):
+    with pytest.raises(ValueError, match=message):
+        _define_plain("rel::bad_schema", schema=schema)
+
+
+def test_ops_in_pytorchs_namespaces_are_refused():
+    with pytest.raises(ValueError, match="the namespace 'aten' belongs to PyTorch"):
+        _define_plain("aten::my_op")
+
+
+# ---- load-time errors never abort ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("failure", "message"),
+    [
+        ("bad_schema", "cannot parse schema"),
+        ("duplicate_name", "opreg_failing::twice: an op of this name is already defined"),
+        ("signature_mismatch", "signature does not match the schema"),
+    ],
+)
+def test_a_library_whose_definition_fails_raises_and_rolls_back(failure, message):
+    library = TEST_OPS_BUILD / f"libopreg_failing_{failure}.so"
+    result = run_probe(
+        f"""
+        import torch, opreg
+        try:
+            opreg.load_library({str(library)!r})
+        except ValueError as error:
+            print("raised:", error)
+        else:
+            raise SystemExit("no error")
+        assert not [r.name for r in opreg.describe_ops() if r.name.startswith("opreg_failing::")]
+        try:
+            torch.ops.opreg_failing.good_{failure}(torch.ones(2))
+        except Exception as error:
+            print("rolled back:", error)
+        """
+    )
+    assert_survived(result)
+    assert str(library) in result.stdout
+    assert message in result.stdout
+    assert f"opreg_failing::good_{failure}: the op is not defined now" in result.stdout
+
+
+def test_loading_a_second_copy_of_an_op_library(test_ops_library, tmp_path):
+    copy = tmp_path / "libcopy_of_test_ops.so"
+    shutil.copy(test_ops_library, copy)
+    before = report_of("opreg_test::affine")
+    with pytest.raises(ValueError, match="opreg_test::affine: an op of this name is already"):
+        opreg.load_library(copy)
+    assert report_of("opreg_test::affine") == before
+    x = torch.randn(3)
+    assert torch.allclose(torch.ops.opreg_test.affine(x, 2.0, 1.0), x * 2 + 1)
+
+
+def test_loading_a_missing_library():
+    with pytest.raises(FileNotFoundError, match="no library at"):
+        opreg.load_library("/nonexistent/libnothing.so")
+
+
+# ---- forward-mode AD ----------------------------------------------------------------------------
+
+
+def test_forward_mode_ad_of_a_cpp_op_with_a_backward():
+    x, y = torch.randn(5, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
+    tx, ty = torch.randn(5, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
+    out, tangent = jvp(torch.ops.opreg.fused_add, (x, y), (tx, ty))
+    torch.testing.assert_close(out, x + y)
+    torch.testing.assert_close(tangent, tx + ty)
+    jac = jacfwd(torch.ops.opreg.fused_add)(x, y)
+    torch.testing.assert_close(jac, torch.eye(5, dtype=torch.float64))
+
+
+def test_forward_mode_ad_of_a_python_op_and_forward_ad_api():
+    @opreg.register_vmap_op(fake_fn=lambda x: torch.empty_like(x), name="rel::cube")
+    def cube(x: torch.Tensor) -> torch.Tensor:
+        return x**3
+
+    x = torch.randn(4, dtype=torch.float64)
+    _, tangent = jvp(cube, (x,), (torch.ones_like(x),))
+    torch.testing.assert_close(tangent, 3 * x**2)
+    with torch.autograd.forward_ad.dual_level():
+        dual = torch.autograd.forward_ad.make_dual(x, torch.ones_like(x))
+        out = torch.autograd.forward_ad.unpack_dual(cube(dual))
+    torch.testing.assert_close(out.tangent, 3 * x**2)
+    hess = hessian(lambda v: cube(v).sum())(x)
+    torch.testing.assert_close(hess, torch.diag(6 * x))
+
+
+def test_forward_mode_ad_with_the_error_policy_raises():
+    @opreg.register_vmap_op(
+        fake_fn=lambda x: torch.empty_like(x), name="rel::no_grads", autograd="error"
+    )
+    def no_grads(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    with pytest.raises(RuntimeError, match="rel::no_grads: an input has a forward-mode tangent"):
+        jvp(no_grads, (torch.randn(3),), (torch.randn(3),))
+
+
+# ---- call-time output checks -------------------------------------------------------------------
+
+
+def test_a_fallback_returning_none_for_a_tensor_raises():
+    @opreg.register_vmap_op(fake_fn=lambda x: torch.empty_like(x), name="rel::returns_none")
+    def returns_none(x: torch.Tensor) -> torch.Tensor:
+        return None
+
+    with pytest.raises(
+        TypeError, match=r"rel::returns_none: the fallback returned None for output 0"
+    ):
+        returns_none(torch.ones(2))
+
+
+def test_a_kernel_returning_its_input_for_a_non_aliasing_schema_raises():
+    @opreg.register_triton_op(
+        fake_fn=lambda x: torch.empty_like(x),
+        triton_fn=lambda x: x,
+        triton_device_types="cpu",
+        name="rel::aliases",
+    )
+    def aliases(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    with pytest.raises(RuntimeError, match="kernel 'triton' returned output 0 sharing memory"):
+        aliases(torch.ones(2))
+
+
+def test_a_kernel_returning_the_wrong_count_or_device_raises():
+    @opreg.register_triton_op(
+        fake_fn=lambda x: (torch.empty_like(x), torch.empty_like(x)),
+        triton_fn=lambda x: (x + 1, (x + 2).to("meta")),
+        triton_device_types="cpu",
+        name="rel::two_outputs",
+        schema="(Tensor x) -> (Tensor, Tensor)",
+    )
+    def two_outputs(x):
+        return x + 1, x + 2
+
+    with pytest.raises(RuntimeError, match="returned output 1 on meta, expected cpu"):
+        two_outputs(torch.ones(2))
+
+
+def test_a_vmap_rule_returning_the_wrong_batch_size_raises():
+    @opreg.register_vmap_op(
+        fake_fn=lambda x: torch.empty_like(x),
+        name="rel::bad_rule",
+        vmap=lambda info, in_dims, x: (x[:1] * 2, 0),
+    )
+    def bad_rule(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    with pytest.raises(
+        RuntimeError, match="entries along its batch dim 0, expected the batch size 4"
+    ):
+        vmap(bad_rule)(torch.ones(4, 3))
+
+
+# ---- bad input ----------------------------------------------------------------------------------
+
+
+def test_none_for_a_tensor_argument_names_it():
+    with pytest.raises(
+        TypeError, match="opreg::fused_add: argument 'y' must be a Tensor, got None"
+    ):
+        torch.ops.opreg.fused_add(torch.ones(2), None)
+
+
+def test_backward_twice_without_retain_graph_is_a_clear_error():
+    @opreg.register_vmap_op(
+        fake_fn=lambda x: torch.empty_like(x),
+        name="rel::twice_backward",
+        backward=lambda ctx, g: g * 2,
+    )
+    def twice_backward(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    x = torch.ones(3, requires_grad=True)
+    out = twice_backward(x).sum()
+    out.backward()
+    with pytest.raises(RuntimeError, match="backward ran a second time"):
+        out.backward()
+
+
+def test_threads_replacing_and_defining_in_parallel_leave_a_consistent_registry():
+    errors = []
+
+    def worker(index):
+        try:
+            for round_ in range(20):
+                _define_plain(f"rel_par::op{index}", replace=round_ > 0)
+        except Exception as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    names = sorted(r.name for r in opreg.describe_ops() if r.name.startswith("rel_par::"))
+    assert names == [f"rel_par::op{i}" for i in range(4)]
+
+
+def test_opreg_debug_compares_each_call_with_the_fake():
+    code = """
+        import torch, opreg
+
+        @opreg.register_triton_op(
+            fake_fn=None, triton_fn=lambda x: x[:1] * 2, triton_device_types="cpu",
+            name="rel_debug::short_kernel")
+        def short_kernel(x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        try:
+            short_kernel(torch.ones(4))
+        except RuntimeError as error:
+            print("raised:", error)
+        else:
+            print("no error")
+        """
+    plain = run_probe(code)
+    assert_survived(plain)
+    assert "no error" in plain.stdout
+    debug = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "OPREG_DEBUG": "1"},
+    )
+    assert_survived(debug)
+    assert (
+        "OPREG_DEBUG: rel_debug::short_kernel: kernel 'triton' returned output 0 of shape [1]"
+        in debug.stdout
+    )
+    assert "the op's fake gives shape [4]" in debug.stdout

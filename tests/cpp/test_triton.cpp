@@ -31,6 +31,39 @@ TEST(Triton, EmbeddedKernelsAreRegisteredWithTheirVariants) {
   EXPECT_GT(matmul->variants.front().shared, 48 * 1024);
 }
 
+// A library embedding a kernel with u8/u16 scalars used to abort while loading (the runtime
+// refused the types in a static initializer): this executable embeds one
+// (tests/kernels/unsigned_kernels.toml).
+TEST(Triton, UnsignedScalarParametersAreRegistered) {
+  auto kernels = opreg::triton::describe_kernels();
+  const auto* fill = find_kernel(kernels, "opreg_test_fill_sum_u8_u16");
+  ASSERT_NE(fill, nullptr);
+  EXPECT_EQ(fill->params,
+            (std::vector<std::string>{"out_ptr: *fp32", "a: u8", "b: u16", "n: i32"}));
+  EXPECT_EQ(fill->variants.size(), 4u);  // 2 archs x out_ptr aligned or not
+}
+
+// Registration runs while a library loads: a bad bundle is reported when its kernel is used, and
+// the process goes on.
+TEST(Triton, EmbeddedBundleThatFailsIsReportedNotThrown) {
+  const std::string manifest =
+      R"({"format": "opreg-triton-aot/1", "kernel": "opreg_test_bad_embedded",
+    "params": [{"name": "x", "type": "fp8e5"}], "variants": []})";
+  EXPECT_FALSE(
+      opreg::triton::register_embedded_bundle(manifest.data(), manifest.size(), nullptr, 0));
+  opreg::triton::Kernel kernel("opreg_test_bad_embedded");
+  std::string why;
+  EXPECT_FALSE(kernel.available_on(0, &why));
+  EXPECT_CONTAINS(why,
+                  "its embedded bundle failed to load: opreg: Triton manifest (embedded): "
+                  "kernel 'opreg_test_bad_embedded', parameter 'x': unsupported parameter "
+                  "type 'fp8e5'");
+  EXPECT_CONTAINS(error_of([&] { kernel.launch({1}, {}); }),
+                  "Triton kernel 'opreg_test_bad_embedded': its embedded bundle failed to load");
+  const std::string garbage = "{not json";
+  EXPECT_FALSE(opreg::triton::register_embedded_bundle(garbage.data(), garbage.size(), nullptr, 0));
+}
+
 TEST(Triton, CpuTensorsAreRefusedWithTheReason) {
   opreg::triton::Kernel kernel("opreg_test_scale");
   auto x = at::randn({8});

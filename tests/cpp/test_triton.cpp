@@ -148,4 +148,46 @@ TEST(Triton, DeclaredLaunchDeclinesCpuCallsToTheFallback) {
             (std::vector<std::string>{"fallback(declined by kernel:triton_aot)", "fallback"}));
 }
 
+TEST(Triton, DeclaredLaunchExpressionsAreCheckedAtDefinition) {
+  auto define = [](const std::vector<std::string>& grid, const std::vector<std::string>& args) {
+    return error_of([&] {
+      opreg::op("opreg_aot::checked(Tensor x, float f, int k) -> Tensor")
+          .fallback([](const at::Tensor& x, double, int64_t) { return x.clone(); })
+          .aot_kernel({"opreg_test_scale", grid, args, "like:x"})
+          .define();
+    });
+  };
+  const std::vector<std::string> grid{"cdiv(numel(x), 512)"};
+  EXPECT_CONTAINS(define(grid, {"x", "out0", "numel(f)", "2.0"}),
+                  "opreg_aot::checked: aot_kernel arguments: cannot read 'numel(f)': argument "
+                  "'f' is float, not a tensor");
+  EXPECT_CONTAINS(define(grid, {"x", "out0", "--5", "2.0"}),
+                  "cannot read '--5': '--5' is not an integer");
+  EXPECT_CONTAINS(define(grid, {"x", "out0", "numel(x)", "1e999"}),
+                  "cannot read '1e999': '1e999' is out of the range of a float (double)");
+  EXPECT_CONTAINS(define({"x"}, {"x", "out0", "numel(x)", "2.0"}),
+                  "aot_kernel grid: cannot read 'x': expected an integer expression, got a tensor");
+  EXPECT_CONTAINS(define({"cdiv(f, 4)"}, {"x", "out0", "numel(x)", "2.0"}),
+                  "cdiv needs an integer to divide, 'f' is a float");
+  EXPECT_FALSE(opreg::is_defined("opreg_aot::checked"));
+}
+
+// Off CUDA the kernel declines before evaluating anything: out0 has no tensor there, and
+// size(x, 5) of a 1-d tensor is not the kernel's business when the fallback serves the call.
+TEST(Triton, DeclaredLaunchDeclinesBeforeEvaluating) {
+  auto op = opreg::op("opreg_aot::decline_first(Tensor x, Tensor y) -> Tensor")
+                .fallback(add)
+                .aot_kernel({"opreg_test_scale",
+                             {"cdiv(size(x, 5), 512)"},
+                             {"x", "out0", "stride(x, 5)", "2.0"},
+                             "like:x"},
+                            {"cpu"})
+                .define();
+  auto x = at::randn({7});
+  opreg::TraceScope trace;
+  EXPECT_TRUE(at::equal(op(x, x), x + x));
+  EXPECT_EQ(opreg_test::impls_of(trace.records()).front(),
+            "fallback(declined by kernel:triton_aot)");
+}
+
 }  // namespace

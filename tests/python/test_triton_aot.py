@@ -299,7 +299,7 @@ def test_declared_launch_errors_name_the_op_and_the_expression():
     with pytest.raises(
         ValueError,
         match=r"aot_decl::bad: aot_kernel grid: cannot read "
-        r"'numel\(z\)': no argument named 'z' \(the op has: x\)",
+        r"'cdiv\(numel\(z\), 4\)': no argument named 'z' \(the op has: x\)",
     ):
         opreg.register_triton_op(
             fake_fn=lambda x: x, triton_fn=None, aot=bad, name="aot_decl::bad"

@@ -55,7 +55,8 @@ struct Grid {
   int64_t x, y, z;
 };
 
-inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// ceil(a / b) for b > 0, without forming a + b - 1 (which overflows for a near INT64_MAX).
+inline int64_t cdiv(int64_t a, int64_t b) { return a / b + (a % b != 0 && a > 0 ? 1 : 0); }
 
 struct KernelImpl;  // the kernel's variants and per-device modules (src/triton/)
 

@@ -2,6 +2,9 @@
 // with Philox4x32-10 (Salmon et al., SC'11) in EvoX's layout, with a truly 64-bit counter. The
 // fallback computes the same 32-bit words with int64 ATen ops on any device, so it and the AOT
 // Triton kernel give bitwise identical uniforms. See docs/ops/philox.md.
+#include <algorithm>
+#include <cstdint>
+
 #include <ATen/ATen.h>
 #include <opreg/opreg.h>
 #include <opreg/ops.h>
@@ -66,12 +69,18 @@ std::vector<int64_t> output_shape(const at::Tensor& seeds, int64_t n) {
   return shape;
 }
 
-void check_n(const char* op, int64_t n) {
+// n values per seed must be allocatable: the fallback holds 4 * ceil(n / 4) int64 words per seed,
+// so seeds * (n + 3) * 8 bytes must fit in int64 (checked without forming the product).
+void check_n(const char* op, const at::Tensor& seeds, int64_t n) {
   TORCH_CHECK_VALUE(n >= 0, op, ": argument 'n' must be >= 0, got ", n);
+  const int64_t rows = std::max<int64_t>(seeds.numel(), 1);
+  const int64_t max_n = (INT64_MAX / 8) / rows - 3;
+  TORCH_CHECK_VALUE(n <= max_n, op, ": argument 'n' = ", n, " is too large: ", rows,
+                    " seed(s) times n values cannot be allocated (n must be at most ", max_n, ")");
 }
 
 at::Tensor philox_uniform_reference(const at::Tensor& seeds, int64_t n, int64_t counter) {
-  check_n("opreg::philox_uniform", n);
+  check_n("opreg::philox_uniform", seeds, n);
   auto words = philox_words(seeds, (n + 3) / 4, counter);
   return to_unit(words.narrow(-1, 0, n)).contiguous().reshape(output_shape(seeds, n));
 }
@@ -79,7 +88,7 @@ at::Tensor philox_uniform_reference(const at::Tensor& seeds, int64_t n, int64_t 
 // Box-Muller on consecutive pairs (2i, 2i+1) of the uniform stream, evaluated in float64 and
 // rounded to float32, here and in the kernel: so the two agree to rounding, whatever libm each has.
 at::Tensor philox_normal_reference(const at::Tensor& seeds, int64_t n, int64_t counter) {
-  check_n("opreg::philox_normal", n);
+  check_n("opreg::philox_normal", seeds, n);
   auto uniform = to_unit(philox_words(seeds, (n + 3) / 4, counter));
   const int64_t rows = uniform.size(0), columns = uniform.size(1);
   auto pairs = uniform.reshape({rows, columns / 2, 2}).to(at::kDouble);
@@ -109,13 +118,14 @@ const opreg::triton::Kernel& normal_kernel() {
 }
 
 bool fits_grid(const at::Tensor& seeds, int64_t n) {
+  if (n < 0) return false;  // the fallback names the error
   const int64_t programs = opreg::triton::cdiv(opreg::triton::cdiv(n, 4), kCallsPerProgram);
   return seeds.numel() < (int64_t{1} << 31) && programs < 65536;
 }
 
 at::Tensor launch(const opreg::triton::Kernel& kernel, const char* op, const at::Tensor& seeds,
                   int64_t n, int64_t counter) {
-  check_n(op, n);
+  check_n(op, seeds, n);
   auto flat = seeds.contiguous().reshape({-1});
   auto out = at::empty({flat.numel(), n}, seeds.options().dtype(at::kFloat));
   kernel.launch({flat.numel(), opreg::triton::cdiv(opreg::triton::cdiv(n, 4), kCallsPerProgram)},

@@ -2,7 +2,11 @@
 // include/opreg/aot_launch.h): expressions parsed against the schema at define time, evaluated
 // on the dispatcher's stack at call time, then one launch through opreg::triton::Kernel.
 #include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstring>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -18,88 +22,249 @@
 namespace opreg::detail {
 namespace {
 
+// What an expression gives: checked when the op is defined (a grid needs an integer, numel a
+// tensor), so a call never meets a value of the wrong kind.
+enum class ValueType { kTensor, kInt, kFloat };
+
 struct Expr {
   enum class Kind { kArgument, kOutput, kNumel, kSize, kStride, kCdiv, kInt, kFloat } kind;
+  ValueType type = ValueType::kInt;
   int64_t index = 0;   // argument or output
   int64_t number = 0;  // dim, divisor or integer literal
   double real = 0;
   std::unique_ptr<Expr> inner;
+  std::string text;  // as written, for errors at call time
 };
 
-std::string trim(const std::string& text) {
-  auto begin = text.find_first_not_of(" \t");
-  auto end = text.find_last_not_of(" \t");
-  return begin == std::string::npos ? "" : text.substr(begin, end - begin + 1);
+const char* type_name(ValueType type) {
+  switch (type) {
+    case ValueType::kTensor:
+      return "a tensor";
+    case ValueType::kInt:
+      return "an integer";
+    case ValueType::kFloat:
+      return "a float";
+  }
+  return "?";
 }
 
+// The kind of value a schema argument gives an expression; nullopt for kinds no expression takes.
+std::optional<ValueType> argument_type(const c10::Argument& argument) {
+  auto type = argument.type();
+  if (type->kind() == c10::TypeKind::OptionalType) {
+    type = type->castRaw<c10::OptionalType>()->getElementType();
+  }
+  switch (type->kind()) {
+    case c10::TypeKind::TensorType:
+      return ValueType::kTensor;
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType:
+    case c10::TypeKind::BoolType:
+      return ValueType::kInt;
+    case c10::TypeKind::FloatType:
+      return ValueType::kFloat;
+    default:
+      return std::nullopt;
+  }
+}
+
+// Note [AotLaunch expression grammar]
+//   expr    := number | out<i> | name | call
+//   call    := numel(name) | size(name, int) | stride(name, int) | cdiv(expr, int)
+// A recursive-descent reader over the whole text: anything left over, unbalanced parentheses,
+// numbers out of range and names the schema lacks are ValueErrors naming the op, the expression
+// and what was expected.
 class Parser {
  public:
-  Parser(const OpRuntime& runtime, size_t num_outputs, std::string what)
-      : runtime_(runtime), num_outputs_(num_outputs), what_(std::move(what)) {}
+  Parser(const OpRuntime& runtime, const c10::FunctionSchema& schema, std::string what)
+      : runtime_(runtime), schema_(schema), what_(std::move(what)) {}
 
-  std::unique_ptr<Expr> parse(const std::string& raw) const {
-    const std::string text = trim(raw);
-    auto expr = std::make_unique<Expr>();
-    auto call = [&](const char* name) { return text.rfind(name, 0) == 0 && text.back() == ')'; };
-    if (call("numel(") || call("size(") || call("stride(") || call("cdiv(")) {
-      const auto open = text.find('(');
-      const std::string function = text.substr(0, open);
-      const std::string inside = text.substr(open + 1, text.size() - open - 2);
-      const auto comma = inside.rfind(',');
-      if (function == "numel") {
-        expr->kind = Expr::Kind::kNumel;
-        expr->index = tensor_argument(inside, text);
-        return expr;
-      }
-      fail(comma != std::string::npos, text, "expected two arguments");
-      const std::string second = trim(inside.substr(comma + 1));
-      expr->number = integer(second, text);
-      if (function == "cdiv") {
-        expr->kind = Expr::Kind::kCdiv;
-        fail(expr->number > 0, text, "the divisor must be a positive integer");
-        expr->inner = parse(inside.substr(0, comma));
-      } else {
-        expr->kind = function == "size" ? Expr::Kind::kSize : Expr::Kind::kStride;
-        expr->index = tensor_argument(inside.substr(0, comma), text);
-      }
-      return expr;
-    }
-    if (text.size() > 3 && text.rfind("out", 0) == 0 &&
-        std::isdigit(static_cast<unsigned char>(text[3]))) {
-      expr->kind = Expr::Kind::kOutput;
-      expr->index = integer(text.substr(3), text);
-      fail(expr->index < static_cast<int64_t>(num_outputs_), text,
-           "the op has " + std::to_string(num_outputs_) + " outputs");
-      return expr;
-    }
-    if (!text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-')) {
-      if (text.find_first_of(".eE") != std::string::npos) {
-        expr->kind = Expr::Kind::kFloat;
-        expr->real = std::stod(text);
-      } else {
-        expr->kind = Expr::Kind::kInt;
-        expr->number = integer(text, text);
-      }
-      return expr;
-    }
-    expr->kind = Expr::Kind::kArgument;
-    expr->index = argument(text, text);
+  std::unique_ptr<Expr> parse(const std::string& text) const {
+    Reader in{text, 0};
+    skip_space(in);
+    fail(in.pos < text.size(), text, "the expression is empty");
+    auto expr = expression(in);
+    skip_space(in);
+    fail(in.pos == text.size(), text,
+         "expected the end after '" + before(in) + "', found '" + text.substr(in.pos) + "'");
     return expr;
   }
 
+  // An integer-valued expression (a grid dimension).
+  std::unique_ptr<Expr> parse_integer(const std::string& text) const {
+    auto expr = parse(text);
+    fail(expr->type == ValueType::kInt, text,
+         std::string("expected an integer expression, got ") + type_name(expr->type));
+    return expr;
+  }
+
+  // The index of the tensor argument `text` names (outputs "like:<argument>").
+  int64_t parse_tensor_argument(const std::string& text) const {
+    Reader in{text, 0};
+    skip_space(in);
+    auto index = tensor_argument(in);
+    skip_space(in);
+    fail(in.pos == text.size(), text, "expected the name of a tensor argument");
+    return index;
+  }
+
  private:
+  struct Reader {
+    const std::string& text;
+    size_t pos;
+  };
+
   void fail(bool ok, const std::string& text, const std::string& why) const {
     TORCH_CHECK_VALUE(ok, runtime_.name, ": aot_kernel ", what_, ": cannot read '", text,
                       "': ", why);
   }
-  int64_t integer(const std::string& raw, const std::string& text) const {
-    const std::string digits = trim(raw);
-    bool ok = !digits.empty() && digits.find_first_not_of("-0123456789") == std::string::npos;
-    fail(ok, text, "'" + digits + "' is not an integer");
-    return std::stoll(digits);
+  static void skip_space(Reader& in) {
+    while (in.pos < in.text.size() && (in.text[in.pos] == ' ' || in.text[in.pos] == '\t')) ++in.pos;
   }
-  int64_t argument(const std::string& raw, const std::string& text) const {
-    const std::string name = trim(raw);
+  static bool word_char(char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_';
+  }
+  // The text read so far, without trailing spaces.
+  static std::string before(const Reader& in, size_t pos) {
+    while (pos > 0 && (in.text[pos - 1] == ' ' || in.text[pos - 1] == '\t')) --pos;
+    return in.text.substr(0, pos);
+  }
+  static std::string before(const Reader& in) { return before(in, in.pos); }
+  std::string found(const Reader& in) const {
+    return in.pos < in.text.size() ? "'" + in.text.substr(in.pos) + "'" : "the end";
+  }
+  void expect(Reader& in, char c) const {
+    skip_space(in);
+    fail(in.pos < in.text.size() && in.text[in.pos] == c, in.text,
+         std::string("expected '") + c + "' after '" + before(in) + "', found " + found(in));
+    ++in.pos;
+  }
+  std::string identifier(Reader& in) const {
+    skip_space(in);
+    const size_t begin = in.pos;
+    if (in.pos < in.text.size() && !std::isdigit(static_cast<unsigned char>(in.text[in.pos]))) {
+      while (in.pos < in.text.size() && word_char(in.text[in.pos])) ++in.pos;
+    }
+    fail(in.pos > begin, in.text,
+         "expected a name after '" + before(in, begin) + "', found " + found(in));
+    return in.text.substr(begin, in.pos - begin);
+  }
+
+  std::unique_ptr<Expr> expression(Reader& in) const {
+    skip_space(in);
+    fail(in.pos < in.text.size(), in.text,
+         "expected an expression after '" + before(in) + "', found the end");
+    const char c = in.text[in.pos];
+    if (std::isdigit(static_cast<unsigned char>(c)) || c == '-' || c == '+' || c == '.') {
+      return number(in);
+    }
+    const size_t begin = in.pos;
+    const std::string name = identifier(in);
+    skip_space(in);
+    if (in.pos < in.text.size() && in.text[in.pos] == '(') return call(name, begin, in);
+    auto expr = std::make_unique<Expr>();
+    expr->text = name;
+    const size_t num_outputs = schema_.returns().size();
+    if (name.size() > 3 && name.rfind("out", 0) == 0 &&
+        name.find_first_not_of("0123456789", 3) == std::string::npos) {
+      expr->kind = Expr::Kind::kOutput;
+      expr->type = ValueType::kTensor;
+      const auto digits = name.substr(3);
+      const auto parsed =
+          std::from_chars(digits.data(), digits.data() + digits.size(), expr->index);
+      fail(
+          parsed.ec == std::errc() && expr->index < static_cast<int64_t>(num_outputs), in.text,
+          "'" + name + "' names no output: the op has " + std::to_string(num_outputs) + " outputs");
+      return expr;
+    }
+    expr->kind = Expr::Kind::kArgument;
+    expr->index = argument(name, in.text);
+    auto type = argument_type(schema_.arguments()[expr->index]);
+    fail(type.has_value(), in.text,
+         "argument '" + name + "' is " + schema_.arguments()[expr->index].type()->str() +
+             "; an expression takes tensor, int, float or bool arguments");
+    expr->type = *type;
+    return expr;
+  }
+
+  // A literal: the whole run of number-like characters must be one integer or one float.
+  std::unique_ptr<Expr> number(Reader& in) const {
+    const size_t begin = in.pos;
+    while (in.pos < in.text.size() &&
+           (word_char(in.text[in.pos]) || std::strchr("+-.", in.text[in.pos]) != nullptr)) {
+      ++in.pos;
+    }
+    const std::string token = in.text.substr(begin, in.pos - begin);
+    auto expr = std::make_unique<Expr>();
+    expr->text = token;
+    const char* first = token.data();
+    const char* last = token.data() + token.size();
+    if (token.find_first_of(".eE") != std::string::npos) {
+      expr->kind = Expr::Kind::kFloat;
+      expr->type = ValueType::kFloat;
+      const auto parsed = std::from_chars(first, last, expr->real);
+      fail(parsed.ec != std::errc::result_out_of_range, in.text,
+           "'" + token + "' is out of the range of a float (double)");
+      fail(parsed.ec == std::errc() && parsed.ptr == last && std::isfinite(expr->real), in.text,
+           "'" + token + "' is not a number");
+    } else {
+      expr->kind = Expr::Kind::kInt;
+      expr->number = integer(token, in.text);
+    }
+    return expr;
+  }
+  int64_t integer(const std::string& token, const std::string& text) const {
+    int64_t value = 0;
+    const char* last = token.data() + token.size();
+    const auto parsed = std::from_chars(token.data(), last, value);
+    fail(parsed.ec != std::errc::result_out_of_range, text,
+         "'" + token + "' is out of the range of a 64-bit integer");
+    fail(parsed.ec == std::errc() && parsed.ptr == last, text, "'" + token + "' is not an integer");
+    return value;
+  }
+  int64_t integer_literal(Reader& in) const {
+    skip_space(in);
+    const size_t begin = in.pos;
+    while (in.pos < in.text.size() && (word_char(in.text[in.pos]) || in.text[in.pos] == '-' ||
+                                       in.text[in.pos] == '+' || in.text[in.pos] == '.')) {
+      ++in.pos;
+    }
+    fail(in.pos > begin, in.text,
+         "expected an integer after '" + before(in, begin) + "', found " + found(in));
+    return integer(in.text.substr(begin, in.pos - begin), in.text);
+  }
+
+  std::unique_ptr<Expr> call(const std::string& function, size_t begin, Reader& in) const {
+    auto expr = std::make_unique<Expr>();
+    expect(in, '(');
+    if (function == "numel") {
+      expr->kind = Expr::Kind::kNumel;
+      expr->index = tensor_argument(in);
+    } else if (function == "size" || function == "stride") {
+      expr->kind = function == "size" ? Expr::Kind::kSize : Expr::Kind::kStride;
+      expr->index = tensor_argument(in);
+      expect(in, ',');
+      expr->number = integer_literal(in);
+    } else if (function == "cdiv") {
+      expr->kind = Expr::Kind::kCdiv;
+      expr->inner = expression(in);
+      fail(expr->inner->type == ValueType::kInt, in.text,
+           "cdiv needs an integer to divide, '" + expr->inner->text + "' is " +
+               type_name(expr->inner->type));
+      expect(in, ',');
+      expr->number = integer_literal(in);
+      fail(expr->number > 0, in.text, "the divisor of cdiv must be a positive integer");
+    } else {
+      fail(false, in.text,
+           "unknown function '" + function + "' (known: numel, size, stride, cdiv)");
+    }
+    expect(in, ')');
+    expr->type = ValueType::kInt;
+    expr->text = in.text.substr(begin, in.pos - begin);
+    return expr;
+  }
+
+  int64_t argument(const std::string& name, const std::string& text) const {
     const auto& names = runtime_.arg_names;
     for (size_t i = 0; i < names.size(); ++i) {
       if (names[i] == name) return static_cast<int64_t>(i);
@@ -109,12 +274,17 @@ class Parser {
     fail(false, text, "no argument named '" + name + "' (the op has: " + known.str() + ")");
     return -1;
   }
-  int64_t tensor_argument(const std::string& raw, const std::string& text) const {
-    return argument(raw, text);
+  int64_t tensor_argument(Reader& in) const {
+    const std::string name = identifier(in);
+    const int64_t index = argument(name, in.text);
+    const auto& schema_argument = schema_.arguments()[index];
+    fail(argument_type(schema_argument) == ValueType::kTensor, in.text,
+         "argument '" + name + "' is " + schema_argument.type()->str() + ", not a tensor");
+    return index;
   }
 
   const OpRuntime& runtime_;
-  size_t num_outputs_;
+  const c10::FunctionSchema& schema_;
   std::string what_;
 };
 
@@ -125,6 +295,9 @@ struct Value {
   bool is_real = false;
 };
 
+// ceil(a / b) for b > 0 without computing a + b - 1 (which overflows near INT64_MAX).
+int64_t ceil_div(int64_t a, int64_t b) { return a / b + ((a % b != 0 && a > 0) ? 1 : 0); }
+
 class AotLaunchKernel final : public c10::OperatorKernel {
  public:
   AotLaunchKernel(const KernelContext& context, const AotLaunch& launch, std::string label)
@@ -133,16 +306,15 @@ class AotLaunchKernel final : public c10::OperatorKernel {
         kernel_(std::make_unique<triton::Kernel>(launch.kernel)),
         label_(std::move(label)) {
     const auto& schema = context.schema;
-    const size_t num_outputs = schema.returns().size();
     for (const auto& ret : schema.returns()) {
       TORCH_CHECK_VALUE(ret.type()->kind() == c10::TypeKind::TensorType, runtime_->name,
                         ": aot_kernel needs an op whose outputs are tensors");
     }
     TORCH_CHECK_VALUE(!launch.grid.empty() && launch.grid.size() <= 3, runtime_->name,
                       ": aot_kernel grid has 1 to 3 expressions, got ", launch.grid.size());
-    Parser grid_parser(*runtime_, num_outputs, "grid");
-    for (const auto& text : launch.grid) grid_.push_back(grid_parser.parse(text));
-    Parser argument_parser(*runtime_, num_outputs, "arguments");
+    Parser grid_parser(*runtime_, schema, "grid");
+    for (const auto& text : launch.grid) grid_.push_back(grid_parser.parse_integer(text));
+    Parser argument_parser(*runtime_, schema, "arguments");
     for (const auto& text : launch.arguments) arguments_.push_back(argument_parser.parse(text));
     if (launch.outputs == "fake") {
       like_ = -1;
@@ -150,7 +322,7 @@ class AotLaunchKernel final : public c10::OperatorKernel {
       TORCH_CHECK_VALUE(launch.outputs.rfind("like:", 0) == 0, runtime_->name,
                         ": aot_kernel outputs must be 'fake' or 'like:<argument>', got '",
                         launch.outputs, "'");
-      like_ = Parser(*runtime_, num_outputs, "outputs").parse(launch.outputs.substr(5))->index;
+      like_ = Parser(*runtime_, schema, "outputs").parse_tensor_argument(launch.outputs.substr(5));
     }
   }
 
@@ -160,7 +332,20 @@ class AotLaunchKernel final : public c10::OperatorKernel {
     const size_t num_args = schema.arguments().size();
     auto first = stack->end() - static_cast<std::ptrdiff_t>(num_args);
     check_boxed_arguments(*runtime_, stack->data() + (stack->size() - num_args), num_args);
-    std::vector<at::Tensor> outputs = allocate(op, first, num_args, schema.returns().size());
+    // 1. Decline calls off CUDA before evaluating anything: out<i> has no tensor yet.
+    const at::Tensor* device_tensor = nullptr;
+    for (size_t i = 0; i < num_args && device_tensor == nullptr; ++i) {
+      if (first[i].isTensor() && first[i].toTensor().defined()) {
+        device_tensor = &first[i].toTensor();
+      }
+    }
+    if (device_tensor == nullptr || !device_tensor->is_cuda()) {
+      decline(op, keys, stack);
+      return;
+    }
+    // 2. Outputs, then the kernel's arguments; decline what the kernel cannot take.
+    std::vector<at::Tensor> outputs =
+        allocate(op, first, num_args, schema.returns().size(), device_tensor->device());
     std::vector<Value> values;
     std::vector<triton::Arg> args;
     values.reserve(arguments_.size());
@@ -174,18 +359,15 @@ class AotLaunchKernel final : public c10::OperatorKernel {
         args.emplace_back(value.integer);
       }
     }
-    std::string why;
-    if (outputs.empty() && !schema.returns().empty()) why = "an input is not on a CUDA device";
-    if (!why.empty() || !kernel_->can_launch(args, &why)) {
-      if (trace_enabled())
-        record_trace(runtime_->name, "fallback(declined by " + label_ + ")", "-");
-      fallback_->callBoxed(op, keys, stack);
+    if (!kernel_->can_launch(args)) {
+      decline(op, keys, stack);
       return;
     }
+    // 3. Grid and launch.
     std::array<int64_t, 3> grid{1, 1, 1};
     for (size_t i = 0; i < grid_.size(); ++i) grid[i] = evaluate(*grid_[i], first, outputs).integer;
     if (trace_enabled()) {
-      record_trace(runtime_->name, label_, outputs.empty() ? "-" : outputs[0].device().str());
+      record_trace(runtime_->name, label_, device_tensor->device().str());
     }
     kernel_->launch({grid[0], grid[1], grid[2]}, args);
     torch::jit::drop(*stack, num_args);
@@ -195,17 +377,20 @@ class AotLaunchKernel final : public c10::OperatorKernel {
  private:
   using Iterator = torch::jit::Stack::iterator;
 
-  // Outputs on the inputs' CUDA device; empty when the call is not on CUDA (then declined).
+  void decline(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+               torch::jit::Stack* stack) const {
+    if (trace_enabled()) record_trace(runtime_->name, "fallback(declined by " + label_ + ")", "-");
+    fallback_->callBoxed(op, keys, stack);
+  }
+
+  // Outputs on `device` (the inputs' CUDA device).
   std::vector<at::Tensor> allocate(const c10::OperatorHandle& op, Iterator first, size_t num_args,
-                                   size_t num_outputs) const {
-    const at::Tensor* device_tensor = nullptr;
-    for (size_t i = 0; i < num_args && device_tensor == nullptr; ++i) {
-      if (first[i].isTensor() && first[i].toTensor().defined())
-        device_tensor = &first[i].toTensor();
-    }
-    if (device_tensor == nullptr || !device_tensor->is_cuda()) return {};
+                                   size_t num_outputs, c10::Device device) const {
     std::vector<at::Tensor> outputs;
     if (like_ >= 0) {
+      TORCH_CHECK_VALUE(first[like_].isTensor() && first[like_].toTensor().defined(),
+                        runtime_->name, ": aot_kernel outputs like:", runtime_->arg_names[like_],
+                        ": the argument must be a tensor, got ", first[like_].tagKind());
       const auto& like = first[like_].toTensor();
       for (size_t i = 0; i < num_outputs; ++i)
         outputs.push_back(at::empty(like.sizes(), like.options()));
@@ -223,8 +408,7 @@ class AotLaunchKernel final : public c10::OperatorKernel {
     op.callBoxed(&meta);
     for (const auto& result : meta) {
       const auto& m = result.toTensor();
-      outputs.push_back(
-          at::empty_strided(m.sizes(), m.strides(), m.options().device(device_tensor->device())));
+      outputs.push_back(at::empty_strided(m.sizes(), m.strides(), m.options().device(device)));
     }
     return outputs;
   }
@@ -232,40 +416,61 @@ class AotLaunchKernel final : public c10::OperatorKernel {
   Value evaluate(const Expr& expr, Iterator first, const std::vector<at::Tensor>& outputs) const {
     Value value;
     auto tensor_at = [&](int64_t index) -> const at::Tensor& {
-      TORCH_CHECK_VALUE(first[index].isTensor(), runtime_->name, ": aot_kernel uses argument '",
-                        runtime_->arg_names[index], "' as a tensor, but it is not one");
+      TORCH_CHECK_VALUE(first[index].isTensor() && first[index].toTensor().defined(),
+                        runtime_->name, ": aot_kernel ", expr.text, ": argument '",
+                        runtime_->arg_names[index], "' must be a tensor, got ",
+                        first[index].tagKind());
       return first[index].toTensor();
+    };
+    auto dim_of = [&](const at::Tensor& tensor) {
+      const int64_t dims = tensor.dim();
+      TORCH_CHECK_VALUE(expr.number >= -dims && expr.number < dims, runtime_->name, ": aot_kernel ",
+                        expr.text, ": dim ", expr.number, " is out of range for argument '",
+                        runtime_->arg_names[expr.index], "' of ", dims, " dimensions (expected ",
+                        -dims, " to ", dims - 1, ")");
+      return expr.number < 0 ? expr.number + dims : expr.number;
     };
     switch (expr.kind) {
       case Expr::Kind::kArgument: {
         const auto& arg = first[expr.index];
-        if (arg.isTensor()) {
-          value.tensor = &arg.toTensor();
+        if (expr.type == ValueType::kTensor) {
+          value.tensor = &tensor_at(expr.index);
         } else if (arg.isDouble()) {
           value.real = arg.toDouble();
           value.is_real = true;
-        } else {
+        } else if (arg.isInt()) {
           value.integer = arg.toInt();
+        } else if (arg.isBool()) {
+          value.integer = arg.toBool() ? 1 : 0;
+        } else if (arg.isSymInt()) {
+          value.integer = arg.toSymInt().guard_int(__FILE__, __LINE__);
+        } else {
+          TORCH_CHECK_VALUE(false, runtime_->name, ": aot_kernel ", expr.text, ": argument '",
+                            runtime_->arg_names[expr.index], "' must be a number, got ",
+                            arg.tagKind());
         }
         return value;
       }
       case Expr::Kind::kOutput:
+        TORCH_INTERNAL_ASSERT(expr.index < static_cast<int64_t>(outputs.size()));
         value.tensor = &outputs[expr.index];
         return value;
       case Expr::Kind::kNumel:
         value.integer = tensor_at(expr.index).numel();
         return value;
-      case Expr::Kind::kSize:
-        value.integer = tensor_at(expr.index).size(expr.number);
-        return value;
-      case Expr::Kind::kStride:
-        value.integer = tensor_at(expr.index).stride(expr.number);
-        return value;
-      case Expr::Kind::kCdiv: {
-        auto inner = evaluate(*expr.inner, first, outputs).integer;
-        value.integer = (inner + expr.number - 1) / expr.number;
+      case Expr::Kind::kSize: {
+        const auto& tensor = tensor_at(expr.index);
+        value.integer = tensor.size(dim_of(tensor));
         return value;
       }
+      case Expr::Kind::kStride: {
+        const auto& tensor = tensor_at(expr.index);
+        value.integer = tensor.stride(dim_of(tensor));
+        return value;
+      }
+      case Expr::Kind::kCdiv:
+        value.integer = ceil_div(evaluate(*expr.inner, first, outputs).integer, expr.number);
+        return value;
       case Expr::Kind::kInt:
         value.integer = expr.number;
         return value;

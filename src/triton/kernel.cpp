@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -17,6 +18,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
+#include <c10/util/safe_numerics.h>
 #include <nlohmann/json.hpp>
 
 #include "cuda_driver.h"
@@ -35,6 +37,8 @@ enum class ParamType : uint8_t {
   kI16,
   kI32,
   kI64,
+  kU8,
+  kU16,
   kU32,
   kU64,
   kF16,
@@ -87,11 +91,22 @@ namespace {
 struct Registry {
   std::mutex mutex;
   std::map<std::string, std::unique_ptr<KernelImpl>> kernels;
+  // Embedded bundles that failed to register (at load time, where an exception would abort the
+  // process): the kernel's name (or "" when unreadable) -> the error, told when it is used.
+  std::map<std::string, std::string> failures;
 };
 
 Registry& registry() {
   static Registry* instance = new Registry();  // leaked: kernels outlive every static user
   return *instance;
+}
+
+// Why the kernel's embedded bundle failed to register, or "".
+std::string failure_of(const std::string& name) {
+  auto& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  auto found = reg.failures.find(name);
+  return found == reg.failures.end() ? "" : found->second;
 }
 
 // The tensor dtype a pointer parameter reads ("*fp32" -> Float), when the kernel says.
@@ -108,29 +123,31 @@ std::optional<at::ScalarType> pointee_dtype(const std::string& type) {
 ParamType parse_type(const std::string& kernel, const std::string& type) {
   if (!type.empty() && type[0] == '*') return ParamType::kPointer;
   static const std::unordered_map<std::string, ParamType> types = {
-      {"i1", ParamType::kI1},    {"i8", ParamType::kI8},    {"i16", ParamType::kI16},
-      {"i32", ParamType::kI32},  {"i64", ParamType::kI64},  {"u32", ParamType::kU32},
-      {"u64", ParamType::kU64},  {"fp16", ParamType::kF16}, {"bf16", ParamType::kBF16},
-      {"fp32", ParamType::kF32}, {"fp64", ParamType::kF64}};
+      {"i1", ParamType::kI1},    {"i8", ParamType::kI8},     {"i16", ParamType::kI16},
+      {"i32", ParamType::kI32},  {"i64", ParamType::kI64},   {"u8", ParamType::kU8},
+      {"u16", ParamType::kU16},  {"u32", ParamType::kU32},   {"u64", ParamType::kU64},
+      {"fp16", ParamType::kF16}, {"bf16", ParamType::kBF16}, {"fp32", ParamType::kF32},
+      {"fp64", ParamType::kF64}};
   auto found = types.find(type);
-  TORCH_CHECK_VALUE(found != types.end(), "opreg: Triton kernel '", kernel,
-                    "': unsupported parameter type '", type, "'");
+  TORCH_CHECK_VALUE(found != types.end(), kernel, ": unsupported parameter type '", type,
+                    "' (expected a pointer '*...', i1, i8, i16, i32, i64, u8, u16, u32, u64, "
+                    "fp16, bf16, fp32 or fp64)");
   return found->second;
 }
 
-AssumptionKind parse_assumption(const std::string& kernel, const std::string& kind) {
-  if (kind == "aligned16") return AssumptionKind::kAligned16;
-  if (kind == "div16") return AssumptionKind::kDiv16;
-  if (kind == "equals1") return AssumptionKind::kEquals1;
-  TORCH_CHECK_VALUE(false, "opreg: Triton kernel '", kernel, "': unknown assumption '", kind, "'");
+bool is_integer_type(ParamType type) {
+  return type != ParamType::kPointer && type != ParamType::kF16 && type != ParamType::kBF16 &&
+         type != ParamType::kF32 && type != ParamType::kF64;
 }
 
 int param_size(ParamType type) {
   switch (type) {
     case ParamType::kI1:
     case ParamType::kI8:
+    case ParamType::kU8:
       return 1;
     case ParamType::kI16:
+    case ParamType::kU16:
     case ParamType::kF16:
     case ParamType::kBF16:
       return 2;
@@ -145,7 +162,8 @@ int param_size(ParamType type) {
 
 // The launcher packs every parameter not specialized away, then the two scratch pointers; the
 // binary's entry (its PTX, read by the compiler) must expect exactly that.
-void check_layout(const KernelImpl& kernel, const Variant& variant, const std::vector<int>& ptx) {
+void check_layout(const std::string& where, const KernelImpl& kernel, const Variant& variant,
+                  const std::vector<int>& ptx) {
   std::vector<int> packed;
   for (size_t i = 0; i < kernel.params.size(); ++i) {
     if (!variant.dropped[i]) packed.push_back(param_size(kernel.params[i].type));
@@ -153,65 +171,251 @@ void check_layout(const KernelImpl& kernel, const Variant& variant, const std::v
   packed.push_back(8);
   packed.push_back(8);
   TORCH_CHECK_VALUE(
-      packed == ptx, "opreg: Triton kernel '", kernel.name, "' (sm_", variant.arch, ", ",
-      variant.assumptions_text, "): the binary expects ", ptx.size(), " parameters of sizes ",
+      packed == ptx, where, " (sm_", variant.arch, ", ", variant.assumptions_text,
+      "): field 'param_sizes': the binary expects ", ptx.size(), " parameters of sizes ",
       c10::IntArrayRef(std::vector<int64_t>(ptx.begin(), ptx.end())), ", the launcher would pack ",
       c10::IntArrayRef(std::vector<int64_t>(packed.begin(), packed.end())),
       "; rebuild it with this opreg's python -m opreg.aot");
 }
 
-// Parses a manifest; `read_file(name)` gives the bytes of a binary it names.
-template <class ReadFile>
-std::unique_ptr<KernelImpl> parse_manifest(const std::string& text, ReadFile read_file) {
-  auto manifest = nlohmann::json::parse(text);
-  TORCH_CHECK_VALUE(manifest.value("format", "") == "opreg-triton-aot/1",
-                    "opreg: not an opreg Triton manifest (format '", manifest.value("format", ""),
-                    "'); rebuild it with python -m opreg.aot");
-  auto kernel = std::make_unique<KernelImpl>();
-  kernel->name = manifest.at("kernel").get<std::string>();
-  kernel->source = manifest.value("source", "");
-  for (const auto& param : manifest.at("params")) {
-    auto type = param.at("type").get<std::string>();
-    kernel->params.push_back({param.at("name").get<std::string>(), type,
-                              parse_type(kernel->name, type), pointee_dtype(type)});
+// Whether `bytes` look like a whole cubin: an ELF64 little-endian image for EM_CUDA whose program
+// and section header tables lie inside it. cuModuleLoadData takes no size and trusts these
+// offsets, so a truncated file would be read past its end. Empty when it does; else why not.
+std::string cubin_problem(const std::string& bytes) {
+  constexpr size_t kHeaderSize = 64;
+  constexpr uint16_t kMachineCuda = 190;
+  if (bytes.empty()) return "it is empty";
+  if (bytes.size() < kHeaderSize || bytes.compare(0, 4,
+                                                  "\x7f"
+                                                  "ELF") != 0) {
+    return "it is not an ELF file (" + std::to_string(bytes.size()) + " bytes)";
   }
-  TORCH_CHECK_VALUE(kernel->params.size() <= kMaxParams, "opreg: Triton kernel '", kernel->name,
-                    "' has more than ", kMaxParams, " parameters");
-  for (const auto& raw : manifest.at("variants")) {
+  auto read = [&](size_t offset, size_t size) {
+    uint64_t value = 0;
+    for (size_t i = 0; i < size; ++i) {
+      value |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[offset + i])) << (8 * i);
+    }
+    return value;
+  };
+  if (bytes[4] != 2 || bytes[5] != 1) return "it is not a 64-bit little-endian ELF file";
+  if (read(18, 2) != kMachineCuda) {
+    return "its ELF machine is " + std::to_string(read(18, 2)) + ", not CUDA (190)";
+  }
+  const uint64_t size = bytes.size();
+  const uint64_t tables[2][2] = {{read(32, 8), read(54, 2) * read(56, 2)},
+                                 {read(40, 8), read(58, 2) * read(60, 2)}};
+  for (const auto& [offset, length] : tables) {
+    if (offset > size || length > size - offset) {
+      return "it is truncated: its ELF header points past its " + std::to_string(size) + " bytes";
+    }
+  }
+  return "";
+}
+
+bool is_plain_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." &&
+         name.find_first_of("/\\") == std::string::npos && name.find('\0') == std::string::npos;
+}
+
+bool is_identifier(const std::string& name) {
+  if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_';
+  });
+}
+
+// Reads the fields of a manifest with errors that name the file, the kernel, the variant and the
+// field: "opreg: Triton manifest b/k.json: kernel 'k', variant 2: field 'num_warps' ...".
+class ManifestReader {
+ public:
+  explicit ManifestReader(std::string origin) : where_("opreg: Triton manifest " + origin) {}
+  const std::string& where() const { return where_; }
+  void set_kernel(const std::string& name) { kernel_where_ = where_ + ": kernel '" + name + "'"; }
+  void set_variant(size_t index) {
+    variant_where_ = kernel_where_ + ", variant " + std::to_string(index);
+  }
+  const std::string& context() const {
+    if (!variant_where_.empty()) return variant_where_;
+    return kernel_where_.empty() ? where_ : kernel_where_;
+  }
+
+  const nlohmann::json& field(const nlohmann::json& object, const char* name) const {
+    TORCH_CHECK_VALUE(object.is_object(), context(), ": expected an object, got ", shown(object));
+    auto found = object.find(name);
+    TORCH_CHECK_VALUE(found != object.end(), context(), ": field '", name, "' is missing");
+    return *found;
+  }
+  int64_t integer(const nlohmann::json& object, const char* name, int64_t low, int64_t high) const {
+    const auto& value = field(object, name);
+    const bool fits =
+        value.is_number_integer() &&
+        !(value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX));
+    TORCH_CHECK_VALUE(fits && value.get<int64_t>() >= low && value.get<int64_t>() <= high,
+                      context(), ": field '", name, "' must be an integer from ", low, " to ", high,
+                      ", got ", shown(value));
+    return value.get<int64_t>();
+  }
+  std::string string(const nlohmann::json& object, const char* name) const {
+    const auto& value = field(object, name);
+    TORCH_CHECK_VALUE(value.is_string() && !value.get<std::string>().empty(), context(),
+                      ": field '", name, "' must be a non-empty string, got ", shown(value));
+    return value.get<std::string>();
+  }
+  bool boolean(const nlohmann::json& object, const char* name) const {
+    const auto& value = field(object, name);
+    TORCH_CHECK_VALUE(value.is_boolean(), context(), ": field '", name,
+                      "' must be true or false, got ", shown(value));
+    return value.get<bool>();
+  }
+  const nlohmann::json& array(const nlohmann::json& object, const char* name) const {
+    const auto& value = field(object, name);
+    TORCH_CHECK_VALUE(value.is_array(), context(), ": field '", name, "' must be a list, got ",
+                      shown(value));
+    return value;
+  }
+  // A power of two from 1 to `high`.
+  int64_t alignment(const nlohmann::json& object, const char* name, int64_t high) const {
+    const int64_t value = integer(object, name, 1, high);
+    TORCH_CHECK_VALUE((value & (value - 1)) == 0, context(), ": field '", name,
+                      "' must be a power of two, got ", value);
+    return value;
+  }
+
+  static std::string shown(const nlohmann::json& value) {
+    auto text = value.dump();
+    return text.size() > 60 ? text.substr(0, 57) + "..." : text;
+  }
+
+ private:
+  std::string where_, kernel_where_, variant_where_;
+};
+
+constexpr int64_t kMaxWarps = 32;  // 1024 threads per block
+constexpr int64_t kMaxCtas = 16;   // the largest (non-portable) cluster
+constexpr int64_t kMaxInt32 = INT32_MAX;
+
+template <class ReadFile>
+std::unique_ptr<KernelImpl> parse_fields(const nlohmann::json& manifest, ManifestReader& in,
+                                         ReadFile read_file);
+
+// Parses a manifest read from `origin` (a path, or "embedded ..."); `read_file(name)` gives the
+// bytes of a binary it names. Every field is checked: a manifest is data, not trusted code.
+template <class ReadFile>
+std::unique_ptr<KernelImpl> parse_manifest(const std::string& text, const std::string& origin,
+                                           ReadFile read_file) {
+  ManifestReader in(origin);
+  nlohmann::json manifest;
+  try {
+    manifest = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& error) {
+    TORCH_CHECK_VALUE(false, in.where(), " is not valid JSON: ", error.what());
+  }
+  TORCH_CHECK_VALUE(manifest.is_object(), in.where(), ": expected a JSON object, got ",
+                    ManifestReader::shown(manifest));
+  const auto format = manifest.value("format", nlohmann::json()).dump();
+  TORCH_CHECK_VALUE(manifest.value("format", nlohmann::json()) == "opreg-triton-aot/1", in.where(),
+                    ": field 'format' must be \"opreg-triton-aot/1\", got ", format,
+                    "; rebuild it with python -m opreg.aot");
+  try {
+    return parse_fields(manifest, in, read_file);
+  } catch (const nlohmann::json::exception& error) {  // a check above missed a malformed field
+    TORCH_CHECK_VALUE(false, in.context(), ": ", error.what());
+  }
+}
+
+template <class ReadFile>
+std::unique_ptr<KernelImpl> parse_fields(const nlohmann::json& manifest, ManifestReader& in,
+                                         ReadFile read_file) {
+  auto kernel = std::make_unique<KernelImpl>();
+  kernel->name = in.string(manifest, "kernel");
+  TORCH_CHECK_VALUE(is_identifier(kernel->name), in.where(),
+                    ": field 'kernel' must be a C identifier, got ",
+                    ManifestReader::shown(manifest.at("kernel")));
+  in.set_kernel(kernel->name);
+  if (manifest.contains("source")) kernel->source = in.string(manifest, "source");
+  const auto& params = in.array(manifest, "params");
+  TORCH_CHECK_VALUE(params.size() <= kMaxParams, in.context(), ": field 'params' has ",
+                    params.size(), " parameters, at most ", kMaxParams, " are supported");
+  for (const auto& param : params) {
+    auto name = in.string(param, "name");
+    auto type = in.string(param, "type");
+    kernel->params.push_back({name, type,
+                              parse_type(in.context() + ", parameter '" + name + "'", type),
+                              pointee_dtype(type)});
+  }
+  const auto& variants = in.array(manifest, "variants");
+  TORCH_CHECK_VALUE(!variants.empty(), in.context(),
+                    ": field 'variants' is empty: the kernel has no binary");
+  for (const auto& raw : variants) {
+    in.set_variant(kernel->variants.size());
     auto variant = std::make_unique<Variant>();
-    variant->arch = raw.at("arch").get<int>();
-    variant->entry = raw.at("entry").get<std::string>();
-    variant->num_warps = raw.at("num_warps").get<int>();
-    variant->num_ctas = raw.at("num_ctas").get<int>();
-    variant->shared = raw.at("shared").get<int64_t>();
-    variant->global_scratch_size = raw.at("global_scratch_size").get<int64_t>();
-    variant->global_scratch_align = raw.at("global_scratch_align").get<int64_t>();
-    variant->profile_scratch_size = raw.at("profile_scratch_size").get<int64_t>();
-    variant->profile_scratch_align = raw.at("profile_scratch_align").get<int64_t>();
-    variant->launch_pdl = raw.at("launch_pdl").get<bool>();
-    variant->launch_cooperative_grid = raw.at("launch_cooperative_grid").get<bool>();
+    variant->arch = static_cast<int>(in.integer(raw, "arch", 10, 9999));
+    variant->entry = in.string(raw, "entry");
+    variant->num_warps = static_cast<int>(in.integer(raw, "num_warps", 1, kMaxWarps));
+    variant->num_ctas = static_cast<int>(in.integer(raw, "num_ctas", 1, kMaxCtas));
+    variant->shared = in.integer(raw, "shared", 0, kMaxInt32);
+    variant->global_scratch_size = in.integer(raw, "global_scratch_size", 0, kMaxInt32);
+    variant->global_scratch_align = in.alignment(raw, "global_scratch_align", 1 << 16);
+    variant->profile_scratch_size = in.integer(raw, "profile_scratch_size", 0, kMaxInt32);
+    variant->profile_scratch_align = in.alignment(raw, "profile_scratch_align", 1 << 16);
+    variant->launch_pdl = in.boolean(raw, "launch_pdl");
+    variant->launch_cooperative_grid = in.boolean(raw, "launch_cooperative_grid");
     variant->dropped.assign(kernel->params.size(), false);
     std::ostringstream assumptions;
-    for (const auto& a : raw.at("assumptions")) {
-      Assumption assumption{a.at("param").get<size_t>(),
-                            parse_assumption(kernel->name, a.at("kind").get<std::string>())};
-      TORCH_CHECK_VALUE(assumption.param < kernel->params.size(), "opreg: Triton kernel '",
-                        kernel->name, "': an assumption names parameter ", assumption.param);
-      if (assumption.kind == AssumptionKind::kEquals1) variant->dropped[assumption.param] = true;
-      assumptions << (variant->assumptions.empty() ? "" : ", ")
-                  << kernel->params[assumption.param].name << ":"
-                  << a.at("kind").get<std::string>();
-      variant->assumptions.push_back(assumption);
+    std::vector<bool> assumed(kernel->params.size(), false);
+    for (const auto& a : in.array(raw, "assumptions")) {
+      const auto param = static_cast<size_t>(
+          in.integer(a, "param", 0, static_cast<int64_t>(kernel->params.size()) - 1));
+      const auto kind_text = in.string(a, "kind");
+      const auto& p = kernel->params[param];
+      AssumptionKind kind;
+      if (kind_text == "aligned16") {
+        kind = AssumptionKind::kAligned16;
+      } else if (kind_text == "div16") {
+        kind = AssumptionKind::kDiv16;
+      } else {
+        TORCH_CHECK_VALUE(kind_text == "equals1", in.context(), ": field 'kind' of parameter '",
+                          p.name, "' must be aligned16, div16 or equals1, got '", kind_text, "'");
+        kind = AssumptionKind::kEquals1;
+      }
+      const bool pointer = p.type == ParamType::kPointer;
+      TORCH_CHECK_VALUE(
+          kind == AssumptionKind::kAligned16 ? pointer : is_integer_type(p.type), in.context(),
+          ": assumption '", kind_text, "' on parameter '", p.name, "' (", p.type_name, ") needs ",
+          kind == AssumptionKind::kAligned16 ? "a pointer" : "an integer", " parameter");
+      TORCH_CHECK_VALUE(!assumed[param], in.context(), ": parameter '", p.name,
+                        "' has more than one assumption");
+      assumed[param] = true;
+      if (kind == AssumptionKind::kEquals1) variant->dropped[param] = true;
+      assumptions << (variant->assumptions.empty() ? "" : ", ") << p.name << ":" << kind_text;
+      variant->assumptions.push_back({param, kind});
     }
     variant->assumptions_text = variant->assumptions.empty() ? "generic" : assumptions.str();
     std::ostringstream config;
     const auto config_json = raw.value("config", nlohmann::json::object());
+    TORCH_CHECK_VALUE(config_json.is_object(), in.context(),
+                      ": field 'config' must be an object, got ",
+                      ManifestReader::shown(config_json));
     for (const auto& [key, value] : config_json.items()) {
       config << (config.tellp() > 0 ? " " : "") << key << "=" << value;
     }
     variant->config_text = config.str();
-    check_layout(*kernel, *variant, raw.at("param_sizes").get<std::vector<int>>());
-    variant->binary = read_file(raw.at("file").get<std::string>());
+    std::vector<int> param_sizes;
+    for (const auto& size : in.array(raw, "param_sizes")) {
+      TORCH_CHECK_VALUE(
+          size.is_number_integer() && size.get<int64_t>() > 0 && size.get<int64_t>() <= 8,
+          in.context(), ": field 'param_sizes' must list sizes from 1 to 8, got ",
+          ManifestReader::shown(size));
+      param_sizes.push_back(size.get<int>());
+    }
+    check_layout(in.context(), *kernel, *variant, param_sizes);
+    const auto file = in.string(raw, "file");
+    TORCH_CHECK_VALUE(is_plain_file_name(file), in.context(),
+                      ": field 'file' must be a file name beside the manifest, got '", file, "'");
+    variant->binary = read_file(file);
+    const auto problem = cubin_problem(variant->binary);
+    TORCH_CHECK_VALUE(problem.empty(), in.context(), ": binary '", file,
+                      "' is not a cubin: ", problem);
     kernel->variants.push_back(std::move(variant));
   }
   return kernel;
@@ -375,6 +579,28 @@ cuda::CUfunction function_on(const KernelImpl& kernel, Variant& variant, const c
   return function;
 }
 
+// The values an integer parameter narrower than 64 bits holds.
+std::pair<int64_t, int64_t> integer_range(ParamType type) {
+  switch (type) {
+    case ParamType::kI1:
+      return {0, 1};
+    case ParamType::kI8:
+      return {INT8_MIN, INT8_MAX};
+    case ParamType::kU8:
+      return {0, UINT8_MAX};
+    case ParamType::kI16:
+      return {INT16_MIN, INT16_MAX};
+    case ParamType::kU16:
+      return {0, UINT16_MAX};
+    case ParamType::kI32:
+      return {INT32_MIN, INT32_MAX};
+    case ParamType::kU32:
+      return {0, UINT32_MAX};
+    default:
+      return {INT64_MIN, INT64_MAX};
+  }
+}
+
 // Slot for one parameter's bytes, as the kernel reads them.
 void pack(const Param& param, const Arg& arg, uint64_t* slot, const std::string& kernel) {
   *slot = 0;
@@ -390,25 +616,17 @@ void pack(const Param& param, const Arg& arg, uint64_t* slot, const std::string&
       return;
     }
     case ParamType::kI1:
-    case ParamType::kI8: {
-      check_range(param.type == ParamType::kI1 ? 0 : INT8_MIN,
-                  param.type == ParamType::kI1 ? 1 : INT8_MAX);
-      auto value = static_cast<int8_t>(arg.as_int());
-      std::memcpy(slot, &value, sizeof(value));
-      return;
-    }
-    case ParamType::kI16: {
-      check_range(INT16_MIN, INT16_MAX);
-      auto value = static_cast<int16_t>(arg.as_int());
-      std::memcpy(slot, &value, sizeof(value));
-      return;
-    }
+    case ParamType::kI8:
+    case ParamType::kU8:
+    case ParamType::kI16:
+    case ParamType::kU16:
     case ParamType::kI32:
     case ParamType::kU32: {
-      if (param.type == ParamType::kI32) check_range(INT32_MIN, INT32_MAX);
-      if (param.type == ParamType::kU32) check_range(0, UINT32_MAX);
-      auto value = static_cast<uint32_t>(arg.as_int());
-      std::memcpy(slot, &value, sizeof(value));
+      const auto [low, high] = integer_range(param.type);
+      check_range(low, high);
+      // Two's complement; on little-endian hosts (every CUDA host) the low bytes are the value.
+      const auto bits = static_cast<uint64_t>(arg.as_int());
+      std::memcpy(slot, &bits, param_size(param.type));
       return;
     }
     case ParamType::kI64:
@@ -440,8 +658,20 @@ void pack(const Param& param, const Arg& arg, uint64_t* slot, const std::string&
   }
 }
 
-at::Tensor scratch(int64_t per_program, int64_t align, int64_t programs, const at::Tensor& like) {
-  return at::empty({per_program * programs + align}, like.options().dtype(at::kByte));
+std::string not_registered_reason(const std::string& name) {
+  const auto failure = failure_of(name);
+  return failure.empty() ? "no binaries are registered for it"
+                         : "its embedded bundle failed to load: " + failure;
+}
+
+at::Tensor scratch(const std::string& kernel, int64_t per_program, int64_t align, int64_t programs,
+                   const at::Tensor& like) {
+  int64_t bytes = 0;
+  TORCH_CHECK_VALUE(!c10::mul_overflows(per_program, programs, &bytes) &&
+                        !c10::add_overflows(bytes, align, &bytes),
+                    "opreg: Triton kernel '", kernel, "': scratch of ", per_program,
+                    " bytes for each of ", programs, " programs overflows 64 bits");
+  return at::empty({bytes}, like.options().dtype(at::kByte));
 }
 
 void* aligned_pointer(const at::Tensor& buffer, int64_t align) {
@@ -460,19 +690,24 @@ Kernel::Kernel(std::string name) : name_(std::move(name)) {}
 
 KernelImpl& Kernel::impl() const {
   KernelImpl* kernel = find();
-  TORCH_CHECK(kernel != nullptr,
-              "opreg: no ahead-of-time binaries are registered for the Triton "
-              "kernel '",
-              name_,
-              "' (build them with python -m opreg.aot, and link the generated "
-              "source or call load_bundle_dir)");
+  if (kernel == nullptr) {
+    const auto failure = failure_of(name_);
+    TORCH_CHECK(failure.empty(), "opreg: no ahead-of-time binaries are registered for the Triton ",
+                "kernel '", name_, "': its embedded bundle failed to load: ", failure);
+    TORCH_CHECK(false, "opreg: no ahead-of-time binaries are registered for the Triton kernel '",
+                name_,
+                "' (build them with python -m opreg.aot, and link the generated source or call "
+                "load_bundle_dir)");
+  }
   return *kernel;
 }
 
 bool Kernel::can_launch(c10::ArrayRef<Arg> args, std::string* why_not) const {
-  std::string why = "no binaries are registered for it";
+  std::string why;
   KernelImpl* kernel = find();
-  if (kernel != nullptr) {
+  if (kernel == nullptr) {
+    why = not_registered_reason(name_);
+  } else {
     auto call = inspect(*kernel, args, &why);
     if (call.device >= 0 && select(*kernel, args, call.device, &why) != nullptr) return true;
   }
@@ -503,7 +738,7 @@ bool Kernel::available_on(int device, std::string* why_not) const {
   if (!in_range) {
     why = "CUDA device index " + std::to_string(device) + " out of range";
   } else if (kernel == nullptr) {
-    why = "no binaries are registered for it";  // not cached: a bundle may be loaded later
+    why = not_registered_reason(name_);  // not cached: a bundle may be loaded later
   } else if (cuda::driver(&why) != nullptr) {
     int capability = compute_capability(device);
     available = best_arch(*kernel, capability) >= 0;
@@ -520,9 +755,11 @@ bool Kernel::available_on(int device, std::string* why_not) const {
 }
 
 std::string Kernel::variant_for(c10::ArrayRef<Arg> args) const {
-  std::string why = "no binaries are registered for it";
+  std::string why;
   KernelImpl* kernel = find();
-  if (kernel != nullptr) {
+  if (kernel == nullptr) {
+    why = not_registered_reason(name_);
+  } else {
     auto call = inspect(*kernel, args, &why);
     Variant* variant = call.device >= 0 ? select(*kernel, args, call.device, &why) : nullptr;
     if (variant != nullptr) {
@@ -567,17 +804,23 @@ void Kernel::launch(Grid grid, c10::ArrayRef<Arg> args) const {
     params[count] = &slots[count];
     ++count;
   }
-  const int64_t programs = grid.x * grid.y * grid.z * variant->num_ctas;
+  // grid.x * grid.y * grid.z < 2^63 by the limits above; times num_ctas (<= 16) may not be.
+  int64_t programs = 0;
+  TORCH_CHECK_VALUE(
+      !c10::mul_overflows(grid.x * grid.y * grid.z, int64_t{variant->num_ctas}, &programs) &&
+          grid.x * variant->num_ctas < (int64_t{1} << 31),
+      "opreg: Triton kernel '", name_, "': grid (", grid.x, ", ", grid.y, ", ", grid.z, ") times ",
+      variant->num_ctas, " CTAs per program is outside CUDA's limits (x < 2^31)");
   at::Tensor global_scratch, profile_scratch;
   void* global_pointer = nullptr;
   void* profile_pointer = nullptr;
   if (variant->global_scratch_size > 0) {
-    global_scratch = scratch(variant->global_scratch_size, variant->global_scratch_align, programs,
-                             *call.first_tensor);
+    global_scratch = scratch(name_, variant->global_scratch_size, variant->global_scratch_align,
+                             programs, *call.first_tensor);
     global_pointer = aligned_pointer(global_scratch, variant->global_scratch_align);
   }
   if (variant->profile_scratch_size > 0) {
-    profile_scratch = scratch(variant->profile_scratch_size, variant->profile_scratch_align,
+    profile_scratch = scratch(name_, variant->profile_scratch_size, variant->profile_scratch_align,
                               programs, *call.first_tensor);
     profile_pointer = aligned_pointer(profile_scratch, variant->profile_scratch_align);
   }
@@ -630,17 +873,38 @@ void Kernel::launch(Grid grid, c10::ArrayRef<Arg> args) const {
               ", ", grid.z, ") on cuda:", call.device, " failed: ", cuda::error_text(result));
 }
 
+// Runs while a library loads (the generated source's static initializer), where an exception
+// would abort the process: a bundle that fails is recorded and reported when its kernel is used
+// (and warned about now), so ops fall back instead.
 bool register_embedded_bundle(const char* manifest, size_t manifest_size, const EmbeddedFile* files,
                               size_t num_files) {
-  add_kernel(parse_manifest(std::string(manifest, manifest_size), [&](const std::string& name) {
-    for (size_t i = 0; i < num_files; ++i) {
-      if (name == files[i].name) {
-        return std::string(reinterpret_cast<const char*>(files[i].data), files[i].size);
+  const std::string text(manifest, manifest_size);
+  try {
+    add_kernel(parse_manifest(text, "(embedded)", [&](const std::string& name) {
+      for (size_t i = 0; i < num_files; ++i) {
+        if (name == files[i].name) {
+          return std::string(reinterpret_cast<const char*>(files[i].data), files[i].size);
+        }
       }
+      TORCH_CHECK_VALUE(false, "opreg: embedded Triton bundle lacks the binary '", name, "'");
+    }));
+    return true;
+  } catch (const std::exception& error) {
+    std::string name;
+    auto parsed = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (parsed.is_object() && parsed.contains("kernel") && parsed["kernel"].is_string()) {
+      name = parsed["kernel"].get<std::string>();
     }
-    TORCH_CHECK_VALUE(false, "opreg: embedded Triton bundle lacks the binary '", name, "'");
-  }));
-  return true;
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&error);
+    const std::string message = c10_error ? c10_error->what_without_backtrace() : error.what();
+    {
+      auto& reg = registry();
+      std::lock_guard<std::mutex> lock(reg.mutex);
+      reg.failures.emplace(name, message);
+    }
+    TORCH_WARN("opreg: the embedded Triton kernel '", name, "' was not registered: ", message);
+    return false;
+  }
 }
 
 std::vector<std::string> load_bundle_dir(const std::string& path) {
@@ -654,8 +918,12 @@ std::vector<std::string> load_bundle_dir(const std::string& path) {
   TORCH_CHECK_VALUE(index.good(), "opreg: ", path,
                     " has no index.txt; is it a folder written by python -m opreg.aot?");
   for (std::string manifest; std::getline(index, manifest);) {
+    if (!manifest.empty() && manifest.back() == '\r') manifest.pop_back();
     if (manifest.empty()) continue;
-    auto kernel = parse_manifest(read(manifest), read);
+    TORCH_CHECK_VALUE(is_plain_file_name(manifest), "opreg: ", path,
+                      "/index.txt: expected the file name of a manifest beside it, got '", manifest,
+                      "'");
+    auto kernel = parse_manifest(read(manifest), path + "/" + manifest, read);
     names.push_back(kernel->name);
     add_kernel(std::move(kernel));
   }

@@ -31,6 +31,39 @@ TEST(Triton, EmbeddedKernelsAreRegisteredWithTheirVariants) {
   EXPECT_GT(matmul->variants.front().shared, 48 * 1024);
 }
 
+// A library embedding a kernel with u8/u16 scalars used to abort while loading (the runtime
+// refused the types in a static initializer): this executable embeds one
+// (tests/kernels/unsigned_kernels.toml).
+TEST(Triton, UnsignedScalarParametersAreRegistered) {
+  auto kernels = opreg::triton::describe_kernels();
+  const auto* fill = find_kernel(kernels, "opreg_test_fill_sum_u8_u16");
+  ASSERT_NE(fill, nullptr);
+  EXPECT_EQ(fill->params,
+            (std::vector<std::string>{"out_ptr: *fp32", "a: u8", "b: u16", "n: i32"}));
+  EXPECT_EQ(fill->variants.size(), 4u);  // 2 archs x out_ptr aligned or not
+}
+
+// Registration runs while a library loads: a bad bundle is reported when its kernel is used, and
+// the process goes on.
+TEST(Triton, EmbeddedBundleThatFailsIsReportedNotThrown) {
+  const std::string manifest =
+      R"({"format": "opreg-triton-aot/1", "kernel": "opreg_test_bad_embedded",
+    "params": [{"name": "x", "type": "fp8e5"}], "variants": []})";
+  EXPECT_FALSE(
+      opreg::triton::register_embedded_bundle(manifest.data(), manifest.size(), nullptr, 0));
+  opreg::triton::Kernel kernel("opreg_test_bad_embedded");
+  std::string why;
+  EXPECT_FALSE(kernel.available_on(0, &why));
+  EXPECT_CONTAINS(why,
+                  "its embedded bundle failed to load: opreg: Triton manifest (embedded): "
+                  "kernel 'opreg_test_bad_embedded', parameter 'x': unsupported parameter "
+                  "type 'fp8e5'");
+  EXPECT_CONTAINS(error_of([&] { kernel.launch({1}, {}); }),
+                  "Triton kernel 'opreg_test_bad_embedded': its embedded bundle failed to load");
+  const std::string garbage = "{not json";
+  EXPECT_FALSE(opreg::triton::register_embedded_bundle(garbage.data(), garbage.size(), nullptr, 0));
+}
+
 TEST(Triton, CpuTensorsAreRefusedWithTheReason) {
   opreg::triton::Kernel kernel("opreg_test_scale");
   auto x = at::randn({8});
@@ -113,6 +146,48 @@ TEST(Triton, DeclaredLaunchDeclinesCpuCallsToTheFallback) {
   EXPECT_TRUE(at::equal(op(x, x), x + x));
   EXPECT_EQ(opreg_test::impls_of(trace.records()),
             (std::vector<std::string>{"fallback(declined by kernel:triton_aot)", "fallback"}));
+}
+
+TEST(Triton, DeclaredLaunchExpressionsAreCheckedAtDefinition) {
+  auto define = [](const std::vector<std::string>& grid, const std::vector<std::string>& args) {
+    return error_of([&] {
+      opreg::op("opreg_aot::checked(Tensor x, float f, int k) -> Tensor")
+          .fallback([](const at::Tensor& x, double, int64_t) { return x.clone(); })
+          .aot_kernel({"opreg_test_scale", grid, args, "like:x"})
+          .define();
+    });
+  };
+  const std::vector<std::string> grid{"cdiv(numel(x), 512)"};
+  EXPECT_CONTAINS(define(grid, {"x", "out0", "numel(f)", "2.0"}),
+                  "opreg_aot::checked: aot_kernel arguments: cannot read 'numel(f)': argument "
+                  "'f' is float, not a tensor");
+  EXPECT_CONTAINS(define(grid, {"x", "out0", "--5", "2.0"}),
+                  "cannot read '--5': '--5' is not an integer");
+  EXPECT_CONTAINS(define(grid, {"x", "out0", "numel(x)", "1e999"}),
+                  "cannot read '1e999': '1e999' is out of the range of a float (double)");
+  EXPECT_CONTAINS(define({"x"}, {"x", "out0", "numel(x)", "2.0"}),
+                  "aot_kernel grid: cannot read 'x': expected an integer expression, got a tensor");
+  EXPECT_CONTAINS(define({"cdiv(f, 4)"}, {"x", "out0", "numel(x)", "2.0"}),
+                  "cdiv needs an integer to divide, 'f' is a float");
+  EXPECT_FALSE(opreg::is_defined("opreg_aot::checked"));
+}
+
+// Off CUDA the kernel declines before evaluating anything: out0 has no tensor there, and
+// size(x, 5) of a 1-d tensor is not the kernel's business when the fallback serves the call.
+TEST(Triton, DeclaredLaunchDeclinesBeforeEvaluating) {
+  auto op = opreg::op("opreg_aot::decline_first(Tensor x, Tensor y) -> Tensor")
+                .fallback(add)
+                .aot_kernel({"opreg_test_scale",
+                             {"cdiv(size(x, 5), 512)"},
+                             {"x", "out0", "stride(x, 5)", "2.0"},
+                             "like:x"},
+                            {"cpu"})
+                .define();
+  auto x = at::randn({7});
+  opreg::TraceScope trace;
+  EXPECT_TRUE(at::equal(op(x, x), x + x));
+  EXPECT_EQ(opreg_test::impls_of(trace.records()).front(),
+            "fallback(declined by kernel:triton_aot)");
 }
 
 }  // namespace

@@ -259,18 +259,21 @@ def test_grid_outside_cuda_limits_is_an_error(aot_bundle):
 
 @requires_cuda
 def test_failed_cuda_call_names_kernel_and_cuda_error(aot_bundle, tmp_path):
+    # Whole cubins whose entry is not there: the loader cannot know (a cubin that is not one is
+    # refused when the bundle loads), the driver says so.
     m = manifest(aot_bundle, "opreg_test_scale")
     m["kernel"] = "opreg_test_corrupt"
     for variant in m["variants"]:
-        (tmp_path / variant["file"]).write_bytes(b"not a cubin" * 100)
+        variant["entry"] = "no_such_entry"
+        (tmp_path / variant["file"]).write_bytes((aot_bundle / variant["file"]).read_bytes())
     (tmp_path / "corrupt.json").write_text(json.dumps(m))
     (tmp_path / "index.txt").write_text("corrupt.json\n")
     opreg.load_triton_bundle(tmp_path)
     x = torch.randn(4, device="cuda")
     with pytest.raises(
         RuntimeError,
-        match=r"Triton kernel 'opreg_test_corrupt' \(sm_90.*loading "
-        r"the module on cuda:0 failed: CUDA_ERROR_",
+        match=r"Triton kernel 'opreg_test_corrupt' \(sm_90.*finding "
+        r"the entry on cuda:0 failed: CUDA_ERROR_",
     ):
         opreg.AotKernel("opreg_test_corrupt")[(1,)](x, x, 4, 1.0)
 
@@ -296,7 +299,7 @@ def test_declared_launch_errors_name_the_op_and_the_expression():
     with pytest.raises(
         ValueError,
         match=r"aot_decl::bad: aot_kernel grid: cannot read "
-        r"'numel\(z\)': no argument named 'z' \(the op has: x\)",
+        r"'cdiv\(numel\(z\), 4\)': no argument named 'z' \(the op has: x\)",
     ):
         opreg.register_triton_op(
             fake_fn=lambda x: x, triton_fn=None, aot=bad, name="aot_decl::bad"

@@ -40,8 +40,23 @@ from pathlib import Path
 import tomllib
 
 FORMAT = "opreg-triton-aot/1"
-CACHE_VERSION = 2  # bump when what the cache stores per variant changes
+CACHE_VERSION = 3  # bump when what the cache stores per variant changes
 POINTER_ALIGNMENT = 16
+
+# What the C++ runtime (src/triton/kernel.cpp) accepts; anything else is refused here, at build
+# time, rather than when the library that embeds it loads.
+SCALAR_SIZES = {
+    "i1": 1, "i8": 1, "u8": 1, "i16": 2, "u16": 2, "fp16": 2, "bf16": 2,
+    "i32": 4, "u32": 4, "fp32": 4, "i64": 8, "u64": 8, "fp64": 8,
+}  # fmt: skip
+POINTEE_TYPES = {*SCALAR_SIZES, "fp8e4nv", "fp8e5", "fp8e4b15", "fp8e4b8", "fp8e5b16"}
+MAX_PARAMS = 64
+MAX_WARPS = 32  # 1024 threads per block
+MAX_CTAS = 16
+MAX_INT32 = 2**31 - 1
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+TARGET = re.compile(r"(?:sm_|cuda:)(\d{2,4})")
+ELF_MACHINE_CUDA = 190
 
 
 @dataclass
@@ -68,20 +83,89 @@ class SpecError(ValueError):
 
 
 def load_spec(path: Path) -> tuple[list[KernelSpec], Path]:
-    data = tomllib.loads(path.read_text())
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as error:
+        raise SpecError(f"{path}: cannot read the spec: {error.strerror}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise SpecError(f"{path}: not valid TOML: {error}") from None
     targets = data.get("targets", ["sm_80", "sm_90"])
+    raws = data.get("kernel", [])
+    if not isinstance(raws, list) or not all(isinstance(raw, dict) for raw in raws):
+        raise SpecError(f"{path}: 'kernel' must be a list of [[kernel]] tables")
     kernels = []
-    for raw in data.get("kernel", []):
+    for raw in raws:
+        name = raw.get("name", "?")
         unknown = set(raw) - set(KernelSpec.__dataclass_fields__)
         if unknown:
-            raise SpecError(
-                f"{path}: kernel {raw.get('name', '?')}: unknown keys {sorted(unknown)}"
-            )
+            raise SpecError(f"{path}: kernel {name}: unknown keys {sorted(unknown)}")
+        missing = [key for key in ("name", "source", "signature") if key not in raw]
+        if missing:
+            raise SpecError(f"{path}: kernel {name}: missing keys {missing}")
         raw.setdefault("targets", targets)
-        kernels.append(KernelSpec(**raw))
+        kernel = KernelSpec(**raw)
+        check_kernel_spec(kernel, path)
+        kernels.append(kernel)
     if not kernels:
         raise SpecError(f"{path}: no [[kernel]] entries")
+    names = [k.name for k in kernels]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise SpecError(f"{path}: kernel names must be unique, {duplicates} appear more than once")
     return kernels, path.parent
+
+
+def check_kernel_spec(spec: KernelSpec, path: Path) -> None:
+    """The fields' types and values, before anything is compiled or written."""
+
+    def fail(field_name: str, expected: str, got: object) -> None:
+        raise SpecError(
+            f"{path}: kernel {spec.name}: '{field_name}' must be {expected}, got {got!r}"
+        )
+
+    if not isinstance(spec.name, str) or not IDENTIFIER.fullmatch(spec.name):
+        fail("name", "a C identifier (letters, digits, _; it names files and C++ symbols)",
+             spec.name)  # fmt: skip
+    if not isinstance(spec.source, str):
+        fail("source", "a string 'file.py:function' or 'module:function'", spec.source)
+    if not isinstance(spec.signature, dict) or not spec.signature:
+        fail("signature", "a table of argument name = type", spec.signature)
+    for arg, type_name in spec.signature.items():
+        pointer = isinstance(type_name, str) and type_name.startswith("*")
+        known = POINTEE_TYPES if pointer else SCALAR_SIZES
+        if not isinstance(type_name, str) or type_name.removeprefix("*") not in known:
+            fail(
+                f"signature.{arg}",
+                f"a type the runtime launches ({', '.join(SCALAR_SIZES)}, or a pointer '*fp32')",
+                type_name,
+            )
+    if not isinstance(spec.constexprs, dict):
+        fail("constexprs", "a table of argument name = value", spec.constexprs)
+    for key in ("equal_to_1", "do_not_specialize"):
+        value = getattr(spec, key)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            fail(key, "a list of argument names", value)
+        unknown = [v for v in value if v not in spec.signature]
+        if unknown:
+            fail(key, f"names of arguments in the signature ({list(spec.signature)})", unknown)
+    if not isinstance(spec.configs, list) or not spec.configs:
+        fail("configs", "a non-empty list of tables like { num_warps = 4 }", spec.configs)
+    for config in spec.configs:
+        if not isinstance(config, dict) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in config.values()
+        ):
+            fail("configs", "tables of integers like { num_warps = 4, num_stages = 3 }", config)
+        if not 1 <= config.get("num_warps", 4) <= MAX_WARPS:
+            fail("configs.num_warps", f"from 1 to {MAX_WARPS}", config["num_warps"])
+        if not 1 <= config.get("num_ctas", 1) <= MAX_CTAS:
+            fail("configs.num_ctas", f"from 1 to {MAX_CTAS}", config["num_ctas"])
+    targets = spec.targets
+    if not isinstance(targets, list) or not targets:
+        fail("targets", "a non-empty list of GPU targets like ['sm_80', 'sm_90']", targets)
+    for target in targets:
+        parse_arch(target, f"{path}: kernel {spec.name}")
+    if len({parse_arch(t) for t in targets}) != len(targets):
+        fail("targets", "a list without repeats", targets)
 
 
 def load_function(source: str, base: Path):
@@ -90,6 +174,8 @@ def load_function(source: str, base: Path):
         raise SpecError(f"source '{source}' must be 'file.py:function' or 'module:function'")
     if location.endswith(".py"):
         path = (base / location).resolve()
+        if not path.is_file():
+            raise SpecError(f"source '{source}': no file {path}")
         module_name = "opreg_aot_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
         spec = importlib.util.spec_from_file_location(module_name, path)
         if spec is None or spec.loader is None:
@@ -98,18 +184,25 @@ def load_function(source: str, base: Path):
         sys.modules[module_name] = module
         spec.loader.exec_module(module)
     else:
-        module = importlib.import_module(location)
+        try:
+            module = importlib.import_module(location)
+        except ModuleNotFoundError as error:
+            if error.name is None or not location.startswith(error.name):
+                raise  # the module exists, one it imports does not: its own traceback says where
+            raise SpecError(f"source '{source}': no module named {error.name!r}") from None
     try:
         return getattr(module, function)
     except AttributeError:
         raise SpecError(f"{location} has no function '{function}'") from None
 
 
-def parse_arch(target: str) -> int:
-    digits = target.removeprefix("sm_").removeprefix("cuda:")
-    if not digits.isdigit():
-        raise SpecError(f"GPU target '{target}' is not of the form sm_90")
-    return int(digits)
+def parse_arch(target: object, where: str = "") -> int:
+    """sm_90 -> 90; the runtime takes architectures 10 to 9999."""
+    match = TARGET.fullmatch(target) if isinstance(target, str) else None
+    if match is None or int(match.group(1)) < 10:
+        prefix = f"{where}: " if where else ""
+        raise SpecError(f"{prefix}GPU target {target!r} is not of the form sm_90")
+    return int(match.group(1))
 
 
 def runtime_params(spec: KernelSpec, arg_names: list[str]) -> list[dict[str, str]]:
@@ -128,7 +221,13 @@ def runtime_params(spec: KernelSpec, arg_names: list[str]) -> list[dict[str, str
     for name in spec.equal_to_1:
         if not spec.signature.get(name, "").startswith(("i", "u")):
             raise SpecError(f"kernel {spec.name}: equal_to_1 lists '{name}', not an int argument")
-    return [{"name": a, "type": spec.signature[a]} for a in arg_names if a in spec.signature]
+    params = [{"name": a, "type": spec.signature[a]} for a in arg_names if a in spec.signature]
+    if len(params) > MAX_PARAMS:
+        raise SpecError(
+            f"kernel {spec.name}: {len(params)} parameters, the runtime launches at most "
+            f"{MAX_PARAMS}"
+        )
+    return params
 
 
 def variants(spec: KernelSpec, params: list[dict[str, str]]) -> list[Variant]:
@@ -208,7 +307,10 @@ def content_hash(fn, spec: KernelSpec, variant: Variant) -> str:
 
 
 def build_kernel(spec: KernelSpec, base: Path, out: Path, cache: Path, progress) -> Path:
-    fn = load_function(spec.source, base)
+    try:
+        fn = load_function(spec.source, base)
+    except SpecError as error:
+        raise SpecError(f"kernel {spec.name}: {error}") from None
     params = runtime_params(spec, list(fn.arg_names))
     index = {p["name"]: i for i, p in enumerate(params)}
     manifest = {
@@ -218,49 +320,129 @@ def build_kernel(spec: KernelSpec, base: Path, out: Path, cache: Path, progress)
         "params": params,
         "variants": [],
     }
-    for variant in variants(spec, params):
+    all_variants = variants(spec, params)
+    if not all_variants:
+        raise SpecError(f"kernel {spec.name}: no variants to compile (check targets and configs)")
+    for variant in all_variants:
         digest = content_hash(fn, spec, variant)
         cubin_name = f"{spec.name}.{digest}.sm{variant.arch}.cubin"
-        meta_path = cache / f"{digest}.json"
-        if (cache / cubin_name).exists() and meta_path.exists():
-            meta = json.loads(meta_path.read_text())
+        meta, cubin = cached_variant(cache, cubin_name, digest)
+        if meta is not None:
             progress(f"{spec.name} sm_{variant.arch} {describe(variant)} (cached)")
         else:
             progress(f"{spec.name} sm_{variant.arch} {describe(variant)}")
-            _, compiled = compile_variant(fn, spec, params, variant)
-            md = compiled.metadata
-            meta = {
-                "entry": md.name,
-                "num_warps": md.num_warps,
-                "num_ctas": md.num_ctas,
-                "shared": md.shared,
-                "global_scratch_size": md.global_scratch_size,
-                "global_scratch_align": md.global_scratch_align,
-                "profile_scratch_size": md.profile_scratch_size,
-                "profile_scratch_align": md.profile_scratch_align,
-                "launch_pdl": bool(md.launch_pdl),
-                "launch_cooperative_grid": bool(md.launch_cooperative_grid),
-            }
-            meta["param_sizes"] = ptx_param_sizes(compiled.asm["ptx"], md.name)
-            if md.tensordesc_meta:
-                raise SpecError(
-                    f"kernel {spec.name}: tensor-descriptor arguments are not supported"
-                )
-            (cache / cubin_name).write_bytes(compiled.asm["cubin"])
-            meta_path.write_text(json.dumps(meta))
-        (out / cubin_name).write_bytes((cache / cubin_name).read_bytes())
-        manifest["variants"].append(
-            {
-                "arch": variant.arch,
-                "file": cubin_name,
-                "config": dict(variant.config),
-                "assumptions": [{"param": index[n], "kind": k} for n, k in variant.assumptions],
-                **meta,
-            }
-        )
+            meta, cubin = compile_to_cache(fn, spec, params, variant, cache, cubin_name, digest)
+        entry = {
+            "arch": variant.arch,
+            "file": cubin_name,
+            "config": dict(variant.config),
+            "assumptions": [{"param": index[n], "kind": k} for n, k in variant.assumptions],
+            **meta,
+        }
+        check_variant(spec, params, variant, entry)
+        (out / cubin_name).write_bytes(cubin)
+        manifest["variants"].append(entry)
     path = out / f"{spec.name}.json"
     path.write_text(json.dumps(manifest, indent=1))
     return path
+
+
+def cached_variant(cache: Path, cubin_name: str, digest: str) -> tuple[dict | None, bytes]:
+    """The cached metadata and cubin, or (None, b"") when absent or damaged (then recompiled):
+    a cubin whose hash differs from the one recorded (truncated by a killed build) is never
+    copied."""
+    meta_path = cache / f"{digest}.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+        cubin = (cache / cubin_name).read_bytes()
+    except (OSError, ValueError):
+        return None, b""
+    recorded = meta.pop("cubin_sha256", None) if isinstance(meta, dict) else None
+    if recorded != hashlib.sha256(cubin).hexdigest() or cubin_problem(cubin):
+        return None, b""
+    return meta, cubin
+
+
+def compile_to_cache(fn, spec, params, variant, cache: Path, cubin_name: str, digest: str):
+    _, compiled = compile_variant(fn, spec, params, variant)
+    md = compiled.metadata
+    if md.tensordesc_meta:
+        raise SpecError(f"kernel {spec.name}: tensor-descriptor arguments are not supported")
+    meta = {
+        "entry": md.name,
+        "num_warps": md.num_warps,
+        "num_ctas": md.num_ctas,
+        "shared": md.shared,
+        "global_scratch_size": md.global_scratch_size,
+        "global_scratch_align": md.global_scratch_align,
+        "profile_scratch_size": md.profile_scratch_size,
+        "profile_scratch_align": md.profile_scratch_align,
+        "launch_pdl": bool(md.launch_pdl),
+        "launch_cooperative_grid": bool(md.launch_cooperative_grid),
+    }
+    meta["param_sizes"] = ptx_param_sizes(compiled.asm["ptx"], md.name)
+    cubin = compiled.asm["cubin"]
+    problem = cubin_problem(cubin)
+    if problem:
+        raise SpecError(f"kernel {spec.name}: Triton gave a binary that is not a cubin: {problem}")
+    # The cubin first, its metadata (with its hash) last: a build killed in between leaves an
+    # entry that cached_variant refuses.
+    (cache / cubin_name).write_bytes(cubin)
+    record = {**meta, "cubin_sha256": hashlib.sha256(cubin).hexdigest()}
+    (cache / f"{digest}.json").write_text(json.dumps(record))
+    return meta, cubin
+
+
+def check_variant(spec: KernelSpec, params, variant: Variant, entry: dict) -> None:
+    """The checks the runtime makes when it loads the manifest (src/triton/kernel.cpp
+    parse_manifest), so that a bundle this writes always loads."""
+    where = f"kernel {spec.name} (sm_{variant.arch}, {describe(variant)})"
+    limits = {
+        "num_warps": (1, MAX_WARPS),
+        "num_ctas": (1, MAX_CTAS),
+        "shared": (0, MAX_INT32),
+        "global_scratch_size": (0, MAX_INT32),
+        "profile_scratch_size": (0, MAX_INT32),
+        "global_scratch_align": (1, 1 << 16),
+        "profile_scratch_align": (1, 1 << 16),
+    }
+    for key, (low, high) in limits.items():
+        value = entry[key]
+        if not isinstance(value, int) or not low <= value <= high:
+            raise SpecError(f"{where}: {key} = {value!r}, the runtime takes {low} to {high}")
+        if key.endswith("_align") and value & (value - 1):
+            raise SpecError(f"{where}: {key} = {value} is not a power of two")
+    dropped = {params[a["param"]]["name"] for a in entry["assumptions"] if a["kind"] == "equals1"}
+    packed = [SCALAR_SIZES.get(p["type"], 8) for p in params if p["name"] not in dropped]
+    packed += [8, 8]  # global and profile scratch pointers
+    if entry["param_sizes"] != packed:
+        raise SpecError(
+            f"{where}: the binary expects parameters of sizes {entry['param_sizes']}, the "
+            f"launcher would pack {packed}"
+        )
+
+
+def cubin_problem(data: bytes) -> str:
+    """Why `data` is not a whole cubin (an ELF64 little-endian image for CUDA whose header
+    tables lie inside it), or "". The runtime makes the same check."""
+    if not data:
+        return "it is empty"
+    if len(data) < 64 or data[:4] != b"\x7fELF":
+        return f"it is not an ELF file ({len(data)} bytes)"
+    if data[4] != 2 or data[5] != 1:
+        return "it is not a 64-bit little-endian ELF file"
+    machine = int.from_bytes(data[18:20], "little")
+    if machine != ELF_MACHINE_CUDA:
+        return f"its ELF machine is {machine}, not CUDA ({ELF_MACHINE_CUDA})"
+
+    def field(offset: int, size: int) -> int:
+        return int.from_bytes(data[offset : offset + size], "little")
+
+    for offset, count, entry_size in ((field(32, 8), field(56, 2), field(54, 2)),
+                                      (field(40, 8), field(60, 2), field(58, 2))):  # fmt: skip
+        if offset + count * entry_size > len(data):
+            return f"it is truncated: its ELF header points past its {len(data)} bytes"
+    return ""
 
 
 PTX_PARAM = re.compile(r"\.param\s+\.([a-z]+)(\d+)")
@@ -281,8 +463,9 @@ def describe(variant: Variant) -> str:
 
 def emit_cpp(manifests: list[Path], out: Path, spec_path: Path) -> None:
     """One C++ source embedding every manifest and cubin, registered at load time."""
+    spec_name = spec_path.name.encode("unicode_escape").decode("ascii")  # one line
     lines = [
-        f"// Generated by opreg/aot/compile.py from {spec_path.name}; do not edit.",
+        f"// Generated by opreg/aot/compile.py from {spec_name}; do not edit.",
         "#include <opreg/triton.h>",
         "",
         "namespace {",
@@ -299,7 +482,7 @@ def emit_cpp(manifests: list[Path], out: Path, spec_path: Path) -> None:
             )
             blobs.append((m, variant["file"], symbol))
     for m in range(len(manifests)):
-        entries = [f'{{"{f}", {s}, sizeof({s})}}' for mm, f, s in blobs if mm == m]
+        entries = [f"{{{c_string(f)}, {s}, sizeof({s})}}" for mm, f, s in blobs if mm == m]
         lines.append(f"const opreg::triton::EmbeddedFile kFiles{m}[] = {{{', '.join(entries)}}};")
         lines.append(
             f"const bool kRegistered{m} = opreg::triton::register_embedded_bundle("
@@ -308,6 +491,12 @@ def emit_cpp(manifests: list[Path], out: Path, spec_path: Path) -> None:
         )
     lines += ["}  // namespace", ""]
     out.write_text("\n".join(lines))
+
+
+def c_string(text: str) -> str:
+    """A C++ string literal of `text`, every byte but letters, digits and ._- escaped."""
+    safe = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
+    return '"' + "".join(chr(b) if b in safe else f"\\{b:03o}" for b in text.encode()) + '"'
 
 
 def bytes_literal(path: Path) -> str:
@@ -322,7 +511,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--emit-cpp", type=Path, help="also write a C++ source embedding them")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except SpecError as error:
+        print(f"python -m opreg.aot: error: {error}", file=sys.stderr)
+        return 1
 
+
+def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRITON_CACHE_DIR", str((args.cache or args.out / ".cache") / "triton"))
     # Compiling for GPUs: kernels must be JIT functions, not the interpreter's stand-ins.
     os.environ.pop("TRITON_INTERPRET", None)

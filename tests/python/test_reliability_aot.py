@@ -1,0 +1,450 @@
+"""Reliability of the AOT Triton path against malformed input: the compiler (`python -m
+opreg.aot`) refuses what the runtime cannot load, with one line naming the kernel and the field;
+the bundle loader checks every manifest field; declared launch expressions are checked when the
+op is defined; philox_uniform refuses sizes it cannot allocate. Probes that could crash the
+process run in a subprocess, so a crash is a test failure."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import opreg
+from conftest import REPO, requires_cuda
+from opreg.aot.compile import cubin_problem, emit_cpp
+
+KERNELS = REPO / "tests" / "kernels"
+CACHE = REPO / "build" / "aot-test-cache"
+
+
+def run_aot(spec_text: str, tmp_path, *extra: str) -> subprocess.CompletedProcess:
+    spec = tmp_path / "spec.toml"
+    spec.write_text(textwrap.dedent(spec_text))
+    command = [sys.executable, "-m", "opreg.aot", str(spec), "--out", str(tmp_path / "out")]
+    return subprocess.run([*command, *extra], capture_output=True, text=True)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *parts: str) -> None:
+    assert result.returncode != 0, result.stdout
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m opreg.aot: error: "), lines
+    for part in parts:
+        assert part in lines[0], (part, lines[0])
+
+
+def scale_spec(name: str = "opreg_rel_scale", **fields: str) -> str:
+    entries = {
+        "name": f'"{name}"',
+        "source": f'"{KERNELS / "test_kernels.py"}:scale_kernel"',
+        "signature": '{ x_ptr = "*fp32", out_ptr = "*fp32", n = "i64", factor = "fp32" }',
+        "constexprs": "{ BLOCK = 512 }",
+        "do_not_specialize": '["n"]',
+    } | fields
+    body = "\n".join(f"{key} = {value}" for key, value in entries.items())
+    return f'targets = ["sm_80"]\n[[kernel]]\n{body}\n'
+
+
+# ---- 1. the compiler refuses scalar types the runtime does not launch; u8/u16 are launched ----
+
+
+def test_unsigned_8_and_16_bit_scalars_compile_and_load(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "opreg.aot",
+            str(KERNELS / "unsigned_kernels.toml"),
+            "--out",
+            str(tmp_path),
+            "--cache",
+            str(CACHE),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert opreg.load_triton_bundle(tmp_path) == ["opreg_test_fill_sum_u8_u16"]
+    (kernel,) = [k for k in opreg.triton_kernels() if k["name"] == "opreg_test_fill_sum_u8_u16"]
+    assert kernel["params"] == ["out_ptr: *fp32", "a: u8", "b: u16", "n: i32"]
+    manifest = json.loads((tmp_path / "opreg_test_fill_sum_u8_u16.json").read_text())
+    assert {tuple(v["param_sizes"]) for v in manifest["variants"]} == {(8, 1, 2, 4, 8, 8)}
+
+
+@requires_cuda
+def test_unsigned_8_and_16_bit_scalars_are_packed_at_their_width(tmp_path):
+    command = [sys.executable, "-m", "opreg.aot", str(KERNELS / "unsigned_kernels.toml")]
+    subprocess.run([*command, "--out", str(tmp_path), "--cache", str(CACHE)], check=True)
+    opreg.load_triton_bundle(tmp_path)
+    kernel = opreg.AotKernel("opreg_test_fill_sum_u8_u16")
+    out = torch.full((300,), float("nan"), device="cuda")
+    kernel[(2,)](out, 255, 65535, 300)
+    torch.testing.assert_close(out, torch.full_like(out, 255.0 + 65535.0), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="argument 'a' = 256 does not fit u8"):
+        kernel[(2,)](out, 256, 0, 300)
+    with pytest.raises(ValueError, match="argument 'b' = -1 does not fit u16"):
+        kernel[(2,)](out, 0, -1, 300)
+
+
+@pytest.mark.parametrize("type_name", ["fp8e5", "u1", "i128", "*nope", "float"])
+def test_scalar_types_the_runtime_rejects_are_spec_errors(tmp_path, type_name):
+    signature = f'{{ x_ptr = "*fp32", out_ptr = "*fp32", n = "{type_name}", factor = "fp32" }}'
+    result = run_aot(scale_spec(signature=signature), tmp_path)
+    assert_one_line_error(
+        result,
+        "kernel opreg_rel_scale: 'signature.n' must be a type the runtime launches",
+        type_name,
+    )
+    assert not (tmp_path / "out").exists()
+
+
+# ---- 2. names, duplicates, targets, variants, cubins, one-line errors ----
+
+
+@pytest.mark.parametrize("name", ["../escape", 'quo"te', "has space", "9lives", ""])
+def test_kernel_names_must_be_c_identifiers(tmp_path, name):
+    result = run_aot(scale_spec(name=json.dumps(name)[1:-1]), tmp_path)
+    assert_one_line_error(result, "'name' must be a C identifier", repr(name))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.toml"]  # nothing written
+
+
+def test_duplicate_kernel_names_are_refused(tmp_path):
+    spec = scale_spec() + scale_spec().split("\n", 1)[1]
+    result = run_aot(spec, tmp_path)
+    assert_one_line_error(result, "kernel names must be unique, ['opreg_rel_scale']")
+
+
+@pytest.mark.parametrize(
+    ("targets", "message"),
+    [
+        ("[]", "'targets' must be a non-empty list"),
+        ('["sm_9x"]', "GPU target 'sm_9x' is not of the form sm_90"),
+        ('["sm_5"]', "GPU target 'sm_5' is not of the form sm_90"),
+        ('["sm_90", "sm_90"]', "'targets' must be a list without repeats"),
+        ('"sm_90"', "'targets' must be a non-empty list"),
+    ],
+)
+def test_targets_are_checked(tmp_path, targets, message):
+    assert_one_line_error(run_aot(scale_spec(targets=targets), tmp_path), message)
+
+
+@pytest.mark.parametrize(
+    ("configs", "message"),
+    [
+        ("[]", "'configs' must be a non-empty list"),
+        ("[{ num_warps = 64 }]", "'configs.num_warps' must be from 1 to 32, got 64"),
+        ('[{ num_warps = "4" }]', "'configs' must be tables of integers"),
+    ],
+)
+def test_configs_are_checked_and_zero_variants_is_an_error(tmp_path, configs, message):
+    assert_one_line_error(run_aot(scale_spec(configs=configs), tmp_path), message)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("[[kernel]]\nname = 'k'\n", "kernel k: missing keys ['source', 'signature']"),
+        ("[[kernel]\n", "not valid TOML"),
+        (
+            scale_spec(source='"nowhere.py:scale_kernel"'),
+            "kernel opreg_rel_scale: source 'nowhere.py:scale_kernel': no file",
+        ),
+        (scale_spec(source='"no_such_module_x:f"'), "no module named 'no_such_module_x'"),
+        (scale_spec(equal_to_1='["m"]'), "'equal_to_1' must be names of arguments"),
+    ],
+)
+def test_spec_errors_are_one_line(tmp_path, spec, message):
+    assert_one_line_error(run_aot(spec, tmp_path), message)
+
+
+def test_missing_spec_file_is_one_line(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "opreg.aot", str(tmp_path / "none.toml"), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert_one_line_error(result, "none.toml: cannot read the spec")
+
+
+def test_cubin_check():
+    assert cubin_problem(b"") == "it is empty"
+    assert cubin_problem(b"not a cubin" * 10) == "it is not an ELF file (110 bytes)"
+    header = bytearray(64)
+    header[:6] = b"\x7fELF\x02\x01"
+    header[18:20] = (3).to_bytes(2, "little")
+    assert cubin_problem(bytes(header)) == "its ELF machine is 3, not CUDA (190)"
+
+
+def test_truncated_cached_cubins_are_recompiled_not_copied(tmp_path):
+    cache = tmp_path / "cache"
+    spec = scale_spec(do_not_specialize='["n"]')
+    first = run_aot(spec, tmp_path, "--cache", str(cache))
+    assert first.returncode == 0, first.stderr
+    outputs = sorted((tmp_path / "out").glob("*.cubin"))
+    assert len(outputs) == 2  # out_ptr and x_ptr aligned or not
+    whole = {p.name: p.read_bytes() for p in outputs}
+    for name, data in whole.items():
+        assert cubin_problem(data) == ""
+        (cache / name).write_bytes(data[: len(data) // 2])  # a build killed while writing
+    shutil.rmtree(tmp_path / "out")
+    second = run_aot(spec, tmp_path, "--cache", str(cache))
+    assert second.returncode == 0, second.stderr
+    assert not any(line.endswith("(cached)") for line in second.stdout.splitlines())
+    for name, data in whole.items():
+        assert (tmp_path / "out" / name).read_bytes() == data
+    third = run_aot(spec, tmp_path, "--cache", str(cache))
+    assert all(line.endswith("(cached)") for line in third.stdout.splitlines())
+
+
+STUB_TRITON_H = """
+#include <cstddef>
+namespace opreg::triton {
+struct EmbeddedFile { const char* name; const unsigned char* data; size_t size; };
+bool register_embedded_bundle(const char*, size_t, const EmbeddedFile*, size_t);
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to compile the generated source")
+def test_generated_cpp_is_valid_whatever_the_file_names(tmp_path):
+    # A manifest from elsewhere (not validated by this compiler) naming a file with a quote, a
+    # backslash and a newline; the spec's own file name with a newline (in a // comment).
+    weird = 'a"b\\c\nd*.cubin'
+    (tmp_path / weird).write_bytes(b"\x7fELF")
+    variant = {"file": weird}
+    (tmp_path / "k.json").write_text(json.dumps({"kernel": "k", "variants": [variant]}))
+    (tmp_path / "opreg").mkdir()
+    (tmp_path / "opreg" / "triton.h").write_text(STUB_TRITON_H)
+    source = tmp_path / "embedded.cpp"
+    emit_cpp([tmp_path / "k.json"], source, tmp_path / "spec\nint oops;.toml")
+    result = subprocess.run(
+        ["g++", "-std=c++17", "-fsyntax-only", "-Werror", "-I", str(tmp_path), str(source)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr + source.read_text()[:400]
+    assert r'{"a\042b\134c\012d\052.cubin", kBlob0_0, sizeof(kBlob0_0)}' in source.read_text()
+
+
+# ---- 3. the bundle loader checks every manifest field and names the file ----
+
+
+def corrupted_bundle(aot_bundle, tmp_path, name, change):
+    m = json.loads((aot_bundle / "opreg_test_scale.json").read_text())
+    m["kernel"] = name
+    for variant in m["variants"]:
+        shutil.copy(aot_bundle / variant["file"], tmp_path / variant["file"])
+    change(m, tmp_path)
+    (tmp_path / "bad.json").write_text(json.dumps(m))
+    (tmp_path / "index.txt").write_text("bad.json\n")
+    return tmp_path
+
+
+def set_field(key, value):
+    def change(m, _):
+        m["variants"][0][key] = value
+
+    return change
+
+
+def empty_cubin(m, folder):
+    (folder / m["variants"][0]["file"]).write_bytes(b"")
+
+
+def truncated_cubin(m, folder):
+    path = folder / m["variants"][0]["file"]
+    path.write_bytes(path.read_bytes()[:200])
+
+
+def equals1_on_pointer(m, _):
+    m["variants"][0]["assumptions"] = [{"param": 0, "kind": "equals1"}]
+
+
+def escaping_file(m, _):
+    m["variants"][0]["file"] = "../elsewhere.cubin"
+
+
+def missing_field(m, _):
+    del m["variants"][0]["shared"]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (set_field("num_warps", -1), "field 'num_warps' must be an integer from 1 to 32, got -1"),
+        (set_field("num_warps", 2**40), "field 'num_warps' must be an integer from 1 to 32"),
+        (set_field("num_warps", 4.5), "field 'num_warps' must be an integer from 1 to 32, got 4.5"),
+        (set_field("num_ctas", 0), "field 'num_ctas' must be an integer from 1 to 16, got 0"),
+        (set_field("shared", -4), "field 'shared' must be an integer from 0 to 2147483647"),
+        (set_field("global_scratch_align", 0), "field 'global_scratch_align' must be an integer"),
+        (
+            set_field("global_scratch_align", 3),
+            "field 'global_scratch_align' must be a power of two",
+        ),
+        (set_field("launch_pdl", "yes"), "field 'launch_pdl' must be true or false"),
+        (set_field("arch", -90), "field 'arch' must be an integer from 10 to 9999, got -90"),
+        (set_field("entry", ""), "field 'entry' must be a non-empty string"),
+        (missing_field, "field 'shared' is missing"),
+        (equals1_on_pointer, "assumption 'equals1' on parameter 'x_ptr' (*fp32) needs an integer"),
+        (empty_cubin, "is not a cubin: it is empty"),
+        (truncated_cubin, "is not a cubin: it is truncated"),
+        (escaping_file, "field 'file' must be a file name beside the manifest"),
+    ],
+)
+def test_manifest_fields_are_checked(aot_bundle, tmp_path, change, message):
+    name = f"opreg_rel_bad_{abs(hash(message)) % 10**8}"
+    folder = corrupted_bundle(aot_bundle, tmp_path, name, change)
+    with pytest.raises(ValueError) as error:
+        opreg.load_triton_bundle(folder)
+    text = str(error.value)
+    assert f"opreg: Triton manifest {folder}/bad.json: kernel '{name}', variant 0" in text, text
+    assert message in text
+    assert name not in {k["name"] for k in opreg.triton_kernels()}
+
+
+def test_manifest_that_is_not_json_names_the_file(tmp_path):
+    (tmp_path / "broken.json").write_text('{"format": "opreg-triton-aot/1", "kernel": ')
+    (tmp_path / "index.txt").write_text("broken.json\n")
+    with pytest.raises(
+        ValueError, match=f"Triton manifest {tmp_path}/broken.json is not valid JSON"
+    ):
+        opreg.load_triton_bundle(tmp_path)
+
+
+def test_manifest_with_wrongly_typed_params_names_the_field(tmp_path):
+    manifest = {"format": "opreg-triton-aot/1", "kernel": "k", "params": {"x": 1}, "variants": []}
+    (tmp_path / "k.json").write_text(json.dumps(manifest))
+    (tmp_path / "index.txt").write_text("k.json\n")
+    with pytest.raises(ValueError, match=r"k.json: kernel 'k': field 'params' must be a list"):
+        opreg.load_triton_bundle(tmp_path)
+
+
+# ---- 4. declared launch expressions ----
+
+
+def define_declared(name, grid, arguments, outputs="like:x"):
+    def fn(x: torch.Tensor, f: float, k: int) -> torch.Tensor:
+        return x * f
+
+    launch = opreg.AotLaunch("opreg_test_scale", tuple(grid), tuple(arguments), outputs)
+    return opreg.register_triton_op(
+        fake_fn=lambda x, f, k: torch.empty_like(x),
+        triton_fn=None,
+        aot=launch,
+        triton_device_types="cpu",
+        name=f"aot_rel::{name}",
+    )(fn)
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("--5", "'--5' is not an integer"),
+        ("1e999", "'1e999' is out of the range of a float (double)"),
+        ("99999999999999999999", "is out of the range of a 64-bit integer"),
+        ("", "the expression is empty"),
+        ("   ", "the expression is empty"),
+        ("numel(x", "expected ')' after 'numel(x', found the end"),
+        ("numel(x))", "expected the end after 'numel(x)', found ')'"),
+        ("(numel(x))", "expected a name after '', found '(numel(x))'"),
+        ("cdiv(numel(x), 0)", "the divisor of cdiv must be a positive integer"),
+        ("cdiv(numel(x), 99999999999999999999)", "out of the range of a 64-bit integer"),
+        ("size(x, 1.5)", "'1.5' is not an integer"),
+        ("size(x)", "expected ',' after 'size(x', found ')'"),
+        ("numel(x) + 1", "expected the end after 'numel(x)', found '+ 1'"),
+        ("sqrt(x)", "unknown function 'sqrt' (known: numel, size, stride, cdiv)"),
+        ("numel(f)", "argument 'f' is float, not a tensor"),
+        ("size(k, 0)", "argument 'k' is int, not a tensor"),
+        ("stride(f, 0)", "argument 'f' is float, not a tensor"),
+        ("out1", "'out1' names no output: the op has 1 outputs"),
+        ("out99999999999999999999", "names no output"),
+        ("nan", "no argument named 'nan' (the op has: x, f, k)"),
+    ],
+)
+def test_malformed_expressions_are_value_errors(expression, message):
+    name = f"bad_{abs(hash(expression)) % 10**8}"
+    with pytest.raises(ValueError) as error:
+        define_declared(name, ["cdiv(numel(x), 512)"], ["x", "out0", expression, "f"])
+    assert f"aot_rel::{name}: aot_kernel arguments: cannot read '{expression}': " in str(
+        error.value
+    )
+    assert message in str(error.value)
+
+
+def test_grid_expressions_must_be_integers():
+    with pytest.raises(ValueError, match="grid: cannot read 'f': expected an integer expression"):
+        define_declared("float_grid", ["f"], ["x", "out0", "numel(x)", "f"])
+    with pytest.raises(ValueError, match="cdiv needs an integer to divide, 'x' is a tensor"):
+        define_declared("tensor_cdiv", ["cdiv(x, 4)"], ["x", "out0", "numel(x)", "f"])
+    with pytest.raises(ValueError, match="outputs: cannot read 'k': argument 'k' is int, not a"):
+        define_declared("int_like", ["1"], ["x", "out0", "numel(x)", "f"], outputs="like:k")
+
+
+def test_off_cuda_the_declared_kernel_declines_before_evaluating():
+    op = define_declared(
+        "decline_first", ["cdiv(size(x, 3), 512)"], ["x", "out0", "stride(x, 3)", "f"]
+    )
+    x = torch.randn(10)
+    with opreg.trace() as t:
+        torch.testing.assert_close(op(x, 2.0, 1), x * 2)
+    assert t.impls()[0] == "fallback(declined by kernel:triton_aot)"
+
+
+@requires_cuda
+def test_dims_out_of_range_at_call_time_are_value_errors(aot_bundle):
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    op = opreg.register_triton_op(
+        fake_fn=lambda x: torch.empty_like(x),
+        triton_fn=None,
+        aot=opreg.AotLaunch(
+            "opreg_test_scale", ("1",), ("x", "out0", "size(x, 2)", "2.0"), "like:x"
+        ),
+        name="aot_rel::dim_range",
+    )(fn)
+    with pytest.raises(
+        ValueError, match=r"size\(x, 2\): dim 2 is out of range for argument 'x' of 1"
+    ):
+        op(torch.randn(8, device="cuda"))
+
+
+# ---- 5. philox sizes that cannot be allocated ----
+
+PHILOX_PROBE = """
+import json, torch, opreg
+seeds = torch.arange(3, dtype=torch.int64)
+out = []
+for op, n in [("philox_uniform", 2**63 - 1), ("philox_normal", 2**63 - 1),
+              ("philox_uniform", 2**61), ("philox_uniform", -1)]:
+    try:
+        getattr(torch.ops.opreg, op)(seeds, n)
+        out.append(["ok", ""])
+    except Exception as error:
+        out.append([type(error).__name__, str(error).splitlines()[0]])
+small = torch.ops.opreg.philox_uniform(seeds, 5)
+out.append(["shape", list(small.shape)])
+print(json.dumps(out))
+"""
+
+
+def test_philox_sizes_that_cannot_be_allocated_are_value_errors():
+    result = subprocess.run([sys.executable, "-c", PHILOX_PROBE], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    outcomes = json.loads(result.stdout.strip().splitlines()[-1])
+    limit = (2**63 - 1) // 8 // 3 - 3
+    assert outcomes[0] == [
+        "ValueError",
+        "opreg::philox_uniform: argument 'n' = 9223372036854775807 is too large: 3 seed(s) "
+        f"times n values cannot be allocated (n must be at most {limit})",
+    ]
+    assert outcomes[1][0] == "ValueError" and "opreg::philox_normal: argument 'n'" in outcomes[1][1]
+    assert outcomes[2][0] == "ValueError" and "is too large" in outcomes[2][1]
+    assert outcomes[3] == ["ValueError", "opreg::philox_uniform: argument 'n' must be >= 0, got -1"]
+    assert outcomes[4] == ["shape", [3, 5]]

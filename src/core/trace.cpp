@@ -4,6 +4,7 @@
 #include <mutex>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 
 #include <c10/util/ThreadLocalDebugInfo.h>
 
@@ -25,7 +26,18 @@ std::atomic<int> g_open_trace_scopes{0};
 namespace {
 
 constexpr std::string_view kTraceInfoName = "opreg.trace";
-const c10::DebugInfoKind kTraceInfo(&kTraceInfoName);
+
+// PyTorch 2.13 names a slot by the address of a string; earlier releases have a fixed enum (of
+// uint8_t), where a value far past PyTorch's own kinds serves as opreg's.
+template <class Kind>
+Kind trace_info_kind() {
+  if constexpr (std::is_enum_v<Kind>) {
+    return static_cast<Kind>(0xb7);
+  } else {
+    return Kind(&kTraceInfoName);
+  }
+}
+const c10::DebugInfoKind kTraceInfo = trace_info_kind<c10::DebugInfoKind>();
 
 // The records of one scope; other threads (autograd's) may append while its owner reads.
 struct TraceSink {

@@ -1,9 +1,11 @@
 // include/opreg/trace.h: records which implementation (fallback, a kernel, the fake, a backward, a
-// vmap path) served each opreg call, so that tests and the demo can show it. Off by default; when
-// off, a call pays one relaxed atomic load.
+// vmap path) served each opreg call, so that tests and the demo can show it. Tracing is per thread
+// and nestable (Note [Trace scopes] in src/core/trace.cpp); when no scope is open anywhere, a call
+// pays one relaxed atomic load.
 #pragma once
 
 #include <atomic>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,26 +18,32 @@ struct TraceRecord {
 };
 
 namespace detail {
-extern std::atomic<bool> g_trace_enabled;
+// How many TraceScopes are open, on all threads together.
+extern std::atomic<int> g_open_trace_scopes;
+// Appends a record to every open TraceScope of the calling thread (none: does nothing).
 void record_trace(const std::string& op, std::string impl, std::string device);
 }  // namespace detail
 
-inline bool trace_enabled() { return detail::g_trace_enabled.load(std::memory_order_relaxed); }
+// Whether any thread has a TraceScope open: the cheap test before building a record.
+inline bool trace_enabled() {
+  return detail::g_open_trace_scopes.load(std::memory_order_relaxed) != 0;
+}
 
-// Starts recording (clearing earlier records) or stops it.
-void set_trace_enabled(bool enabled);
-
-// Records gathered since tracing was last enabled, oldest first.
-std::vector<TraceRecord> trace_records();
-
-// RAII: records while alive; `records()` reads what was gathered so far.
+// RAII: while alive, records the opreg calls made by the thread that created it (and the work
+// PyTorch runs on that thread's behalf, such as its backward passes), including those that a
+// nested TraceScope records too. `records()` reads what was gathered so far, oldest first.
+// Destroy it on the thread that created it.
 class TraceScope {
  public:
-  TraceScope() { set_trace_enabled(true); }
-  ~TraceScope() { set_trace_enabled(false); }
+  TraceScope();
+  ~TraceScope();
   TraceScope(const TraceScope&) = delete;
   TraceScope& operator=(const TraceScope&) = delete;
-  std::vector<TraceRecord> records() const { return trace_records(); }
+  std::vector<TraceRecord> records() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
 };
 
 }  // namespace opreg

@@ -1,4 +1,4 @@
-"""The opreg command line: ``python -m opreg info | demo | cmake-dir``."""
+"""The opreg command line: ``python -m opreg info | check | demo | cmake-dir``."""
 
 from __future__ import annotations
 
@@ -34,19 +34,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
+    if args.command in ("info", "check"):
+        libraries = list(args.load)
+        try:
+            if getattr(args, "examples", False):
+                libraries.append(opreg.example_library())
+            for library in libraries:
+                opreg.load_library(library)
+        except (OSError, RuntimeError) as error:  # missing file, bad library, failed definitions
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+            print(f"python -m opreg {args.command}: {first_line}", file=sys.stderr)
+            return 2
     if args.command == "info":
-        for library in args.load:
-            opreg.load_library(library)
-        if args.examples:
-            opreg.load_library(opreg.example_library())
         print(_info.format_info())
     elif args.command == "demo":
         print(_demo.run())
     elif args.command == "cmake-dir":
         print(opreg.cmake_dir())
     elif args.command == "check":
-        for library in args.load:
-            opreg.load_library(library)
         return _opcheck.main(args.ops)
     return 0
 

@@ -299,6 +299,9 @@ def _check_gradients(op, sample, device):
         return True, 0.0, "not differentiable: skipped"
     if not op._schema.returns:
         return True, 0.0, "no outputs (an in-place op): skipped"
+    outputs = _tensors(op(*_clone(sample).args, **_clone(sample).kwargs))
+    if not any(o.is_floating_point() or o.is_complex() for o in outputs):
+        return True, 0.0, "no floating outputs (nothing to differentiate): skipped"
     double = _to_double(_clone(sample))
     inputs = [t for t in _tensors(double.args) if t.is_floating_point() and t.numel()]
     for t in inputs:
@@ -514,16 +517,39 @@ def opcheck(
     return report
 
 
+def _resolve(name: str, opreg_ops: set[str]) -> torch._ops.OpOverload:
+    """The overload `name` (``namespace::op`` or ``namespace::op.overload``) names; ValueError
+    with one line saying why when it names no opreg op."""
+    namespace, sep, rest = name.partition("::")
+    base, _, overload = rest.partition(".")
+    if not (sep and namespace and base):
+        raise ValueError(f"'{name}' is not a qualified op name (namespace::name)")
+    if f"{namespace}::{base}" not in opreg_ops:
+        raise ValueError(
+            f"no opreg op named '{namespace}::{base}' (python -m opreg info lists them)"
+        )
+    packet = getattr(getattr(torch.ops, namespace), base)
+    try:
+        return getattr(packet, overload or "default")
+    except AttributeError:
+        raise ValueError(f"'{namespace}::{base}' has no overload '{overload}'") from None
+
+
 def main(names: list[str]) -> int:
-    """`python -m opreg check [ops...]`: every opreg op (or those named), with a progress line."""
+    """`python -m opreg check [ops...]`: every opreg op (or those named), with a progress line.
+    Returns 1 when a check fails, 2 when a name is not an opreg op (nothing is checked then)."""
     import opreg
 
-    ops = names or [r.name for r in opreg.describe_ops()]
+    opreg_ops = {r.name for r in opreg.describe_ops()}
+    ops = []
+    for name in names or sorted(opreg_ops):
+        try:
+            ops.append((name, _resolve(name, opreg_ops)))
+        except ValueError as error:
+            print(f"python -m opreg check: {error}", file=sys.stderr)
+            return 2
     failed = 0
-    for index, name in enumerate(ops, 1):
-        namespace, rest = name.split("::")
-        packet = getattr(getattr(torch.ops, namespace), rest.split(".")[0])
-        op = getattr(packet, rest.split(".")[1] if "." in rest else "default")
+    for index, (name, op) in enumerate(ops, 1):
 
         def progress(message, index=index):
             sys.stderr.write(f"\r[{index}/{len(ops)}] {message[:100]:100}")

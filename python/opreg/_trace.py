@@ -20,37 +20,33 @@ class TraceRecord(NamedTuple):
 class Trace:
     """The records of one :func:`trace` block; read them while or after it runs."""
 
-    def __init__(self) -> None:
-        self._records: list[TraceRecord] | None = None
+    def __init__(self, scope: _C.TraceScope) -> None:
+        self._scope = scope
 
     @property
     def records(self) -> list[TraceRecord]:
-        if self._records is not None:
-            return self._records
-        return [TraceRecord(*r) for r in _C.trace_records()]
+        return [TraceRecord(*r) for r in self._scope.records()]
 
     def impls(self, op: str | None = None) -> list[str]:
         """The implementations that ran, in order, for one op or all."""
         return [r.impl for r in self.records if op is None or r.op == op]
 
-    def _freeze(self) -> None:
-        self._records = [TraceRecord(*r) for r in _C.trace_records()]
-
 
 @public
 @contextmanager
 def trace() -> Iterator[Trace]:
-    """Record which implementation serves each opreg call inside the block.
+    """Record which implementation serves each opreg call made by this thread inside the block.
+
+    Blocks nest: an outer block also records what an inner one does. Calls made by other threads
+    are not recorded (but a backward pass that PyTorch runs on its own threads for this thread is).
 
     >>> with opreg.trace() as t:
     ...     torch.ops.opreg_example.scale_add(x, y)
     >>> t.impls()
     ['kernel:cpu_loop']
     """
-    recorded = Trace()
-    _C.set_trace_enabled(True)
+    scope = _C.TraceScope()
     try:
-        yield recorded
+        yield Trace(scope)
     finally:
-        recorded._freeze()
-        _C.set_trace_enabled(False)
+        scope.close()

@@ -1,5 +1,7 @@
 // src/python/module.cpp: the extension module opreg._C, which exposes the C++ core's registry,
 // device types, trace, the AOT Triton launcher and Python-defined ops to the Python package.
+#include <optional>
+
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
@@ -12,6 +14,22 @@
 namespace py = pybind11;
 
 namespace {
+
+// One Python `opreg.trace()` block: an open TraceScope until close(), then its records, frozen.
+class TraceBlock {
+ public:
+  TraceBlock() { scope_.emplace(); }
+  std::vector<opreg::TraceRecord> records() const { return scope_ ? scope_->records() : frozen_; }
+  void close() {
+    if (!scope_) return;
+    frozen_ = scope_->records();
+    scope_.reset();
+  }
+
+ private:
+  std::optional<opreg::TraceScope> scope_;
+  std::vector<opreg::TraceRecord> frozen_;
+};
 
 // Python arguments of a kernel launch; keeps the tensors alive while the Args point at them.
 struct LaunchArgs {
@@ -195,12 +213,15 @@ PYBIND11_MODULE(_C, m) {
     return result;
   });
 
-  m.def("set_trace_enabled", &opreg::set_trace_enabled, py::arg("enabled"));
-  m.def("trace_records", [] {
-    py::list records;
-    for (const auto& record : opreg::trace_records()) {
-      records.append(py::make_tuple(record.op, record.impl, record.device));
-    }
-    return records;
-  });
+  py::class_<TraceBlock>(m, "TraceScope")
+      .def(py::init<>())
+      .def("records",
+           [](const TraceBlock& block) {
+             py::list records;
+             for (const auto& record : block.records()) {
+               records.append(py::make_tuple(record.op, record.impl, record.device));
+             }
+             return records;
+           })
+      .def("close", &TraceBlock::close);
 }

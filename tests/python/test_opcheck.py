@@ -190,6 +190,51 @@ def test_command_line_reports_each_op():
     assert "[2/2]" in result.stderr  # the progress line
 
 
+def test_gradients_check_is_skipped_with_a_reason_for_integer_outputs():
+    @opreg.register_vmap_op(
+        fake_fn=lambda x: torch.empty_like(x, dtype=torch.int64), name="opcheck_ok::positive"
+    )
+    def op(x: torch.Tensor) -> torch.Tensor:
+        return (x > 0).long()
+
+    report = opreg.opcheck(op, devices=["cpu"], checks=["gradients"])
+    assert report.rows and not report.failures
+    assert {r.message for r in report.rows} == {
+        "no floating outputs (nothing to differentiate): skipped"
+    }
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "opreg", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["check", "nosuch::op"], "no opreg op named 'nosuch::op'"),
+        (["check", "fused_add"], "'fused_add' is not a qualified op name (namespace::name)"),
+        (["check", "opreg::fused_add.nosuch"], "'opreg::fused_add' has no overload 'nosuch'"),
+        (["check", "--load", "/nonexistent/libops.so", "opreg::fused_add"], "libops.so"),
+        (["info", "--load", "/nonexistent/libops.so"], "libops.so"),
+    ],
+)
+def test_command_line_rejects_bad_input_in_one_line(args, message):
+    result = run_cli(*args)
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"python -m opreg {args[0]}: "), lines
+    assert message in lines[0], lines
+
+
+def test_command_line_usage_names_every_command():
+    usage = run_cli("--help").stdout
+    for command in ("info", "check", "demo", "cmake-dir"):
+        assert command in usage.split("\n\n")[1], usage  # the description line
+
+
 @pytest.mark.parametrize(
     ("name", "check", "message"),
     [

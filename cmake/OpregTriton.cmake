@@ -4,6 +4,10 @@
 # Python file beside it changes; unchanged variants come from a content-hashed cache.
 include_guard(GLOBAL)
 
+# Compiled variants are cached by content; builds of one tree may share the folder.
+set(OPREG_AOT_CACHE_DIR "${CMAKE_BINARY_DIR}/opreg_aot_cache" CACHE PATH
+    "Where opreg_add_triton_kernels caches compiled Triton variants")
+
 if(NOT OPREG_AOT_COMPILER)
   set(OPREG_AOT_COMPILER "${CMAKE_CURRENT_LIST_DIR}/../../../aot/compile.py")
 endif()
@@ -22,7 +26,7 @@ function(opreg_add_triton_kernels target)
   add_custom_command(
     OUTPUT "${generated}"
     COMMAND "${Python3_EXECUTABLE}" "${OPREG_AOT_COMPILER}" "${spec}" --out "${out}"
-            --cache "${CMAKE_BINARY_DIR}/opreg_aot_cache" --emit-cpp "${generated}"
+            --cache "${OPREG_AOT_CACHE_DIR}" --emit-cpp "${generated}"
     DEPENDS "${spec}" ${kernel_sources} "${OPREG_AOT_COMPILER}"
     COMMENT "opreg: compiling Triton kernels of ${spec_name} ahead of time"
     VERBATIM)

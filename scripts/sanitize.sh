@@ -32,8 +32,10 @@ cp -r python/opreg "$PREFIX/"
 cmake --install "$BUILD/core" --prefix "$PREFIX" >/dev/null
 
 # 2. The C++ suite and the test-op library, built against the staged package.
+#    The test kernels' compiled variants come from the normal test build's cache when it exists.
 cmake -S tests -B "$BUILD/tests" "${CONFIG[@]}" \
-  -DCMAKE_PREFIX_PATH="$PREFIX/opreg/share/cmake/opreg" >/dev/null
+  -DCMAKE_PREFIX_PATH="$PREFIX/opreg/share/cmake/opreg" \
+  -DOPREG_AOT_CACHE_DIR="$PWD/build/tests/opreg_aot_cache" >/dev/null
 cmake --build "$BUILD/tests"
 
 # 3. Run them. PyTorch is not sanitized, so Python gets the sanitizer runtimes preloaded; leak

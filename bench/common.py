@@ -135,7 +135,7 @@ class Report:
         data = {
             "benchmark": self.name,
             "title": self.title,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "machine": machine(),
             "figures": self.figures,
             "comparisons": self.comparisons,

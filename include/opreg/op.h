@@ -31,6 +31,7 @@
 #include "opreg/autograd.h"
 #include "opreg/check.h"
 #include "opreg/trace.h"
+#include "opreg/version.h"
 #include "opreg/vmap.h"
 
 namespace opreg {
@@ -128,13 +129,22 @@ void check_boxed_arguments(const OpRuntime& runtime, const c10::IValue* first, s
 c10::KernelFunction make_aot_launch_kernel(const KernelContext& context, const AotLaunch& launch,
                                            const std::string& label);
 
+// The opreg headers a definition was compiled with. The default arguments below are evaluated
+// where an op is declared, so that libopreg refuses (with an error naming both versions) a
+// library built against headers of another minor version, instead of misreading its spec.
+struct HeadersTag {
+  int major = OPREG_VERSION_MAJOR;
+  int minor = OPREG_VERSION_MINOR;
+  int patch = OPREG_VERSION_PATCH;
+  size_t spec_size = sizeof(OpSpec);
+};
+
 // Validates the spec completely, then publishes it as the op's definition at once; a failure
-// changes nothing. Returns the qualified name. `spec_size` is evaluated where the op is declared:
-// a library built against other opreg headers is refused with an error instead of misreading it.
-std::string define(OpSpec spec, size_t spec_size = sizeof(OpSpec));
+// changes nothing. Returns the qualified name.
+std::string define(OpSpec spec, HeadersTag headers = {});
 
 // Defines several ops together: all of them, or (on any error) none.
-std::vector<std::string> define_all(std::vector<OpSpec> specs, size_t spec_size = sizeof(OpSpec));
+std::vector<std::string> define_all(std::vector<OpSpec> specs, HeadersTag headers = {});
 
 // Each tensor argument, in schema order, for the argument checks.
 template <class... Args>

@@ -72,7 +72,7 @@ __all__ = [
     "wrap_triton",
 ]
 
-__version__ = "0.1.0"
+__version__: str = _C.version  # project(opreg VERSION ...) in CMakeLists.txt
 
 # The shipped ops (torch.ops.opreg.*), defined in C++ through the same API users have.
 load_library(_registry.shipped_ops_library())

@@ -91,18 +91,43 @@ using DefinitionPtr = std::shared_ptr<const Definition>;
 // An op's place in the registry and on the dispatcher; never destroyed (see the Note).
 struct OpEntry {
   std::string qualified, ns, op_name;
-  DefinitionPtr current;  // read and written with std::atomic_load/atomic_store only
+  // What calls read: the current definition, owned by `owner`. A definition replaced while
+  // calls may read it is kept in `retired` until a publish finds no call in flight.
+  std::atomic<const Definition*> current{nullptr};
+  mutable std::atomic<int64_t> calls_in_flight{0};
+  DefinitionPtr owner;  // read and written under the registry lock
+  std::vector<DefinitionPtr> retired;
   std::string registered_schema;
+  std::optional<std::pair<c10::FunctionSchema, std::string>> registered;  // with its module
   std::unique_ptr<torch::Library> schema_library;
   std::map<c10::DispatchKey, std::unique_ptr<torch::Library>> trampolines;
   std::vector<c10::BoxedKernel> functors;
 
-  DefinitionPtr load() const {
-    return std::atomic_load_explicit(&current, std::memory_order_acquire);
+  DefinitionPtr load() const { return owner; }
+  // Returns what no call can read any more, to be destroyed after the registry lock is released.
+  std::vector<DefinitionPtr> store(DefinitionPtr definition) {
+    if (owner) retired.push_back(std::move(owner));
+    owner = std::move(definition);
+    current.store(owner.get());
+    std::vector<DefinitionPtr> unreachable;
+    if (calls_in_flight.load() == 0) unreachable.swap(retired);
+    return unreachable;
   }
-  void store(DefinitionPtr definition) {
-    std::atomic_store_explicit(&current, std::move(definition), std::memory_order_release);
+};
+
+// Held by a trampoline for the whole call: the definition it read stays alive until it returns.
+class CallInFlight {
+ public:
+  explicit CallInFlight(const OpEntry& entry) : entry_(entry) {
+    entry_.calls_in_flight.fetch_add(1);
   }
+  ~CallInFlight() { entry_.calls_in_flight.fetch_sub(1); }
+  CallInFlight(const CallInFlight&) = delete;
+  CallInFlight& operator=(const CallInFlight&) = delete;
+  const Definition* definition() const { return entry_.current.load(); }
+
+ private:
+  const OpEntry& entry_;
 };
 
 struct Registry {
@@ -334,24 +359,34 @@ void check_arguments(const Definition& definition, const torch::jit::Stack& stac
   }
 }
 
-// The tensor inputs of a call, held until its outputs are checked.
-using HeldInputs = c10::SmallVector<at::Tensor, 4>;
+// What the output checks need of a call's tensor inputs. Raw storage pointers suffice: every
+// opreg kernel allocates its outputs while its inputs are alive, so an output cannot get the
+// storage of an input freed during the call.
+struct InputTensor {
+  const c10::StorageImpl* storage;  // null for tensors without storage
+  c10::Device device;
+  bool cpu_scalar;  // 0-dim CPU tensors mix with any device
+};
+using CallInputs = c10::SmallVector<InputTensor, 4>;
 
-HeldInputs hold_inputs(const Definition& definition, const torch::jit::Stack& stack) {
-  HeldInputs held;
+CallInputs inputs_of(const Definition& definition, const torch::jit::Stack& stack) {
+  CallInputs inputs;
   const size_t num_args = definition.schema.arguments().size();
   for (auto it = stack.end() - num_args; it != stack.end(); ++it) {
-    if (it->isTensor() && it->toTensor().defined()) held.push_back(it->toTensor());
+    if (!it->isTensor() || !it->toTensor().defined()) continue;
+    const auto& tensor = it->toTensor();
+    inputs.push_back({tensor.has_storage() ? tensor.storage().unsafeGetStorageImpl() : nullptr,
+                      tensor.device(), tensor.dim() == 0 && tensor.device().is_cpu()});
   }
-  return held;
+  return inputs;
 }
 
-std::optional<c10::Device> device_of_call(const HeldInputs& inputs) {
+std::optional<c10::Device> device_of_call(const CallInputs& inputs) {
   std::optional<c10::Device> device;
-  for (const auto& tensor : inputs) {
-    if (tensor.dim() == 0 && tensor.device().is_cpu()) continue;
-    if (device && *device != tensor.device()) return std::nullopt;  // mixed devices
-    device = tensor.device();
+  for (const auto& input : inputs) {
+    if (input.cpu_scalar) continue;
+    if (device && *device != input.device) return std::nullopt;  // mixed devices
+    device = input.device;
   }
   return device;
 }
@@ -359,7 +394,7 @@ std::optional<c10::Device> device_of_call(const HeldInputs& inputs) {
 // Call-time output checks that cost next to nothing: count, defined, device, no alias of an input
 // where the schema declares none.
 void check_outputs(const Definition& definition, const torch::jit::Stack& stack, size_t base,
-                   const HeldInputs& inputs, const std::string& impl,
+                   const CallInputs& inputs, const std::string& impl,
                    std::optional<c10::Device> device) {
   const auto& returns = definition.schema.returns();
   TORCH_CHECK(stack.size() == base + returns.size(), definition.name(), ": ", impl, " returned ",
@@ -377,8 +412,9 @@ void check_outputs(const Definition& definition, const torch::jit::Stack& stack,
                   output.device(), ", expected ", *device, " (the device of its inputs)");
     }
     if (definition.return_aliases[index] || !output.has_storage()) continue;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      if (!inputs[i].has_storage() || !output.is_alias_of(inputs[i])) continue;
+    const c10::StorageImpl* storage = output.storage().unsafeGetStorageImpl();
+    for (const auto& input : inputs) {
+      if (input.storage != storage) continue;
       TORCH_CHECK(false, definition.name(), ": ", impl, " returned output ", index,
                   " sharing memory with an input, but the schema '", definition.schema_text,
                   "' declares no alias; return a new tensor (e.g. x.clone())");
@@ -449,8 +485,9 @@ class Trampoline final : public c10::OperatorKernel {
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                   torch::jit::Stack* stack) {
-    const DefinitionPtr definition = entry_->load();
-    if (!definition) throw_undefined(*entry_);
+    const CallInFlight call(*entry_);
+    const Definition* definition = call.definition();
+    if (definition == nullptr) throw_undefined(*entry_);
     const Definition& d = *definition;
     check_arguments(d, *stack);
     switch (key_) {
@@ -495,7 +532,7 @@ class Trampoline final : public c10::OperatorKernel {
                    const std::string& impl, const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                    torch::jit::Stack* stack, bool check_device = false) {
     const c10::DispatchKey key = key_;
-    HeldInputs inputs = hold_inputs(d, *stack);
+    const CallInputs inputs = inputs_of(d, *stack);
     const size_t base = stack->size() - d.schema.arguments().size();
     std::optional<torch::jit::Stack> meta;
     if (debug_checks() && key != c10::DispatchKey::Meta) meta = meta_arguments(d, *stack);
@@ -511,22 +548,26 @@ class Trampoline final : public c10::OperatorKernel {
 
 // ---- publishing --------------------------------------------------------------------------------
 
-void register_schema(OpEntry& entry, const Definition& definition) {
+void register_schema(OpEntry& entry, const c10::FunctionSchema& schema,
+                     const std::string& python_module) {
   auto library = std::make_unique<torch::Library>(torch::Library::FRAGMENT, entry.ns, std::nullopt,
                                                   "opreg", 0);
-  if (!definition.spec.python_module.empty()) {
+  if (!python_module.empty()) {
     // The dispatcher keeps the pointer: the text must outlive every definition.
     static auto* modules = new std::set<std::string>();
-    library->set_python_module(modules->insert(definition.spec.python_module).first->c_str());
+    library->set_python_module(modules->insert(python_module).first->c_str());
   }
   try {
-    library->def(c10::FunctionSchema(definition.schema));
+    library->def(c10::FunctionSchema(schema));
   } catch (const c10::Error& error) {
     TORCH_CHECK_VALUE(false, entry.qualified,
                       ": cannot define the op: ", error.what_without_backtrace());
   }
+  std::ostringstream text;
+  text << schema;
   entry.schema_library = std::move(library);
-  entry.registered_schema = definition.schema_text;
+  entry.registered_schema = text.str();
+  entry.registered = {schema, python_module};
 }
 
 void add_trampoline(OpEntry& entry, c10::DispatchKey key) {
@@ -548,20 +589,24 @@ void add_trampoline(OpEntry& entry, c10::DispatchKey key) {
 // On an error nothing has changed: the schema is registered anew (restoring the old one if the
 // new one is refused) and trampolines are added before the swap; the only steps after the swap,
 // removing trampolines no longer needed, do not fail.
-DefinitionPtr publish(OpEntry& entry, DefinitionPtr definition) {
+DefinitionPtr publish(OpEntry& entry, DefinitionPtr definition,
+                      std::vector<DefinitionPtr>* garbage) {
   DefinitionPtr previous = entry.load();
+  auto store = [&](DefinitionPtr next) {
+    auto unreachable = entry.store(std::move(next));
+    garbage->insert(garbage->end(), unreachable.begin(), unreachable.end());
+  };
   if (!definition) {
-    entry.store(nullptr);
+    store(nullptr);
     return previous;
   }
   if (entry.registered_schema != definition->schema_text) {
-    std::unique_ptr<torch::Library> old_library = std::move(entry.schema_library);
-    std::string old_schema = entry.registered_schema;
-    old_library.reset();  // the entry stays: trampolines are registered on it
+    auto earlier = entry.registered;
+    entry.schema_library.reset();  // the entry stays: trampolines are registered on it
     try {
-      register_schema(entry, *definition);
+      register_schema(entry, definition->schema, definition->spec.python_module);
     } catch (...) {
-      if (previous) register_schema(entry, *previous);
+      if (earlier) register_schema(entry, earlier->first, earlier->second);
       throw;
     }
   }
@@ -577,7 +622,7 @@ DefinitionPtr publish(OpEntry& entry, DefinitionPtr definition) {
     for (auto key : added) entry.trampolines.erase(key);
     throw;
   }
-  entry.store(definition);
+  store(definition);
   for (auto it = entry.trampolines.begin(); it != entry.trampolines.end();) {
     it = keys.count(it->first) ? std::next(it) : entry.trampolines.erase(it);
   }
@@ -687,6 +732,7 @@ std::string register_accelerated_device_type(const std::string& name) {
   TORCH_CHECK_VALUE(!normalized.empty(),
                     "opreg: register_accelerated_device_type: the device type name is empty");
   auto& reg = registry();
+  std::vector<DefinitionPtr> garbage;  // destroyed after the lock is released
   std::lock_guard<std::recursive_mutex> lock(reg.mutex);
   if (std::find(reg.device_types.begin(), reg.device_types.end(), normalized) !=
       reg.device_types.end()) {
@@ -707,7 +753,7 @@ std::string register_accelerated_device_type(const std::string& name) {
     }
     rebuilt.emplace_back(entry, build(current->spec, types));
   }
-  for (auto& [entry, definition] : rebuilt) publish(*entry, definition);
+  for (auto& [entry, definition] : rebuilt) publish(*entry, definition, &garbage);
   reg.device_types = std::move(types);
   return normalized;
 }
@@ -729,12 +775,19 @@ void throw_no_fake(const std::string& op, const std::string& reason) {
                               reason);
 }
 
-std::vector<std::string> define_all(std::vector<OpSpec> specs, size_t spec_size) {
-  TORCH_CHECK(spec_size == sizeof(OpSpec),
-              "opreg: an op library was built against different opreg headers than the loaded "
-              "libopreg (OpSpec of ",
-              spec_size, " bytes, expected ", sizeof(OpSpec), "); rebuild it against this opreg");
+std::vector<std::string> define_all(std::vector<OpSpec> specs, HeadersTag headers) {
+  const HeadersTag here;
+  TORCH_CHECK(headers.major == here.major && headers.minor == here.minor &&
+                  headers.spec_size == here.spec_size,
+              "opreg: ",
+              specs.empty() ? std::string("an op")
+                            : specs[0].name_or_schema.substr(0, specs[0].name_or_schema.find('(')),
+              ": its library was built against opreg ", headers.major, ".", headers.minor, ".",
+              headers.patch, " headers, but the loaded libopreg is opreg ", OPREG_VERSION_STRING,
+              " (OpSpec of ", headers.spec_size, " bytes there, ", here.spec_size,
+              " here); rebuild the library against this opreg");
   auto& reg = registry();
+  std::vector<DefinitionPtr> garbage;  // destroyed after the lock is released
   std::lock_guard<std::recursive_mutex> lock(reg.mutex);
   // 1. Build and validate every definition; nothing is published yet.
   std::vector<DefinitionPtr> definitions;
@@ -751,11 +804,11 @@ std::vector<std::string> define_all(std::vector<OpSpec> specs, size_t spec_size)
   try {
     for (const auto& definition : definitions) {
       OpEntry& entry = entry_for(reg, *definition);
-      published.emplace_back(&entry, publish(entry, definition));
+      published.emplace_back(&entry, publish(entry, definition, &garbage));
     }
   } catch (...) {
     for (auto it = published.rbegin(); it != published.rend(); ++it)
-      publish(*it->first, it->second);
+      publish(*it->first, it->second, &garbage);
     throw;
   }
   std::vector<std::string> qualified;
@@ -767,11 +820,11 @@ std::vector<std::string> define_all(std::vector<OpSpec> specs, size_t spec_size)
   return qualified;
 }
 
-std::string define(OpSpec spec, size_t spec_size) {
+std::string define(OpSpec spec, HeadersTag headers) {
   if (!loading_library()) {
     std::vector<OpSpec> specs;
     specs.push_back(std::move(spec));
-    return define_all(std::move(specs), spec_size).front();
+    return define_all(std::move(specs), headers).front();
   }
   // While opreg::load_library runs a library's static initializers, an exception must not leave
   // define(): it would terminate the process. The error is recorded and raised by load_library.
@@ -779,7 +832,7 @@ std::string define(OpSpec spec, size_t spec_size) {
   try {
     std::vector<OpSpec> specs;
     specs.push_back(std::move(spec));
-    return define_all(std::move(specs), spec_size).front();
+    return define_all(std::move(specs), headers).front();
   } catch (const c10::Error& error) {
     record_load_failure(declared, error.what_without_backtrace());
   } catch (const std::exception& error) {
@@ -798,10 +851,11 @@ void check_stack(const std::string& op, const torch::jit::Stack& stack) {
 
 void restore_definition(const std::string& qualified, std::shared_ptr<const void> previous) {
   auto& reg = registry();
+  std::vector<DefinitionPtr> garbage;  // destroyed after the lock is released
   std::lock_guard<std::recursive_mutex> lock(reg.mutex);
   auto found = reg.ops.find(qualified);
   TORCH_INTERNAL_ASSERT(found != reg.ops.end(), qualified, ": restoring an op never defined");
-  publish(*found->second, std::static_pointer_cast<const Definition>(previous));
+  publish(*found->second, std::static_pointer_cast<const Definition>(previous), &garbage);
 }
 
 }  // namespace detail
@@ -827,11 +881,12 @@ bool is_defined(const std::string& name) {
 
 void undefine(const std::string& name) {
   auto& reg = registry();
+  std::vector<DefinitionPtr> garbage;  // destroyed after the lock is released
   std::lock_guard<std::recursive_mutex> lock(reg.mutex);
   auto found = reg.ops.find(name);
   TORCH_CHECK_VALUE(found != reg.ops.end() && found->second->load() != nullptr,
                     "opreg: cannot undefine '", name, "': no op of this name is defined by opreg");
-  publish(*found->second, nullptr);
+  publish(*found->second, nullptr, &garbage);
 }
 
 }  // namespace opreg

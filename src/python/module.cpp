@@ -60,6 +60,7 @@ struct LaunchArgs {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "opreg's C++ core (private: use the opreg package)";
+  m.attr("version") = OPREG_VERSION_STRING;
 
   py::class_<opreg::DeviceServing>(m, "DeviceServing")
       .def_readonly("device_type", &opreg::DeviceServing::device_type)

@@ -17,7 +17,7 @@ import torch
 from torch.func import hessian, jacfwd, jvp, vmap
 
 import opreg
-from conftest import REPO, TEST_OPS_BUILD
+from conftest import REPO, TEST_OPS_LIBRARY
 
 PYTHONPATH_SETUP = f"import sys; sys.path.insert(0, {str(REPO / 'tests' / 'python')!r})\n"
 
@@ -288,7 +288,7 @@ def test_ops_in_pytorchs_namespaces_are_refused():
     ],
 )
 def test_a_library_whose_definition_fails_raises_and_rolls_back(failure, message):
-    library = TEST_OPS_BUILD / f"libopreg_failing_{failure}.so"
+    library = TEST_OPS_LIBRARY.parent / f"libopreg_failing_{failure}.so"
     result = run_probe(
         f"""
         import torch, opreg
@@ -309,6 +309,25 @@ def test_a_library_whose_definition_fails_raises_and_rolls_back(failure, message
     assert str(library) in result.stdout
     assert message in result.stdout
     assert f"opreg_failing::good_{failure}: the op is not defined now" in result.stdout
+
+
+def test_a_library_built_against_another_opreg_version_is_refused():
+    library = TEST_OPS_LIBRARY.parent / "libopreg_failing_other_version.so"
+    result = run_probe(
+        f"""
+        import opreg
+        try:
+            opreg.load_library({str(library)!r})
+        except ValueError as error:
+            print("raised:", error)
+        assert not [r.name for r in opreg.describe_ops() if r.name.startswith("opreg_failing::")]
+        """
+    )
+    assert_survived(result)
+    assert "opreg_failing::good_other_version: its library was built against opreg 0.99." in (
+        result.stdout
+    )
+    assert f"the loaded libopreg is opreg {opreg.__version__}" in result.stdout
 
 
 def test_loading_a_second_copy_of_an_op_library(test_ops_library, tmp_path):

@@ -34,10 +34,9 @@ import json
 import os
 import re
 import sys
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import tomllib
 
 FORMAT = "opreg-triton-aot/1"
 CACHE_VERSION = 3  # bump when what the cache stores per variant changes

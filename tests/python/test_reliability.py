@@ -279,6 +279,25 @@ def test_ops_in_pytorchs_namespaces_are_refused():
 # ---- load-time errors never abort ---------------------------------------------------------------
 
 
+def load_failing_library(failure: str, then: str = "") -> str:
+    """Loads tests/ops/failing_ops.cpp built with `failure` in a fresh interpreter; its output."""
+    library = TEST_OPS_LIBRARY.parent / f"libopreg_failing_{failure}.so"
+    load = f"""
+        import torch, opreg
+        try:
+            opreg.load_library({str(library)!r})
+        except ValueError as error:
+            print("raised:", error)
+        else:
+            raise SystemExit("no error")
+        assert not [r.name for r in opreg.describe_ops() if r.name.startswith("opreg_failing::")]
+        """
+    result = run_probe(textwrap.dedent(load) + textwrap.dedent(then))
+    assert_survived(result)
+    assert str(library) in result.stdout
+    return result.stdout
+
+
 @pytest.mark.parametrize(
     ("failure", "message"),
     [
@@ -288,46 +307,23 @@ def test_ops_in_pytorchs_namespaces_are_refused():
     ],
 )
 def test_a_library_whose_definition_fails_raises_and_rolls_back(failure, message):
-    library = TEST_OPS_LIBRARY.parent / f"libopreg_failing_{failure}.so"
-    result = run_probe(
-        f"""
-        import torch, opreg
-        try:
-            opreg.load_library({str(library)!r})
-        except ValueError as error:
-            print("raised:", error)
-        else:
-            raise SystemExit("no error")
-        assert not [r.name for r in opreg.describe_ops() if r.name.startswith("opreg_failing::")]
+    output = load_failing_library(
+        failure,
+        then=f"""
         try:
             torch.ops.opreg_failing.good_{failure}(torch.ones(2))
         except Exception as error:
             print("rolled back:", error)
-        """
+        """,
     )
-    assert_survived(result)
-    assert str(library) in result.stdout
-    assert message in result.stdout
-    assert f"opreg_failing::good_{failure}: the op is not defined now" in result.stdout
+    assert message in output
+    assert f"opreg_failing::good_{failure}: the op is not defined now" in output
 
 
 def test_a_library_built_against_another_opreg_version_is_refused():
-    library = TEST_OPS_LIBRARY.parent / "libopreg_failing_other_version.so"
-    result = run_probe(
-        f"""
-        import opreg
-        try:
-            opreg.load_library({str(library)!r})
-        except ValueError as error:
-            print("raised:", error)
-        assert not [r.name for r in opreg.describe_ops() if r.name.startswith("opreg_failing::")]
-        """
-    )
-    assert_survived(result)
-    assert "opreg_failing::good_other_version: its library was built against opreg 0.99." in (
-        result.stdout
-    )
-    assert f"the loaded libopreg is opreg {opreg.__version__}" in result.stdout
+    output = load_failing_library("other_version")
+    assert "opreg_failing::good_other_version: its library was built against opreg 0.99." in output
+    assert f"the loaded libopreg is opreg {opreg.__version__}" in output
 
 
 def test_loading_a_second_copy_of_an_op_library(test_ops_library, tmp_path):

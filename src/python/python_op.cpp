@@ -1,5 +1,5 @@
 // src/python/python_op.cpp: ops whose pieces are Python callables (the Python front:
-// opreg.register_triton_op / register_vmap_op / define), registered through the same C++ core
+// opreg.register_triton_op / register_vmap_op), registered through the same C++ core
 // as C++ ops: one OpSpec, the same dispatcher keys, checks, autograd and vmap kernels. Each
 // Python piece becomes a boxed kernel that converts the dispatcher's stack to Python and back.
 #include "python_op.h"

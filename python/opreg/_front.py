@@ -187,10 +187,14 @@ _registrations: dict[str, _Registration] = {}
 
 @public
 def kernel_status(name: str) -> str:
-    """Why a Python-defined op's Triton kernel is on or off."""
+    """What serves an op's calls: for Python-defined ops, why its Triton kernel is on or off and
+    how its JIT launches went; for C++-defined ops, the kernel of each device type. A ValueError
+    names an op that opreg did not define."""
     registration = _registrations.get(name)
     if registration is None:
-        return "not a Python-defined opreg op"
+        report = _C.describe_op(name)  # a ValueError naming the op when there is none
+        served = [f"{k.device_type}: {k.served_by}" for k in report.kernels]
+        return "; ".join(served or ["no kernels: the fallback serves every device"])
     launches = [
         f"{kernel.__name__}: {kernel._opreg_launches.describe()}"
         for kernel in registration.jit_kernels

@@ -331,3 +331,12 @@ def test_keyword_only_arguments_reach_kernel_accepts_and_fallback():
         ("accepts", -1.0),
         ("fallback", -1.0),
     ]
+
+
+def test_kernel_status_answers_for_cpp_defined_ops():
+    assert opreg.kernel_status("opreg::fused_add") == "cuda: kernel:triton_aot"
+    assert opreg.kernel_status("opreg_test::scale_") == (
+        "no kernels: the fallback serves every device"
+    )
+    with pytest.raises(ValueError, match="no op named 'nosuch::op'"):
+        opreg.kernel_status("nosuch::op")

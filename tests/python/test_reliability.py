@@ -519,3 +519,62 @@ def test_opreg_debug_compares_each_call_with_the_fake():
         in debug.stdout
     )
     assert "the op's fake gives shape [4]" in debug.stdout
+
+
+def test_a_library_closed_behind_opregs_back_stays_loaded():
+    # Libraries that define ops are pinned: dlclose (here through ctypes, twice: its own handle and
+    # opreg's) cannot unmap the code their definitions call.
+    result = run_probe(
+        """
+        import ctypes, _ctypes, torch, opreg
+        path = str(opreg.example_library("scale_add"))
+        opreg.load_library(path)
+        handle = ctypes.CDLL(path)._handle
+        _ctypes.dlclose(handle)
+        _ctypes.dlclose(handle)
+        x = torch.ones(3)
+        print(torch.ops.opreg_example.scale_add(x, x, 0.5))
+        """
+    )
+    assert_survived(result)
+    assert "tensor([1.5000, 1.5000, 1.5000])" in result.stdout
+
+
+def test_a_replace_with_an_unannotated_fallback_keeps_the_op():
+    _define_plain("rel::annotated", replace=True)
+    before = report_of("rel::annotated")
+    with pytest.raises(ValueError, match=r"rel::annotated.*must have a type annotation"):
+        opreg.register_vmap_op(
+            lambda x: x, fake_fn=lambda x: torch.empty_like(x), name="rel::annotated", replace=True
+        )
+    assert report_of("rel::annotated") == before
+    assert torch.equal(torch.ops.rel.annotated(torch.ones(2)), torch.full((2,), 3.0))
+
+
+def test_a_kernel_returning_too_few_outputs_raises():
+    @opreg.register_triton_op(
+        fake_fn=lambda x: (torch.empty_like(x), torch.empty_like(x)),
+        triton_fn=lambda x: (x + 1,),
+        triton_device_types="cpu",
+        name="rel::too_few",
+        schema="(Tensor x) -> (Tensor, Tensor)",
+    )
+    def too_few(x):
+        return x + 1, x + 2
+
+    with pytest.raises(RuntimeError, match="rel::too_few: the implementation returned 1 values"):
+        too_few(torch.ones(2))
+
+
+def test_a_vmap_fn_returning_the_wrong_batch_size_raises():
+    @opreg.register_vmap_op(
+        fake_fn=lambda x: torch.empty_like(x),
+        vmap_fn=lambda x: x[:1].clone(),
+        fake_vmap_fn=lambda x: torch.empty_like(x),
+        name="rel::short_vmap_fn",
+    )
+    def short_vmap_fn(x: torch.Tensor) -> torch.Tensor:
+        return x * 1
+
+    with pytest.raises(RuntimeError, match="rel::short_vmap_fn: the vmap rule returned output 0"):
+        vmap(short_vmap_fn)(torch.ones(5, 2))

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
                 libraries.append(opreg.example_library())
             for library in libraries:
                 opreg.load_library(library)
-        except (OSError, RuntimeError) as error:  # missing file, bad library, failed definitions
+        except (OSError, RuntimeError, ValueError) as error:  # missing, bad, failed definitions
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
             print(f"python -m opreg {args.command}: {first_line}", file=sys.stderr)
             return 2

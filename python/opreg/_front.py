@@ -238,6 +238,77 @@ def _check_callables(qualname: str, **pieces: Any) -> None:
             )
 
 
+def _check_options(qualname: str, **options: Any) -> None:
+    """Keyword combinations and types that would only fail later, refused at definition."""
+    where = f"opreg: op '{qualname}'"
+    if options["vmap_fn"] is not None and options["fake_vmap_fn"] is None:
+        raise TypeError(
+            f"{where}: vmap_fn needs fake_vmap_fn (the fake of the batched computation), as in EvoX"
+        )
+    if options["vmap"] is not None and options["vmap_fn"] is not None:
+        raise TypeError(f"{where}: give vmap (a rule) or vmap_fn, not both")
+    out_dims = options["vmap_out_dims"]
+    if not (
+        out_dims is None
+        or isinstance(out_dims, int)
+        or (
+            isinstance(out_dims, (tuple, list))
+            and all(d is None or isinstance(d, int) for d in out_dims)
+        )
+    ):
+        raise TypeError(
+            f"{where}: vmap_out_dims must be an int, None or a sequence of them, got {out_dims!r}"
+        )
+    mutates = options["mutates_args"]
+    if mutates != "unknown" and (
+        isinstance(mutates, str) or not isinstance(mutates, (tuple, list, set, frozenset))
+    ):
+        raise TypeError(
+            f"{where}: mutates_args must be a sequence of argument names or 'unknown', "
+            f"got {mutates!r}"
+        )
+    if options["aot"] is not None and not isinstance(options["aot"], AotLaunch):
+        raise TypeError(
+            f"{where}: aot must be an opreg.AotLaunch, got {type(options['aot']).__name__}"
+        )
+    if options["autograd"] == "error" and options["backward"] is not None:
+        raise ValueError(
+            f"{where}: autograd='error' refuses gradients, but a backward is given; "
+            "leave one of them out"
+        )
+
+
+def _checked_fake(qualname: str, fake_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The fake, with its outputs checked against the schema (the C++ core checks C++ fakes)."""
+    returns = None
+
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        nonlocal returns
+        if returns is None:
+            returns = [r.type for r in _op(qualname)._schema.returns]
+        result = fake_fn(*args, **kwargs)
+        if not returns:
+            values = [] if result is None or (isinstance(result, tuple) and not result) else None
+        elif len(returns) == 1:
+            values = [result]
+        else:
+            values = list(result) if isinstance(result, (tuple, list)) else None
+        if values is None or len(values) != len(returns):
+            raise TypeError(
+                f"opreg: op '{qualname}': its fake returned {type(result).__name__}, expected "
+                f"{len(returns)} outputs"
+            )
+        for index, (value, kind) in enumerate(zip(values, returns, strict=True)):
+            if isinstance(kind, torch.TensorType) and not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"opreg: op '{qualname}': its fake returned {type(value).__name__} for "
+                    f"output {index}, expected a Tensor"
+                )
+        return result
+
+    return fake
+
+
 def _forget(qualname: str, schema_changed: bool) -> None:
     """Drop opreg's Python-side registrations of an op; with a new schema, also torch.ops'
     cached handle, so that the next access reads the new schema."""
@@ -359,7 +430,8 @@ def _define(*declarations: _Declaration) -> list[torch._ops.OpOverload]:
         _forget(qualname, schema_changed=schemas_before[qualname] not in (None, schema_now))
         library = torch.library.Library(qualname.split("::")[0], "FRAGMENT")
         if declaration.fake_fn is not None:
-            torch.library.register_fake(qualname, declaration.fake_fn, lib=library)
+            fake = _checked_fake(qualname, declaration.fake_fn)
+            torch.library.register_fake(qualname, fake, lib=library)
         if declaration.decompose_with is not None:
             triton_fn, fallback, device_types = declaration.decompose_with
             torch.library.register_torch_dispatch(
@@ -470,11 +542,17 @@ def _origin(depth: int = 3) -> str:
     return f"{frame.filename}:{frame.lineno}"
 
 
-def _explicit_rule(vmap: Callable[..., Any]) -> Callable[..., Any]:
+def _explicit_rule(qualname: str, vmap: Callable[..., Any]) -> Callable[..., Any]:
     """torch.library.register_vmap's signature: vmap(info, in_dims, *args) -> (out, out_dims)."""
 
     def rule(batch_size: int, randomness: str, in_dims: list[int | None], args: tuple):
-        outputs, out_dims = vmap(VmapInfo(batch_size, randomness), tuple(in_dims), *args)
+        result = vmap(VmapInfo(batch_size, randomness), tuple(in_dims), *args)
+        if not (isinstance(result, (tuple, list)) and len(result) == 2):
+            raise TypeError(
+                f"opreg: op '{qualname}': its vmap rule must return (outputs, out_dims), got "
+                f"{type(result).__name__}"
+            )
+        outputs, out_dims = result
         outputs = _as_tuple(outputs)
         return outputs, _out_dims(out_dims, len(outputs))
 
@@ -527,17 +605,20 @@ def register_triton_op(
     """
     del max_vmap_level, device_types  # see "Coming from EvoX": opreg needs neither
 
-    if vmap_fn is not None and fake_vmap_fn is None:
-        raise TypeError(
-            "opreg.register_triton_op: vmap_fn needs fake_vmap_fn (the fake of the "
-            "batched computation), as in EvoX"
-        )
-    if vmap is not None and vmap_fn is not None:
-        raise TypeError("opreg.register_triton_op: give vmap (a rule) or vmap_fn, not both")
-
     def decorator(fn: Callable[..., Any]) -> torch._ops.OpOverload:
         qualname = _qualified_name(name, fn)
         origin = _origin(2)
+        _check_options(
+            qualname,
+            vmap_fn=vmap_fn,
+            fake_vmap_fn=fake_vmap_fn,
+            vmap=vmap,
+            vmap_out_dims=vmap_out_dims,
+            mutates_args=mutates_args,
+            aot=aot,
+            autograd=autograd,
+            backward=backward,
+        )
         kernels = []
         usable, why = triton_status()
         status = "no triton_fn"
@@ -575,7 +656,7 @@ def register_triton_op(
             )
             companions.append(companion)
         elif vmap is not None:
-            rule = _explicit_rule(vmap)
+            rule = _explicit_rule(qualname, vmap)
         wants_trace = traceable
         if wants_trace is None:
             wants_trace = triton_fn is not None and "wrap_triton" in getattr(

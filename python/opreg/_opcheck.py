@@ -484,6 +484,11 @@ def opcheck(
     """
     if isinstance(op, torch._ops.OpOverloadPacket):
         op = op.default
+    if not isinstance(op, torch._ops.OpOverload):
+        raise TypeError(
+            "opreg.opcheck: op must be an op (torch.ops.<namespace>.<name>, or what "
+            f"register_triton_op returns), got {type(op).__name__}"
+        )
     name = _qualified(op)
     unknown = set(checks) - set(CHECKS)
     if unknown:

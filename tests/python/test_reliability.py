@@ -160,10 +160,8 @@ def test_an_old_handle_after_a_replace_with_another_schema():
 # ---- a failed definition or replace changes nothing ---------------------------------------------
 
 
-def _define_plain(name, *, replace=False, **options):
-    @opreg.register_vmap_op(
-        fake_fn=lambda x: torch.empty_like(x), name=name, replace=replace, **options
-    )
+def _define_plain(name, *, replace=False, fake_fn=lambda x: torch.empty_like(x), **options):
+    @opreg.register_vmap_op(fake_fn=fake_fn, name=name, replace=replace, **options)
     def plain(x: torch.Tensor) -> torch.Tensor:
         return x * 3
 
@@ -578,3 +576,65 @@ def test_a_vmap_fn_returning_the_wrong_batch_size_raises():
 
     with pytest.raises(RuntimeError, match="rel::short_vmap_fn: the vmap rule returned output 0"):
         vmap(short_vmap_fn)(torch.ones(5, 2))
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"vmap_fn": lambda x: x}, TypeError, "vmap_fn needs fake_vmap_fn"),
+        (
+            {"vmap": lambda i, d, x: (x, 0), "vmap_fn": lambda x: x, "fake_vmap_fn": lambda x: x},
+            TypeError,
+            "give vmap",
+        ),
+        ({"vmap_out_dims": "a"}, TypeError, "vmap_out_dims must be an int"),
+        ({"mutates_args": 42}, TypeError, "mutates_args must be a sequence"),
+        ({"aot": "opreg_fused_add_f32"}, TypeError, "aot must be an opreg.AotLaunch"),
+        ({"autograd": "error", "backward": lambda ctx, g: g}, ValueError, "autograd='error'"),
+    ],
+    ids=[
+        "vmap_fn_without_fake",
+        "vmap_and_vmap_fn",
+        "out_dims",
+        "mutates",
+        "aot",
+        "error_backward",
+    ],
+)
+def test_keyword_mistakes_name_the_op(options, error, message):
+    with pytest.raises(error, match=rf"rel::keywords.*{message}"):
+        _define_plain("rel::keywords", replace=True, **options)
+
+
+def test_a_python_fake_returning_none_raises():
+    _define_plain("rel::none_fake", replace=True, fake_fn=lambda x: None)
+    with pytest.raises(TypeError, match="rel::none_fake': its fake returned NoneType"):
+        torch.ops.rel.none_fake(torch.ones(2, device="meta"))
+
+
+def test_a_vmap_rule_returning_something_else_names_the_op():
+    _define_plain("rel::bad_rule_shape", replace=True, vmap=lambda info, in_dims, x: None)
+    with pytest.raises(TypeError, match="rel::bad_rule_shape': its vmap rule must return"):
+        vmap(torch.ops.rel.bad_rule_shape)(torch.ones(3, 2))
+
+
+def test_opcheck_of_something_that_is_not_an_op():
+    with pytest.raises(TypeError, match=r"opreg\.opcheck: op must be an op"):
+        opreg.opcheck(lambda x: x)
+
+
+def test_a_library_that_failed_fails_again_when_loaded_again():
+    library = TEST_OPS_LIBRARY.parent / "libopreg_failing_bad_schema.so"
+    result = run_probe(
+        f"""
+        import opreg
+        for attempt in range(2):
+            try:
+                opreg.load_library({str(library)!r})
+            except ValueError as error:
+                print(attempt, "raised:", str(error).splitlines()[0])
+        """
+    )
+    assert_survived(result)
+    assert "0 raised: opreg::load_library:" in result.stdout
+    assert "1 raised: opreg::load_library:" in result.stdout

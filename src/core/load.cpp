@@ -15,6 +15,8 @@
 
 #include <dlfcn.h>
 
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -33,6 +35,14 @@ struct LoadContext {
 };
 
 thread_local LoadContext* t_load = nullptr;
+
+// Libraries whose load failed, by dlopen handle, with the error: opening one again does not run
+// its initializers, so a second load_library must raise the same error instead of succeeding.
+std::mutex g_failed_mutex;
+std::map<void*, std::string>& failed_loads() {
+  static auto* failed = new std::map<void*, std::string>();  // leaked: read until exit
+  return *failed;
+}
 
 }  // namespace
 
@@ -62,6 +72,12 @@ void load_library(const std::string& path) {
                 "': ", why != nullptr ? why : "unknown error");
   }
   if (context.failures.empty()) {
+    {
+      std::lock_guard<std::mutex> lock(g_failed_mutex);
+      auto failed = failed_loads().find(handle);
+      TORCH_CHECK_VALUE(failed == failed_loads().end(), failed->second,
+                        " (the library failed when it was first loaded in this process)");
+    }
     // A library loaded from inside another one's initializers belongs to the outer load.
     if (context.outer != nullptr) {
       for (auto& published : context.published) context.outer->published.push_back(published);
@@ -72,9 +88,14 @@ void load_library(const std::string& path) {
     detail::restore_definition(it->first, it->second);
   }
   std::ostringstream failures;
+  failures << "opreg::load_library: '" << path << "' defines ops that failed ("
+           << context.failures.size() << "); none of its ops is defined:";
   for (const auto& [op, message] : context.failures) failures << "\n  " << op << ": " << message;
-  TORCH_CHECK_VALUE(false, "opreg::load_library: '", path, "' defines ops that failed (",
-                    context.failures.size(), "); none of its ops is defined:", failures.str());
+  {
+    std::lock_guard<std::mutex> lock(g_failed_mutex);
+    failed_loads()[handle] = failures.str();
+  }
+  TORCH_CHECK_VALUE(false, failures.str());
 }
 
 }  // namespace opreg

@@ -8,7 +8,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # The Python tests run under the sanitizers (those present; the whole suite would be too slow).
 shopt -s nullglob
-PYTHON_TESTS=(tests/python/test_reliability*.py tests/python/test_foundation.py)
+PYTHON_TESTS=(tests/python/test_reliability*.py tests/python/test_foundation.py
+  tests/python/test_definition_path.py)
 
 BUILD="$PWD/build/asan"
 PREFIX="$BUILD/prefix"   # a staged copy of the Python package: its sources plus this build

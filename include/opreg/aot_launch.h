@@ -1,12 +1,13 @@
 // include/opreg/aot_launch.h: an AOT-compiled Triton kernel attached to an op by declaration:
 // the grid, the kernel's arguments and the outputs are expressions over the op's arguments,
-// checked against the schema when the op is defined and evaluated in C++ on every call (no
-// Python, even for ops defined from Python).
+// parsed against the schema (names, and which are tensors) when the op is defined and evaluated in
+// C++ on every call (no Python, even for ops defined from Python).
 //
 //   opreg::op("mylib::add(Tensor x, Tensor y) -> Tensor")
 //       .fallback(add_reference)
-//       .aot_kernel({"mylib_add_f32", {"cdiv(numel(x), 1024)"}, {"x", "y", "out0", "numel(x)"},
-//                    "like:x"})
+//       .kernel(opreg::triton::aot({"mylib_add_f32", {"cdiv(numel(x), 1024)"},
+//                                   {"x", "y", "out0", "numel(x)"}, "like:x"}),
+//               opreg::on({"cuda"}).name("triton"))
 //
 // Expressions: an argument's name (tensor, int or float), out<i> (output i), numel(a),
 // size(a, d), stride(a, d), cdiv(e, n), an integer or a float literal. Outputs: "fake" (allocated

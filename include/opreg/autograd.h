@@ -15,6 +15,8 @@
 #include <c10/core/SymIntArrayRef.h>
 #include <c10/util/DimVector.h>
 
+#include "opreg/export.h"
+
 namespace torch::autograd {
 struct Node;
 class SavedVariable;
@@ -30,11 +32,9 @@ namespace opreg {
 // kNone: outputs never require grad (random number generation, integer-valued ops).
 enum class AutogradPolicy { kFallback, kError, kNone };
 
-namespace detail {
-struct OpregBackward;
-}
+class OpregBackward;  // the autograd node of an op with a backward (src/core/autograd.cpp)
 
-class AutogradContext {
+class OPREG_API AutogradContext {
  public:
   AutogradContext();
   ~AutogradContext();
@@ -59,7 +59,7 @@ class AutogradContext {
   at::ScalarType input_scalar_type(size_t index) const;
 
  private:
-  friend struct detail::OpregBackward;
+  friend class OpregBackward;
   friend class AutogradKernel;
   struct InputMeta {
     c10::SymDimVector sizes;
@@ -72,7 +72,7 @@ class AutogradContext {
   std::vector<int64_t> input_edges_;  // per input: its edge in the node, or -1
   std::vector<bool> input_requires_grad_;
   std::vector<InputMeta> edge_inputs_;  // per edge
-  detail::OpregBackward* node_ = nullptr;
+  OpregBackward* node_ = nullptr;
   bool in_backward_ = false;
 };
 
@@ -81,11 +81,5 @@ using SetupContext =
                        const std::vector<c10::IValue>& outputs)>;
 using Backward = std::function<std::vector<at::Tensor>(
     AutogradContext& ctx, const std::vector<at::Tensor>& grad_outputs)>;
-
-struct AutogradSpec {
-  AutogradPolicy policy = AutogradPolicy::kFallback;
-  SetupContext setup_context;  // may be empty when backward needs nothing saved
-  Backward backward;
-};
 
 }  // namespace opreg

@@ -1,6 +1,7 @@
 // include/opreg/opreg.h: everything a C++ user of opreg includes.
 #pragma once
 
+#include "opreg/definition.h"
 #include "opreg/device_types.h"
 #include "opreg/op.h"
 #include "opreg/registry.h"

@@ -4,18 +4,20 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "opreg/export.h"
+
 namespace opreg {
 
 // x + y with torch.add's semantics (broadcasting, type promotion, any layout). Contiguous
 // same-shape float16/bfloat16/float32/float64 CUDA tensors run an AOT-compiled Triton kernel.
-at::Tensor fused_add(const at::Tensor& x, const at::Tensor& y);
+OPREG_API at::Tensor fused_add(const at::Tensor& x, const at::Tensor& y);
 
 // Philox4x32-10 random numbers, float32 [..., n] for int64 seeds [...]: row r uses the key
 // (low 32 bits, high 32 bits) of its seed, Philox call j the counter counter + j (mod 2^64,
 // `counter` read as the bits of a uint64), yielding positions 4j..4j+3. Uniform: (u >> 8) * 2^-24.
 // Normal: Box-Muller on consecutive pairs. The CUDA kernel and the fallback agree bitwise on
 // uniforms; see docs/ops/philox.md.
-at::Tensor philox_uniform(const at::Tensor& seeds, int64_t n, int64_t counter = 0);
-at::Tensor philox_normal(const at::Tensor& seeds, int64_t n, int64_t counter = 0);
+OPREG_API at::Tensor philox_uniform(const at::Tensor& seeds, int64_t n, int64_t counter = 0);
+OPREG_API at::Tensor philox_normal(const at::Tensor& seeds, int64_t n, int64_t counter = 0);
 
 }  // namespace opreg

@@ -9,6 +9,8 @@
 
 #include <ATen/core/ivalue.h>
 
+#include "opreg/export.h"
+
 namespace opreg::testing {
 
 struct CheckResult {
@@ -23,13 +25,15 @@ struct CheckResult {
 
 // Runs the op through the dispatcher and its fallback directly on each sample (arguments in
 // schema order), on the samples' own devices.
-std::vector<CheckResult> check(const std::string& op,
-                               const std::vector<std::vector<c10::IValue>>& samples);
+OPREG_API std::vector<CheckResult> check(const std::string& op,
+                                         const std::vector<std::vector<c10::IValue>>& samples);
 
 // As check(), but throws a c10::Error listing every failure.
-void check_or_throw(const std::string& op, const std::vector<std::vector<c10::IValue>>& samples);
+OPREG_API void check_or_throw(const std::string& op,
+                              const std::vector<std::vector<c10::IValue>>& samples);
 
 // Calls the op's fallback directly (no kernel), boxed: for tests and opreg.opcheck.
-std::vector<c10::IValue> call_fallback(const std::string& op, std::vector<c10::IValue> args);
+OPREG_API std::vector<c10::IValue> call_fallback(const std::string& op,
+                                                 std::vector<c10::IValue> args);
 
 }  // namespace opreg::testing

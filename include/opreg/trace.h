@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "opreg/export.h"
+
 namespace opreg {
 
 struct TraceRecord {
@@ -19,9 +21,9 @@ struct TraceRecord {
 
 namespace detail {
 // How many TraceScopes are open, on all threads together.
-extern std::atomic<int> g_open_trace_scopes;
+OPREG_API extern std::atomic<int> g_open_trace_scopes;
 // Appends a record to every open TraceScope of the calling thread (none: does nothing).
-void record_trace(const std::string& op, std::string impl, std::string device);
+OPREG_API void record_trace(const std::string& op, std::string impl, std::string device);
 }  // namespace detail
 
 // Whether any thread has a TraceScope open: the cheap test before building a record.
@@ -33,7 +35,7 @@ inline bool trace_enabled() {
 // PyTorch runs on that thread's behalf, such as its backward passes), including those that a
 // nested TraceScope records too. `records()` reads what was gathered so far, oldest first.
 // Destroy it on the thread that created it.
-class TraceScope {
+class OPREG_API TraceScope {
  public:
   TraceScope();
   ~TraceScope();

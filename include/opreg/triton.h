@@ -21,10 +21,14 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 
+#include "opreg/aot_launch.h"
+#include "opreg/definition.h"
+#include "opreg/export.h"
+
 namespace opreg::triton {
 
 // One argument of a launch, in the kernel's declaration order (constexpr arguments excluded).
-class Arg {
+class OPREG_API Arg {
  public:
   enum class Kind : uint8_t { kTensor, kInt, kFloat, kPointer };
   Arg(const at::Tensor& tensor) : kind_(Kind::kTensor), tensor_(&tensor) {}  // NOLINT
@@ -60,7 +64,7 @@ inline int64_t cdiv(int64_t a, int64_t b) { return a / b + (a % b != 0 && a > 0 
 
 struct KernelImpl;  // the kernel's variants and per-device modules (src/triton/)
 
-class Kernel {
+class OPREG_API Kernel {
  public:
   explicit Kernel(std::string name);
   const std::string& name() const { return name_; }
@@ -97,12 +101,12 @@ struct EmbeddedFile {
   const unsigned char* data;
   size_t size;
 };
-bool register_embedded_bundle(const char* manifest, size_t manifest_size, const EmbeddedFile* files,
-                              size_t num_files);
+OPREG_API bool register_embedded_bundle(const char* manifest, size_t manifest_size,
+                                        const EmbeddedFile* files, size_t num_files);
 
 // Loads every manifest (*.json) of a folder written by `python -m opreg.aot`. Returns the names
 // of the kernels it registered.
-std::vector<std::string> load_bundle_dir(const std::string& path);
+OPREG_API std::vector<std::string> load_bundle_dir(const std::string& path);
 
 struct VariantReport {
   int arch;
@@ -116,9 +120,13 @@ struct KernelReport {
   std::vector<std::string> params;
   std::vector<VariantReport> variants;
 };
-std::vector<KernelReport> describe_kernels();
+OPREG_API std::vector<KernelReport> describe_kernels();
+
+// An AOT-compiled kernel attached to an op by declaration (see opreg/aot_launch.h), as a kernel
+// like any other: .kernel(opreg::triton::aot(launch), opreg::on({"cuda"}).name("triton")).
+OPREG_API KernelFactory aot(AotLaunch launch);
 
 // Whether the CUDA driver could be opened, and if not, why.
-bool driver_available(std::string* why_not = nullptr);
+OPREG_API bool driver_available(std::string* why_not = nullptr);
 
 }  // namespace opreg::triton

@@ -35,11 +35,4 @@ using VmapRule = std::function<VmapResult(const VmapInfo& info,
                                           const std::vector<std::optional<int64_t>>& in_dims,
                                           const std::vector<c10::IValue>& args)>;
 
-struct VmapSpec {
-  VmapRule rule;
-  bool batch_polymorphic = false;
-  bool per_example_loop = false;
-  bool random = false;  // the op draws from a generator: vmap's randomness applies
-};
-
 }  // namespace opreg

@@ -10,24 +10,16 @@ import torch  # noqa: F401  (loads libtorch before the core library)
 
 from opreg import _C, _registry
 from opreg._aot import AotKernel, load_triton_bundle, triton_kernels
-from opreg._front import (
-    AotLaunch,
-    AutogradContext,
-    TritonKernelLike,
-    VmapInfo,
-    default_vmap_wrap_inputs,
-    has_triton,
-    kernel_status,
-    register_triton_device_type,
-    register_triton_op,
-    register_vmap_op,
-    triton_device_types,
-    wrap_triton,
-)
+from opreg._declaration import AutogradContext, kernel_status
+from opreg._front import register_triton_op, register_vmap_op
 from opreg._opcheck import CheckRow, OpcheckError, OpcheckReport, Sample, opcheck
 from opreg._registry import (
+    AutogradSupport,
     DeviceServing,
+    FakeSource,
     OpReport,
+    ServingKind,
+    VmapSupport,
     accelerated_device_types,
     cmake_dir,
     describe_op,
@@ -37,20 +29,33 @@ from opreg._registry import (
     register_accelerated_device_type,
 )
 from opreg._trace import TraceRecord, trace
+from opreg._triton import (
+    AotLaunch,
+    TritonKernelLike,
+    has_triton,
+    register_triton_device_type,
+    triton_device_types,
+    wrap_triton,
+)
+from opreg._vmap import VmapInfo, default_vmap_wrap_inputs
 
 __all__ = [
     "AotKernel",
     "AotLaunch",
     "AutogradContext",
+    "AutogradSupport",
     "CheckRow",
     "DeviceServing",
+    "FakeSource",
     "OpReport",
     "OpcheckError",
     "OpcheckReport",
     "Sample",
+    "ServingKind",
     "TraceRecord",
     "TritonKernelLike",
     "VmapInfo",
+    "VmapSupport",
     "accelerated_device_types",
     "cmake_dir",
     "default_vmap_wrap_inputs",

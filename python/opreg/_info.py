@@ -1,4 +1,4 @@
-"""The text of ``python -m opreg info``."""
+"""The text of ``python3 -m opreg info``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import torch
 
 import opreg
 from opreg import _C
+from opreg._declaration import python_kernel_status
 
 
 def _device_availability() -> list[str]:
@@ -45,17 +46,8 @@ def format_info() -> str:
 
 
 def format_op(op: opreg.OpReport) -> str:
-    lines = [
-        op.name,
-        f"  schema:   {op.schema}",
-        f"  origin:   {op.origin}",
-        *(f"  {s.device_type + ':':9} {s.served_by}" for s in op.kernels),
-        "  others:   fallback",
-        f"  fake:     {op.fake}",
-        f"  autograd: {op.autograd}",
-        f"  vmap:     {op.vmap}",
-    ]
-    status = opreg.kernel_status(op.name)
-    if not status.startswith("not a Python-defined"):
+    lines = [op.describe()]
+    status = python_kernel_status(op.name)
+    if status is not None:
         lines.append(f"  triton:   {status}")
     return "\n".join(lines)

@@ -22,7 +22,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from opreg import _C
 from opreg._public import public
-from opreg._registry import describe_op
+from opreg._registry import AutogradSupport, describe_op
 
 CHECKS = ("torch_opcheck", "kernel_vs_fallback", "fake_vs_real", "gradients", "vmap", "compile")
 
@@ -209,7 +209,7 @@ def _check_torch_opcheck(op, sample, device):
 
 def _values_comparable(op) -> bool:
     """Random ops give other values on every call: only their metadata can be compared."""
-    return not describe_op(_qualified(op)).random
+    return not describe_op(_qualified(op)).flags["random"]
 
 
 def _check_kernel_vs_fallback(op, sample, device):
@@ -228,11 +228,11 @@ def _check_kernel_vs_fallback(op, sample, device):
                     f"{b.dtype}{tuple(b.shape)}"
                 ),
             )
-        if report.random:
+        if report.flags["random"]:
             continue
-        if report.bitwise or not a.is_floating_point():
+        if report.flags["bitwise"] or not a.is_floating_point():
             if not torch.equal(a.nan_to_num(0), b.nan_to_num(0)):
-                why = "the op declares bitwise" if report.bitwise else "integer output"
+                why = "the op declares bitwise" if report.flags["bitwise"] else "integer output"
                 return (
                     False,
                     error,
@@ -291,7 +291,7 @@ def _check_fake_vs_real(op, sample, device):
 
 def _differentiable(op) -> bool:
     autograd = describe_op(_qualified(op)).autograd
-    return not autograd.startswith(("none", "error"))
+    return autograd not in (AutogradSupport.NONE, AutogradSupport.ERROR)
 
 
 def _check_gradients(op, sample, device):

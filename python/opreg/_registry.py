@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 
@@ -14,29 +17,72 @@ _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 @public
+class ServingKind(enum.Enum):
+    KERNEL = "kernel"
+    SKIPPED = "skipped"
+
+
+@public
+class FakeSource(enum.Enum):
+    EXPLICIT = "explicit"
+    PYTHON = "python"
+    FALLBACK_ON_META = "fallback on meta"
+
+
+@public
+class AutogradSupport(enum.Enum):
+    BACKWARD = "backward"
+    FALLBACK = "fallback"
+    ERROR = "error"
+    NONE = "none"
+
+
+@public
+class VmapSupport(enum.Enum):
+    RULE = "rule"
+    BATCH_POLYMORPHIC = "batch-polymorphic"
+    FALLBACK = "fallback"
+    PER_EXAMPLE_LOOP = "per-example loop"
+
+
+@public
 @dataclass(frozen=True)
 class DeviceServing:
-    """A device type with a kernel (``kernel:<name>``) or a skipped one (``skipped: <why>``)."""
+    """A device type with a kernel (``kind`` KERNEL) or with a kernel that was not registered
+    there (SKIPPED, and the ``reason``)."""
 
     device_type: str
-    served_by: str
+    kind: ServingKind
+    kernel: str
+    reason: str = ""
+
+    def describe(self) -> str:
+        """``kernel:<name>`` or ``skipped: <reason>``."""
+        if self.kind is ServingKind.KERNEL:
+            return f"kernel:{self.kernel}"
+        return f"skipped: {self.reason}"
 
 
 @public
 @dataclass(frozen=True)
 class OpReport:
-    """One opreg op: where it came from and what serves it."""
+    """One opreg op: where it came from and what serves it. ``flags`` holds the core's flags
+    (``bitwise``, ``random``, ...), each True or False."""
 
     name: str
     schema: str
     origin: str
     kernels: tuple[DeviceServing, ...]
-    fake: str
-    autograd: str
-    vmap: str
-    bitwise: bool = False
-    random: bool = False
+    fake: FakeSource
+    autograd: AutogradSupport
+    vmap: VmapSupport
+    flags: Mapping[str, bool]
     dtypes: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    words: str = field(default="", repr=False, compare=False)
+
+    def describe(self) -> str:
+        """The report in words, one line per aspect (as ``python3 -m opreg info`` prints it)."""
+        return self.words
 
 
 def _report(raw: _C.OpReport) -> OpReport:
@@ -44,13 +90,16 @@ def _report(raw: _C.OpReport) -> OpReport:
         name=raw.name,
         schema=raw.schema,
         origin=raw.origin,
-        kernels=tuple(DeviceServing(k.device_type, k.served_by) for k in raw.kernels),
-        fake=raw.fake,
-        autograd=raw.autograd,
-        vmap=raw.vmap,
-        bitwise=raw.bitwise,
-        random=raw.random,
+        kernels=tuple(
+            DeviceServing(k.device_type, ServingKind[k.kind.name], k.kernel, k.reason)
+            for k in raw.kernels
+        ),
+        fake=FakeSource[raw.fake.name],
+        autograd=AutogradSupport[raw.autograd.name],
+        vmap=VmapSupport[raw.vmap.name],
+        flags=MappingProxyType(raw.flags.as_dict()),
         dtypes=tuple((arg, tuple(types)) for arg, types in raw.dtypes),
+        words=raw.describe(),
     )
 
 

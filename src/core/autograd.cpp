@@ -47,15 +47,18 @@ struct OutputMeta {
   at::TensorOptions options;
 };
 
-// The grad_fn of an output of an opreg op with an explicit backward. Shares the op's runtime
-// and spec instead of copying them: a node is made on every forward call that needs grads.
-struct OpregBackward : torch::autograd::Node {
-  std::shared_ptr<const OpRuntime> runtime;
-  std::shared_ptr<const AutogradSpec> spec;
-  AutogradContext ctx;
-  std::vector<OutputMeta> outputs;  // per differentiable output
+}  // namespace detail
 
-  std::string name() const override { return runtime->name + "Backward"; }
+// The grad_fn of an output of an opreg op with an explicit backward. Shares the op's identity
+// and declaration instead of copying them: a node is made on every forward call that needs grads.
+class OpregBackward : public torch::autograd::Node {
+ public:
+  detail::IdentityPtr op;
+  std::shared_ptr<const AutogradDeclaration> declaration;
+  AutogradContext ctx;
+  std::vector<detail::OutputMeta> outputs;  // per differentiable output
+
+  std::string name() const override { return op->name + "Backward"; }
 
   // Set when values saved for the backward were freed (after a backward without retain_graph).
   void release_variables() override {
@@ -66,10 +69,10 @@ struct OpregBackward : torch::autograd::Node {
   bool released_ = false;
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
-    const std::string& op_name = runtime->name;
+    const std::string& op_name = op->name;
     if (trace_enabled()) {
-      record_trace(op_name, "backward",
-                   grads.empty() || !grads[0].defined() ? "-" : grads[0].device().str());
+      detail::record_trace(op_name, "backward",
+                           grads.empty() || !grads[0].defined() ? "-" : grads[0].device().str());
     }
     for (size_t i = 0; i < grads.size(); ++i) {
       if (!grads[i].defined()) grads[i] = at::zeros_symint(outputs[i].sizes, outputs[i].options);
@@ -80,7 +83,7 @@ struct OpregBackward : torch::autograd::Node {
     ctx.in_backward_ = true;
     auto result = [&] {
       try {
-        return spec->backward(ctx, grads);
+        return declaration->backward(ctx, grads);
       } catch (...) {
         ctx.in_backward_ = false;
         throw;
@@ -95,19 +98,18 @@ struct OpregBackward : torch::autograd::Node {
       const auto edge = ctx.input_edges_[i];
       if (!result[i].defined()) continue;
       TORCH_CHECK(edge >= 0, op_name, ": backward returned a gradient for input '",
-                  runtime->arg_names[i],
+                  op->schema.arguments()[i].name(),
                   "', which is not a tensor; return an undefined tensor there");
       const c10::SymIntArrayRef expected = ctx.edge_inputs_[edge].sizes;
       TORCH_CHECK(result[i].sym_sizes().equals(expected), op_name,
-                  ": backward's gradient for input '", runtime->arg_names[i], "' has shape ",
-                  result[i].sym_sizes(), ", expected ", expected, " (the input's shape)");
+                  ": backward's gradient for input '", op->schema.arguments()[i].name(),
+                  "' has shape ", result[i].sym_sizes(), ", expected ", expected,
+                  " (the input's shape)");
       edge_grads[edge] = std::move(result[i]);
     }
     return edge_grads;
   }
 };
-
-}  // namespace detail
 
 std::vector<at::Tensor> AutogradContext::saved_tensors() const {
   std::vector<at::Tensor> tensors;
@@ -186,15 +188,15 @@ void bump_versions_of_mutated_inputs(const c10::FunctionSchema& schema,
 
 class AutogradKernel final : public c10::OperatorKernel {
  public:
-  AutogradKernel(std::shared_ptr<const detail::OpRuntime> runtime, AutogradSpec spec,
-                 std::shared_ptr<const c10::KernelFunction> fallback)
-      : runtime_(std::move(runtime)),
-        spec_(std::make_shared<const AutogradSpec>(std::move(spec))),
+  AutogradKernel(detail::IdentityPtr op, AutogradDeclaration declaration,
+                 detail::FallbackPtr fallback)
+      : op_(std::move(op)),
+        spec_(std::make_shared<const AutogradDeclaration>(std::move(declaration))),
         fallback_(std::move(fallback)) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                   torch::jit::Stack* stack) {
-    const auto& schema = op.schema();
+    const auto& schema = op_->schema;
     const size_t num_args = schema.arguments().size();
     bool any_requires_grad = false;
     bool any_tangent = false;
@@ -218,7 +220,7 @@ class AutogradKernel final : public c10::OperatorKernel {
     // 2. Gradient needed, no backward: the policy decides. Forward-mode tangents always take
     // the fallback: its ATen ops have forward formulas (an explicit backward is reverse-only).
     if (!spec_->backward || any_tangent) {
-      TORCH_CHECK(spec_->policy != AutogradPolicy::kError || spec_->backward, runtime_->name,
+      TORCH_CHECK(spec_->policy != AutogradPolicy::kError || spec_->backward, op_->name,
                   ": an input ", any_tangent ? "has a forward-mode tangent" : "requires grad",
                   ", but the op has no backward and its autograd policy is 'error'; give it a "
                   "backward (.backward(backward, setup_context) in C++, backward= in Python), or "
@@ -233,13 +235,13 @@ class AutogradKernel final : public c10::OperatorKernel {
   // 3. Explicit backward: run the op below autograd (kernels included), then attach a node.
   void run_with_backward(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                          torch::jit::Stack* stack) {
-    const auto& schema = op.schema();
+    const auto& schema = op_->schema;
     const size_t num_args = schema.arguments().size();
     std::vector<c10::IValue> inputs(stack->end() - num_args, stack->end());
 
-    auto node = detail::make_node<detail::OpregBackward>();
-    node->runtime = runtime_;
-    node->spec = spec_;
+    auto node = detail::make_node<OpregBackward>();
+    node->op = op_;
+    node->declaration = spec_;
     auto& ctx = node->ctx;
     ctx.input_edges_.reserve(num_args);
     ctx.input_requires_grad_.reserve(num_args);
@@ -289,32 +291,33 @@ class AutogradKernel final : public c10::OperatorKernel {
     ctx.node_ = node.get();
   }
 
-  std::shared_ptr<const detail::OpRuntime> runtime_;
-  std::shared_ptr<const AutogradSpec> spec_;
-  std::shared_ptr<const c10::KernelFunction> fallback_;
+  detail::IdentityPtr op_;
+  std::shared_ptr<const AutogradDeclaration> spec_;
+  detail::FallbackPtr fallback_;
 };
 
 namespace detail {
 
-c10::KernelFunction make_autograd_kernel(const OpSpec& spec, const c10::FunctionSchema& schema) {
-  TORCH_CHECK_VALUE(!spec.autograd.backward || !schema.is_mutable(), spec.runtime->name,
+c10::KernelFunction make_autograd_kernel(IdentityPtr op, const AutogradDeclaration& autograd,
+                                         FallbackPtr fallback) {
+  TORCH_CHECK_VALUE(!autograd.backward || !op->schema.is_mutable(), op->name,
                     ": a backward for an op that mutates its inputs is not supported; leave the "
                     "backward out (the fallback then runs under autograd)");
-  TORCH_CHECK_VALUE(!spec.autograd.setup_context || spec.autograd.backward, spec.runtime->name,
+  TORCH_CHECK_VALUE(!autograd.setup_context || autograd.backward, op->name,
                     ": setup_context is given without a backward");
   return c10::KernelFunction::makeFromBoxedFunctor(
-      std::make_unique<AutogradKernel>(spec.runtime, spec.autograd, spec.fallback));
+      std::make_unique<AutogradKernel>(std::move(op), autograd, std::move(fallback)));
 }
 
-std::string describe_autograd(const OpSpec& spec) {
-  if (spec.autograd.backward) return "backward";
-  switch (spec.autograd.policy) {
+AutogradSupport autograd_support(const AutogradDeclaration& autograd) {
+  if (autograd.backward) return AutogradSupport::kBackward;
+  switch (autograd.policy) {
     case AutogradPolicy::kFallback:
-      return "fallback (no backward: the fallback runs under autograd when grads are needed)";
+      return AutogradSupport::kFallback;
     case AutogradPolicy::kError:
-      return "error (no backward: calls needing grads are refused)";
+      return AutogradSupport::kError;
     case AutogradPolicy::kNone:
-      return "none (outputs never require grad)";
+      return AutogradSupport::kNone;
   }
   TORCH_INTERNAL_ASSERT(false, "unknown autograd policy");
 }

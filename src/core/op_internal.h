@@ -8,25 +8,36 @@
 #include <string>
 
 #include <ATen/core/boxing/KernelFunction.h>
+#include <ATen/core/stack.h>
 
-#include "opreg/op.h"
+#include "opreg/registry.h"
+#include "spec.h"
 
 namespace opreg::detail {
 
-// Validates the autograd declaration against the schema; throws naming the op.
-c10::KernelFunction make_autograd_kernel(const OpSpec& spec, const c10::FunctionSchema& schema);
-std::string describe_autograd(const OpSpec& spec);
+using IdentityPtr = std::shared_ptr<const OpIdentity>;
+using FallbackPtr = std::shared_ptr<const c10::KernelFunction>;
 
-c10::KernelFunction make_vmap_kernel(const OpSpec& spec);
+// Validates the autograd declaration against the schema; throws naming the op. `fallback` is the
+// op's checked fallback, run under autograd when gradients are needed and there is no backward.
+c10::KernelFunction make_autograd_kernel(IdentityPtr op, const AutogradDeclaration& autograd,
+                                         FallbackPtr fallback);
+AutogradSupport autograd_support(const AutogradDeclaration& autograd);
+
+c10::KernelFunction make_vmap_kernel(IdentityPtr op, VmapRule rule, const OpFlags& flags,
+                                     FallbackPtr fallback);
 // The FuncTorchVmapMode kernel of random ops; nullopt for the others.
-std::optional<c10::KernelFunction> make_randomness_kernel(const OpSpec& spec);
-std::string describe_vmap(const OpSpec& spec);
+std::optional<c10::KernelFunction> make_randomness_kernel(IdentityPtr op, const OpFlags& flags);
+VmapSupport vmap_support(const VmapRule& rule, const OpFlags& flags);
 
-// The op's current fallback, callable boxed (bypassing its kernels); throws for unknown ops.
-std::shared_ptr<const c10::KernelFunction> fallback_kernel_of(const std::string& op);
+// The op's current fallback (checked, bypassing its kernels), callable boxed; throws for unknown
+// ops.
+FallbackPtr fallback_kernel_of(const std::string& op);
 
 // Checks a boxed call's stack against the op's current schema before anything reads it: enough
 // arguments, and a defined tensor for every non-optional Tensor argument.
 void check_stack(const std::string& op, const torch::jit::Stack& stack);
+
+[[noreturn]] void throw_no_fake(const std::string& op, const std::string& reason);
 
 }  // namespace opreg::detail

@@ -49,6 +49,7 @@
 #include "op_internal.h"
 #include "opreg/device_types.h"
 #include "opreg/op.h"
+#include "spec.h"
 
 namespace opreg {
 namespace {
@@ -62,15 +63,23 @@ struct ServedKernel {
 
 // One immutable definition of an op. Trampolines read it at the start of a call.
 struct Definition {
-  explicit Definition(c10::FunctionSchema parsed) : schema(std::move(parsed)) {}
+  explicit Definition(OpBuilder::State declared) : spec(std::move(declared)) {}
+  Definition(const Definition&) = delete;
+  Definition& operator=(const Definition&) = delete;
 
-  detail::OpSpec spec;  // keeps the pieces' captures alive
-  c10::FunctionSchema schema;
-  std::string schema_text;
+  OpBuilder::State spec;  // keeps the pieces' captures alive; rebuilt for new device types
+  detail::IdentityPtr identity;
   std::string origin;
   std::vector<size_t> required_tensors;  // arguments that must be defined tensors
+  std::vector<std::pair<size_t, std::vector<c10::ScalarType>>> dtype_rules;  // by argument index
   std::vector<size_t> plain_tensor_returns;
   std::vector<bool> return_aliases;  // per return: declared as aliasing an input
+  c10::KernelFunction fallback;
+  // The fallback behind the checks of a call, for kernels that decline and for the autograd and
+  // vmap kernels, which call it directly rather than through the dispatcher.
+  detail::FallbackPtr checked_fallback;
+  std::optional<c10::KernelFunction> meta;  // nullopt: the fake is registered from Python
+  FakeSource fake_source = FakeSource::kFallbackOnMeta;
   std::vector<ServedKernel> kernels;
   std::vector<DeviceServing> serving;  // for reports, skipped device types included
   c10::KernelFunction autograd;
@@ -83,7 +92,9 @@ struct Definition {
     }
     return nullptr;
   }
-  const std::string& name() const { return spec.runtime->name; }
+  const std::string& name() const { return identity->name; }
+  const c10::FunctionSchema& schema() const { return identity->schema; }
+  const std::string& schema_text() const { return identity->schema_text; }
 };
 
 using DefinitionPtr = std::shared_ptr<const Definition>;
@@ -97,8 +108,8 @@ struct OpEntry {
   mutable std::atomic<int64_t> calls_in_flight{0};
   DefinitionPtr owner;  // read and written under the registry lock
   std::vector<DefinitionPtr> retired;
-  std::string registered_schema;
-  std::optional<std::pair<c10::FunctionSchema, std::string>> registered;  // with its module
+  // The registered schema (as text, parsed, and with the module that registers its fake).
+  std::optional<std::pair<std::string, std::pair<c10::FunctionSchema, std::string>>> registered;
   std::unique_ptr<torch::Library> schema_library;
   std::map<c10::DispatchKey, std::unique_ptr<torch::Library>> trampolines;
   std::vector<c10::BoxedKernel> functors;
@@ -187,7 +198,7 @@ void split_name(const std::string& qualified, const std::string& what, std::stri
                     "' belongs to PyTorch; define ops in a namespace of your own");
 }
 
-c10::FunctionSchema parse_schema(const detail::OpSpec& spec) {
+c10::FunctionSchema parse_schema(const OpBuilder::State& spec) {
   const std::string& text = spec.name_or_schema;
   for (size_t i = 0; i < text.size(); ++i) {
     TORCH_CHECK_VALUE(static_cast<unsigned char>(text[i]) < 0x80, "opreg: op declaration '",
@@ -241,32 +252,35 @@ std::string qualified_name_of(const c10::FunctionSchema& schema) {
 
 // ---- building a definition -------------------------------------------------------------------
 
-// Fills the runtime (shared with the pieces' wrappers) the first time the spec is built.
-void complete_runtime(detail::OpSpec& spec, const c10::FunctionSchema& schema,
-                      const std::string& qualified, const std::string& schema_text) {
-  auto& runtime = *spec.runtime;
-  if (!runtime.name.empty()) return;  // rebuilt for a new device type: already complete
-  std::vector<std::string> names;
-  for (const auto& argument : schema.arguments()) names.push_back(argument.name());
+std::vector<std::pair<size_t, std::vector<c10::ScalarType>>> resolve_dtype_rules(
+    const OpBuilder::State& spec, const detail::OpIdentity& op) {
+  const auto& arguments = op.schema.arguments();
   std::vector<std::pair<size_t, std::vector<c10::ScalarType>>> rules;
   for (const auto& [argument, allowed] : spec.dtype_rules) {
-    auto found = std::find(names.begin(), names.end(), argument);
-    TORCH_CHECK_VALUE(found != names.end(), qualified, ": dtypes() names argument '", argument,
-                      "', which the schema '", schema_text, "' does not have");
-    TORCH_CHECK_VALUE(
-        schema.arguments()[found - names.begin()].type()->kind() == c10::TypeKind::TensorType,
-        qualified, ": dtypes() names argument '", argument,
-        "', which is not a Tensor in the schema '", schema_text, "'");
-    rules.emplace_back(found - names.begin(), allowed);
+    auto found = std::find_if(arguments.begin(), arguments.end(),
+                              [&](const auto& candidate) { return candidate.name() == argument; });
+    TORCH_CHECK_VALUE(found != arguments.end(), op.name, ": dtypes() names argument '", argument,
+                      "', which the schema '", op.schema_text, "' does not have");
+    TORCH_CHECK_VALUE(found->type()->kind() == c10::TypeKind::TensorType, op.name,
+                      ": dtypes() names argument '", argument,
+                      "', which is not a Tensor in the schema '", op.schema_text, "'");
+    TORCH_CHECK_VALUE(!allowed.empty(), op.name, ": dtypes() for argument '", argument,
+                      "' allows no dtype; list at least one");
+    rules.emplace_back(found - arguments.begin(), allowed);
   }
-  runtime.name = qualified;
-  runtime.arg_names = std::move(names);
-  runtime.dtype_rules = std::move(rules);
+  return rules;
 }
 
-void add_kernel(Definition& definition, const detail::KernelSpec& kernel,
-                const detail::KernelContext& context, const std::string& device_type,
-                bool explicit_device) {
+c10::KernelFunction make_piece(const Definition& definition, const KernelFactory& factory,
+                               const std::string& label, detail::FallbackPtr fallback) {
+  TORCH_INTERNAL_ASSERT(static_cast<bool>(factory.make), definition.name(), ": no factory for ",
+                        label);
+  const KernelContext context{definition.name(), definition.schema(), label, std::move(fallback)};
+  return factory.make(context);
+}
+
+void add_kernel(Definition& definition, const KernelDeclaration& kernel,
+                const std::string& device_type, bool explicit_device) {
   const std::string& op = definition.name();
   std::string why_not;
   auto key = dispatch_key_for_device_type(device_type, &why_not);
@@ -274,7 +288,8 @@ void add_kernel(Definition& definition, const detail::KernelSpec& kernel,
     TORCH_CHECK_VALUE(!explicit_device || device_type != "meta", op, ": kernel '", kernel.name,
                       "' lists device type 'meta'; meta tensors are served by the fake "
                       "(.fake(fn) in C++, fake_fn= in Python), not by a kernel");
-    definition.serving.push_back({device_type, "skipped: " + why_not});
+    definition.serving.push_back(
+        {device_type, DeviceServing::Kind::kSkipped, kernel.name, why_not});
     return;
   }
   if (const auto* served = definition.kernel_at(*key)) {
@@ -282,52 +297,87 @@ void add_kernel(Definition& definition, const detail::KernelSpec& kernel,
                       "' both serve device type '", device_type,
                       "'; give each device type one kernel and decline inside it");
     definition.serving.push_back(
-        {device_type, "skipped: kernel '" + served->kernel + "' already serves this device type"});
+        {device_type, DeviceServing::Kind::kSkipped, kernel.name,
+         "kernel '" + served->kernel + "' already serves this device type"});
     return;
   }
   definition.kernels.push_back(
-      {*key, kernel.name, kernel.make(context), "kernel '" + kernel.name + "'"});
-  definition.serving.push_back({device_type, "kernel:" + kernel.name});
+      {*key, kernel.name,
+       make_piece(definition, kernel.factory, "kernel:" + kernel.name, definition.checked_fallback),
+       "kernel '" + kernel.name + "'"});
+  definition.serving.push_back({device_type, DeviceServing::Kind::kKernel, kernel.name, ""});
 }
 
+void run_checked(const Definition& d, const c10::KernelFunction& function, const std::string& impl,
+                 const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack,
+                 bool compare_with_fake);
+
+// The boxed fallback with the checks of a call around it (Definition::checked_fallback).
+class CheckedFallback final : public c10::OperatorKernel {
+ public:
+  explicit CheckedFallback(const Definition* definition) : definition_(definition) {}
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                  torch::jit::Stack* stack) {
+    run_checked(*definition_, definition_->fallback, "the fallback", op, keys, stack,
+                /*compare_with_fake=*/false);
+  }
+
+ private:
+  const Definition* definition_;  // owns this kernel
+};
+
 // Everything validated and built; nothing published.
-DefinitionPtr build(detail::OpSpec spec, const std::vector<std::string>& device_types) {
-  auto definition = std::make_shared<Definition>(parse_schema(spec));
-  const auto& schema = definition->schema;
-  const std::string qualified = qualified_name_of(schema);
+DefinitionPtr build(OpBuilder::State spec, const std::vector<std::string>& device_types) {
+  auto definition = std::make_shared<Definition>(std::move(spec));
+  const auto& declared = definition->spec;
+  c10::FunctionSchema schema = parse_schema(declared);
   std::ostringstream schema_text;
   schema_text << schema;
-  definition->schema_text = schema_text.str();
-  definition->origin = spec.origin.empty() ? origin_of(spec.caller) : spec.origin;
-  complete_runtime(spec, schema, qualified, definition->schema_text);
-  TORCH_INTERNAL_ASSERT(spec.fallback, qualified, ": a spec without a fallback");
+  const std::string qualified = qualified_name_of(schema);
+  definition->identity = std::make_shared<const detail::OpIdentity>(
+      detail::OpIdentity{qualified, std::move(schema), schema_text.str()});
+  const auto& op = *definition->identity;
+  definition->origin = declared.origin.empty() ? origin_of(declared.caller) : declared.origin;
+  TORCH_CHECK_VALUE(static_cast<bool>(declared.fallback.make), qualified,
+                    ": the declaration has no fallback");
+  definition->dtype_rules = resolve_dtype_rules(declared, op);
 
-  for (size_t i = 0; i < schema.arguments().size(); ++i) {
-    if (schema.arguments()[i].type()->kind() == c10::TypeKind::TensorType) {
+  for (size_t i = 0; i < op.schema.arguments().size(); ++i) {
+    if (op.schema.arguments()[i].type()->kind() == c10::TypeKind::TensorType) {
       definition->required_tensors.push_back(i);
     }
   }
-  for (size_t i = 0; i < schema.returns().size(); ++i) {
-    const auto& ret = schema.returns()[i];
+  for (size_t i = 0; i < op.schema.returns().size(); ++i) {
+    const auto& ret = op.schema.returns()[i];
     if (ret.type()->kind() == c10::TypeKind::TensorType) {
       definition->plain_tensor_returns.push_back(i);
     }
     definition->return_aliases.push_back(ret.alias_info() != nullptr);
   }
 
-  definition->spec = std::move(spec);
-  auto& built = definition->spec;
-  detail::KernelContext context{built.runtime, built.fallback, schema};
-  for (const auto& kernel : built.kernels) {
+  definition->fallback = make_piece(*definition, declared.fallback, "fallback", nullptr);
+  definition->checked_fallback =
+      std::make_shared<const c10::KernelFunction>(c10::KernelFunction::makeFromBoxedFunctor(
+          std::make_unique<CheckedFallback>(definition.get())));
+  if (declared.fake) {
+    definition->meta = make_piece(*definition, *declared.fake, "fake", nullptr);
+    definition->fake_source = FakeSource::kExplicit;
+  } else if (!declared.python_module.empty()) {
+    definition->fake_source = FakeSource::kPython;
+  } else {
+    definition->meta = make_piece(*definition, declared.fallback, "fallback(meta)", nullptr);
+  }
+  for (const auto& kernel : declared.kernels) {
     const auto& types = kernel.device_types ? *kernel.device_types : device_types;
     for (const auto& raw : types) {
-      add_kernel(*definition, kernel, context, normalize_device_type(raw),
-                 kernel.device_types.has_value());
+      add_kernel(*definition, kernel, normalize_device_type(raw), kernel.device_types.has_value());
     }
   }
-  definition->autograd = detail::make_autograd_kernel(built, schema);
-  definition->vmap = detail::make_vmap_kernel(built);
-  definition->randomness = detail::make_randomness_kernel(built);
+  definition->autograd = detail::make_autograd_kernel(definition->identity, declared.autograd,
+                                                      definition->checked_fallback);
+  definition->vmap = detail::make_vmap_kernel(definition->identity, declared.vmap_rule,
+                                              declared.flags, definition->checked_fallback);
+  definition->randomness = detail::make_randomness_kernel(definition->identity, declared.flags);
   return definition;
 }
 
@@ -335,7 +385,7 @@ DefinitionPtr build(detail::OpSpec spec, const std::vector<std::string>& device_
 std::set<c10::DispatchKey> keys_of(const Definition& definition) {
   std::set<c10::DispatchKey> keys{c10::DispatchKey::CompositeExplicitAutograd,
                                   c10::DispatchKey::Autograd, c10::DispatchKey::FuncTorchBatched};
-  if (definition.spec.meta) keys.insert(c10::DispatchKey::Meta);
+  if (definition.meta) keys.insert(c10::DispatchKey::Meta);
   if (definition.randomness) keys.insert(c10::DispatchKey::FuncTorchVmapMode);
   for (const auto& served : definition.kernels) keys.insert(served.key);
   return keys;
@@ -344,9 +394,9 @@ std::set<c10::DispatchKey> keys_of(const Definition& definition) {
 // ---- calls -------------------------------------------------------------------------------------
 
 void check_arguments(const Definition& definition, const torch::jit::Stack& stack) {
-  const auto& arguments = definition.schema.arguments();
+  const auto& arguments = definition.schema().arguments();
   TORCH_CHECK(stack.size() >= arguments.size(), definition.name(), ": called with ", stack.size(),
-              " arguments, expected ", arguments.size(), " (schema '", definition.schema_text,
+              " arguments, expected ", arguments.size(), " (schema '", definition.schema_text(),
               "')");
   const c10::IValue* first = stack.data() + (stack.size() - arguments.size());
   for (size_t index : definition.required_tensors) {
@@ -359,10 +409,11 @@ void check_arguments(const Definition& definition, const torch::jit::Stack& stac
   }
 }
 
-// What the output checks need of a call's tensor inputs. Raw storage pointers suffice: every
+// What the checks of a call need of its tensor inputs. Raw storage pointers suffice: every
 // opreg kernel allocates its outputs while its inputs are alive, so an output cannot get the
 // storage of an input freed during the call.
 struct InputTensor {
+  size_t index;                     // the argument's position in the schema
   const c10::StorageImpl* storage;  // null for tensors without storage
   c10::Device device;
   bool cpu_scalar;  // 0-dim CPU tensors mix with any device
@@ -371,24 +422,50 @@ using CallInputs = c10::SmallVector<InputTensor, 4>;
 
 CallInputs inputs_of(const Definition& definition, const torch::jit::Stack& stack) {
   CallInputs inputs;
-  const size_t num_args = definition.schema.arguments().size();
-  for (auto it = stack.end() - num_args; it != stack.end(); ++it) {
-    if (!it->isTensor() || !it->toTensor().defined()) continue;
-    const auto& tensor = it->toTensor();
-    inputs.push_back({tensor.has_storage() ? tensor.storage().unsafeGetStorageImpl() : nullptr,
+  const size_t num_args = definition.schema().arguments().size();
+  const c10::IValue* first = stack.data() + (stack.size() - num_args);
+  for (size_t i = 0; i < num_args; ++i) {
+    if (!first[i].isTensor() || !first[i].toTensor().defined()) continue;
+    const auto& tensor = first[i].toTensor();
+    inputs.push_back({i, tensor.has_storage() ? tensor.storage().unsafeGetStorageImpl() : nullptr,
                       tensor.device(), tensor.dim() == 0 && tensor.device().is_cpu()});
   }
   return inputs;
 }
 
-std::optional<c10::Device> device_of_call(const CallInputs& inputs) {
-  std::optional<c10::Device> device;
+// The one device of the call's tensor arguments (0-dim CPU tensors aside, as in ATen), or
+// nullopt when there is none. Unless the op allows mixed devices, two devices are an error.
+std::optional<c10::Device> check_devices(const Definition& definition, const CallInputs& inputs) {
+  const InputTensor* first = nullptr;
   for (const auto& input : inputs) {
     if (input.cpu_scalar) continue;
-    if (device && *device != input.device) return std::nullopt;  // mixed devices
-    device = input.device;
+    if (first == nullptr) {
+      first = &input;
+      continue;
+    }
+    if (input.device == first->device) continue;
+    if (definition.spec.flags.allow_mixed_devices) return std::nullopt;
+    const auto& arguments = definition.schema().arguments();
+    TORCH_CHECK(false, definition.name(), ": argument '", arguments[input.index].name(), "' is on ",
+                input.device, ", expected ", first->device, " like argument '",
+                arguments[first->index].name(), "' (all tensor arguments must be on one device)");
   }
-  return device;
+  return first ? std::optional<c10::Device>(first->device) : std::nullopt;
+}
+
+void check_dtypes(const Definition& definition, const torch::jit::Stack& stack) {
+  const size_t num_args = definition.schema().arguments().size();
+  const c10::IValue* first = stack.data() + (stack.size() - num_args);
+  for (const auto& [index, allowed] : definition.dtype_rules) {
+    if (!first[index].isTensor() || !first[index].toTensor().defined()) continue;
+    const auto dtype = first[index].toTensor().scalar_type();
+    if (std::find(allowed.begin(), allowed.end(), dtype) != allowed.end()) continue;
+    std::ostringstream expected;
+    for (size_t i = 0; i < allowed.size(); ++i) expected << (i ? ", " : "") << allowed[i];
+    TORCH_CHECK_TYPE(false, definition.name(), ": argument '",
+                     definition.schema().arguments()[index].name(), "' has dtype ", dtype,
+                     ", expected one of: ", expected.str());
+  }
 }
 
 // Call-time output checks that cost next to nothing: count, defined, device, no alias of an input
@@ -396,16 +473,16 @@ std::optional<c10::Device> device_of_call(const CallInputs& inputs) {
 void check_outputs(const Definition& definition, const torch::jit::Stack& stack, size_t base,
                    const CallInputs& inputs, const std::string& impl,
                    std::optional<c10::Device> device) {
-  const auto& returns = definition.schema.returns();
+  const auto& returns = definition.schema().returns();
   TORCH_CHECK(stack.size() == base + returns.size(), definition.name(), ": ", impl, " returned ",
               stack.size() - std::min(stack.size(), base), " values, expected ", returns.size(),
-              " (schema '", definition.schema_text, "')");
+              " (schema '", definition.schema_text(), "')");
   for (size_t index : definition.plain_tensor_returns) {
     const auto& value = stack[base + index];
     TORCH_CHECK_TYPE(value.isTensor() && value.toTensor().defined(), definition.name(), ": ", impl,
                      " returned ", value.isTensor() || value.isNone() ? "None" : value.tagKind(),
-                     " for output ", index, ", expected a Tensor (schema '", definition.schema_text,
-                     "')");
+                     " for output ", index, ", expected a Tensor (schema '",
+                     definition.schema_text(), "')");
     const auto& output = value.toTensor();
     if (device && output.device() != *device) {
       TORCH_CHECK(false, definition.name(), ": ", impl, " returned output ", index, " on ",
@@ -416,7 +493,7 @@ void check_outputs(const Definition& definition, const torch::jit::Stack& stack,
     for (const auto& input : inputs) {
       if (input.storage != storage) continue;
       TORCH_CHECK(false, definition.name(), ": ", impl, " returned output ", index,
-                  " sharing memory with an input, but the schema '", definition.schema_text,
+                  " sharing memory with an input, but the schema '", definition.schema_text(),
                   "' declares no alias; return a new tensor (e.g. x.clone())");
     }
   }
@@ -436,7 +513,7 @@ bool debug_checks() {
 // meta or belongs to a tensor subclass or mode (fake tensors): then there is nothing to compare.
 std::optional<torch::jit::Stack> meta_arguments(const Definition& definition,
                                                 const torch::jit::Stack& stack) {
-  const size_t num_args = definition.schema.arguments().size();
+  const size_t num_args = definition.schema().arguments().size();
   torch::jit::Stack meta;
   for (auto it = stack.end() - num_args; it != stack.end(); ++it) {
     if (!it->isTensor() || !it->toTensor().defined()) {
@@ -454,9 +531,9 @@ std::optional<torch::jit::Stack> meta_arguments(const Definition& definition,
   return meta;
 }
 
-void compare_with_fake(const Definition& definition, const c10::OperatorHandle& op,
-                       torch::jit::Stack meta, const torch::jit::Stack& stack, size_t base,
-                       const std::string& impl) {
+void compare_with_fake_outputs(const Definition& definition, const c10::OperatorHandle& op,
+                               torch::jit::Stack meta, const torch::jit::Stack& stack, size_t base,
+                               const std::string& impl) {
   {
     c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
     op.callBoxed(&meta);
@@ -476,6 +553,30 @@ void compare_with_fake(const Definition& definition, const c10::OperatorHandle& 
   TORCH_CHECK(false, entry.qualified,
               ": the op is not defined now (it was undefined, or its definition was rolled back "
               "when its library failed to load); define it again to call it");
+}
+
+// Runs one piece of the op (the fallback, a kernel, the fake) with the checks of a call around
+// it: dtypes and devices of the arguments before, outputs after.
+void run_checked(const Definition& d, const c10::KernelFunction& function, const std::string& impl,
+                 const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack,
+                 bool compare_with_fake) {
+  const CallInputs inputs = inputs_of(d, *stack);
+  const std::optional<c10::Device> device = check_devices(d, inputs);
+  check_dtypes(d, *stack);
+  const size_t base = stack->size() - d.schema().arguments().size();
+  std::optional<torch::jit::Stack> meta;
+  if (compare_with_fake && debug_checks()) meta = meta_arguments(d, *stack);
+  try {
+    function.callBoxed(op, keys, stack);
+  } catch (c10::Error& error) {
+    // ATen's own messages ("The size of tensor a ...") do not say which op's code raised them;
+    // opreg's do.
+    if (error.msg().rfind(d.name() + ":", 0) != 0)
+      error.add_context("in " + impl + " of " + d.name());
+    throw;
+  }
+  check_outputs(d, *stack, base, inputs, impl, device);
+  if (meta) compare_with_fake_outputs(d, op, std::move(*meta), *stack, base, impl);
 }
 
 // The kernel the dispatcher calls at `key` for one op: see Note [Definitions are immutable].
@@ -506,10 +607,7 @@ class Trampoline final : public c10::OperatorKernel {
         }
         return;
       case c10::DispatchKey::Meta:
-        if (!d.spec.meta) {
-          detail::throw_no_fake(d.name(), "its fake is registered from Python and is not there");
-        }
-        run_checked(d, *d.spec.meta, kFake, op, keys, stack);
+        run_meta(d, op, keys, stack);
         return;
       default:
         break;
@@ -517,10 +615,9 @@ class Trampoline final : public c10::OperatorKernel {
     const ServedKernel* served =
         key_ == c10::DispatchKey::CompositeExplicitAutograd ? nullptr : d.kernel_at(key_);
     if (served == nullptr) {
-      run_checked(d, *d.spec.fallback, kFallback, op, keys, stack);
+      run_checked(d, d.fallback, kFallback, op, keys, stack, /*compare_with_fake=*/true);
     } else {
-      run_checked(d, served->function, served->label, op, keys, stack,
-                  /*check_device=*/d.spec.runtime->same_device);
+      run_checked(d, served->function, served->label, op, keys, stack, /*compare_with_fake=*/true);
     }
   }
 
@@ -528,18 +625,29 @@ class Trampoline final : public c10::OperatorKernel {
   inline static const std::string kFallback = "the fallback";
   inline static const std::string kFake = "the fake";
 
-  void run_checked(const Definition& d, const c10::KernelFunction& function,
-                   const std::string& impl, const c10::OperatorHandle& op, c10::DispatchKeySet keys,
-                   torch::jit::Stack* stack, bool check_device = false) {
-    const c10::DispatchKey key = key_;
+  // Without an explicit fake, the fallback runs on meta tensors; when it cannot, the error says
+  // that the op needs a fake.
+  static void run_meta(const Definition& d, const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                       torch::jit::Stack* stack) {
+    if (!d.meta) {
+      detail::throw_no_fake(d.name(), "its fake is registered from Python and is not there");
+    }
+    if (d.fake_source == FakeSource::kExplicit) {
+      run_checked(d, *d.meta, kFake, op, keys, stack, /*compare_with_fake=*/false);
+      return;
+    }
     const CallInputs inputs = inputs_of(d, *stack);
-    const size_t base = stack->size() - d.schema.arguments().size();
-    std::optional<torch::jit::Stack> meta;
-    if (debug_checks() && key != c10::DispatchKey::Meta) meta = meta_arguments(d, *stack);
-    function.callBoxed(op, keys, stack);
-    check_outputs(d, *stack, base, inputs, impl,
-                  check_device ? device_of_call(inputs) : std::nullopt);
-    if (meta) compare_with_fake(d, op, std::move(*meta), *stack, base, impl);
+    const std::optional<c10::Device> device = check_devices(d, inputs);
+    check_dtypes(d, *stack);
+    const size_t base = stack->size() - d.schema().arguments().size();
+    try {
+      d.meta->callBoxed(op, keys, stack);
+    } catch (const c10::Error& error) {
+      detail::throw_no_fake(d.name(), error.what_without_backtrace());
+    } catch (const std::exception& error) {  // a Python fallback raised
+      detail::throw_no_fake(d.name(), error.what());
+    }
+    check_outputs(d, *stack, base, inputs, "the fallback on meta tensors", device);
   }
 
   const OpEntry* entry_;
@@ -566,8 +674,7 @@ void register_schema(OpEntry& entry, const c10::FunctionSchema& schema,
   std::ostringstream text;
   text << schema;
   entry.schema_library = std::move(library);
-  entry.registered_schema = text.str();
-  entry.registered = {schema, python_module};
+  entry.registered = {text.str(), {schema, python_module}};
 }
 
 void add_trampoline(OpEntry& entry, c10::DispatchKey key) {
@@ -600,13 +707,14 @@ DefinitionPtr publish(OpEntry& entry, DefinitionPtr definition,
     store(nullptr);
     return previous;
   }
-  if (entry.registered_schema != definition->schema_text) {
+  if (!entry.registered || entry.registered->first != definition->schema_text() ||
+      entry.registered->second.second != definition->spec.python_module) {
     auto earlier = entry.registered;
     entry.schema_library.reset();  // the entry stays: trampolines are registered on it
     try {
-      register_schema(entry, definition->schema, definition->spec.python_module);
+      register_schema(entry, definition->schema(), definition->spec.python_module);
     } catch (...) {
-      if (earlier) register_schema(entry, earlier->first, earlier->second);
+      if (earlier) register_schema(entry, earlier->second.first, earlier->second.second);
       throw;
     }
   }
@@ -630,7 +738,7 @@ DefinitionPtr publish(OpEntry& entry, DefinitionPtr definition,
 }
 
 OpEntry& entry_for(Registry& reg, const Definition& definition) {
-  const std::string qualified = qualified_name_of(definition.schema);
+  const std::string& qualified = definition.name();
   auto found = reg.ops.find(qualified);
   if (found != reg.ops.end()) return *found->second;
   auto* entry = new OpEntry();  // never freed: see Note [Definitions are immutable]
@@ -645,7 +753,7 @@ OpEntry& entry_for(Registry& reg, const Definition& definition) {
 // Refuses what may not be published: a name taken by an earlier opreg op (unless replacing) or
 // by an op defined outside opreg.
 void check_publishable(Registry& reg, const Definition& definition) {
-  const std::string qualified = qualified_name_of(definition.schema);
+  const std::string& qualified = definition.name();
   auto found = reg.ops.find(qualified);
   if (found != reg.ops.end()) {
     auto current = found->second->load();
@@ -656,7 +764,7 @@ void check_publishable(Registry& reg, const Definition& definition) {
     return;
   }
   auto known = c10::Dispatcher::singleton().findSchema(
-      {definition.schema.name(), definition.schema.overload_name()});
+      {definition.schema().name(), definition.schema().overload_name()});
   TORCH_CHECK_VALUE(!known.has_value(), qualified,
                     ": an op of this name is already defined outside opreg (",
                     known ? known->debug() : "", "); opreg cannot replace it");
@@ -666,19 +774,18 @@ OpReport report_of(const Definition& definition) {
   OpReport report;
   const auto& spec = definition.spec;
   report.name = definition.name();
-  report.schema = definition.schema_text;
+  report.schema = definition.schema_text();
   report.origin = definition.origin;
   report.kernels = definition.serving;
-  report.fake = spec.explicit_fake ? "explicit" : "fallback on meta";
-  report.bitwise = spec.bitwise;
-  report.random = spec.vmap.random;
-  for (const auto& [index, dtypes] : spec.runtime->dtype_rules) {
+  report.fake = definition.fake_source;
+  report.autograd = detail::autograd_support(spec.autograd);
+  report.vmap = detail::vmap_support(spec.vmap_rule, spec.flags);
+  report.flags = spec.flags;
+  for (const auto& [index, dtypes] : definition.dtype_rules) {
     std::vector<std::string> names;
     for (auto dtype : dtypes) names.emplace_back(c10::toString(dtype));
-    report.dtypes.emplace_back(spec.runtime->arg_names[index], names);
+    report.dtypes.emplace_back(definition.schema().arguments()[index].name(), names);
   }
-  report.autograd = detail::describe_autograd(spec);
-  report.vmap = detail::describe_vmap(spec);
   return report;
 }
 
@@ -758,8 +865,6 @@ std::string register_accelerated_device_type(const std::string& name) {
   return normalized;
 }
 
-namespace detail {
-
 c10::OperatorHandle find_operator(const std::string& qualified) {
   auto dot = qualified.find('.', qualified.find("::"));
   auto handle = c10::Dispatcher::singleton().findSchema(
@@ -768,6 +873,8 @@ c10::OperatorHandle find_operator(const std::string& qualified) {
   return *handle;
 }
 
+namespace detail {
+
 void throw_no_fake(const std::string& op, const std::string& reason) {
   TORCH_CHECK_NOT_IMPLEMENTED(false, op,
                               ": has no fake, and its fallback failed on meta tensors; give the op "
@@ -775,25 +882,44 @@ void throw_no_fake(const std::string& op, const std::string& reason) {
                               reason);
 }
 
-std::vector<std::string> define_all(std::vector<OpSpec> specs, HeadersTag headers) {
-  const HeadersTag here;
-  TORCH_CHECK(headers.major == here.major && headers.minor == here.minor &&
-                  headers.spec_size == here.spec_size,
-              "opreg: ",
-              specs.empty() ? std::string("an op")
-                            : specs[0].name_or_schema.substr(0, specs[0].name_or_schema.find('(')),
-              ": its library was built against opreg ", headers.major, ".", headers.minor, ".",
-              headers.patch, " headers, but the loaded libopreg is opreg ", OPREG_VERSION_STRING,
-              " (OpSpec of ", headers.spec_size, " bytes there, ", here.spec_size,
-              " here); rebuild the library against this opreg");
+FallbackPtr fallback_kernel_of(const std::string& op) {
+  return current_definition(op)->checked_fallback;
+}
+
+void check_stack(const std::string& op, const torch::jit::Stack& stack) {
+  check_arguments(*current_definition(op), stack);
+}
+
+void restore_definition(const std::string& qualified, std::shared_ptr<const void> previous) {
+  auto& reg = registry();
+  std::vector<DefinitionPtr> garbage;  // destroyed after the lock is released
+  std::lock_guard<std::recursive_mutex> lock(reg.mutex);
+  auto found = reg.ops.find(qualified);
+  TORCH_INTERNAL_ASSERT(found != reg.ops.end(), qualified, ": restoring an op never defined");
+  publish(*found->second, std::static_pointer_cast<const Definition>(previous), &garbage);
+}
+
+}  // namespace detail
+
+std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi) {
+  const AbiTag here;
+  TORCH_CHECK(abi.major == here.major && abi.minor == here.minor &&
+                  abi.factory_size == here.factory_size && abi.context_size == here.context_size,
+              "opreg: ", builders.empty() ? std::string("an op") : builders[0].declared_name(),
+              ": its library was built against opreg ", abi.major, ".", abi.minor, ".", abi.patch,
+              " headers, but the loaded libopreg is opreg ", OPREG_VERSION_STRING,
+              "; rebuild the library against this opreg");
   auto& reg = registry();
   std::vector<DefinitionPtr> garbage;  // destroyed after the lock is released
   std::lock_guard<std::recursive_mutex> lock(reg.mutex);
   // 1. Build and validate every definition; nothing is published yet.
   std::vector<DefinitionPtr> definitions;
   std::set<std::string> names;
-  for (auto& spec : specs) {
-    auto definition = build(std::move(spec), reg.device_types);
+  for (auto& builder : builders) {
+    TORCH_CHECK_VALUE(builder.state_ != nullptr,
+                      "opreg: this OpBuilder was already defined; make a new one");
+    auto definition = build(std::move(*builder.state_), reg.device_types);
+    builder.state_.reset();
     check_publishable(reg, *definition);
     TORCH_CHECK_VALUE(names.insert(definition->name()).second, definition->name(),
                       ": defined twice in one definition");
@@ -814,51 +940,28 @@ std::vector<std::string> define_all(std::vector<OpSpec> specs, HeadersTag header
   std::vector<std::string> qualified;
   for (size_t i = 0; i < definitions.size(); ++i) {
     pin_library_of(definitions[i]->spec.caller);
-    record_loaded_definition(published[i].first->qualified, published[i].second);
+    detail::record_loaded_definition(published[i].first->qualified, published[i].second);
     qualified.push_back(definitions[i]->name());
   }
   return qualified;
 }
 
-std::string define(OpSpec spec, HeadersTag headers) {
-  if (!loading_library()) {
-    std::vector<OpSpec> specs;
-    specs.push_back(std::move(spec));
-    return define_all(std::move(specs), headers).front();
-  }
+std::string OpBuilder::define(AbiTag abi) && {
+  std::vector<OpBuilder> builders;
+  builders.push_back(std::move(*this));
+  if (!detail::loading_library()) return define_all(std::move(builders), abi).front();
   // While opreg::load_library runs a library's static initializers, an exception must not leave
   // define(): it would terminate the process. The error is recorded and raised by load_library.
-  const std::string declared = spec.name_or_schema.substr(0, spec.name_or_schema.find('('));
+  const std::string declared = builders.front().declared_name();
   try {
-    std::vector<OpSpec> specs;
-    specs.push_back(std::move(spec));
-    return define_all(std::move(specs), headers).front();
+    return define_all(std::move(builders), abi).front();
   } catch (const c10::Error& error) {
-    record_load_failure(declared, error.what_without_backtrace());
+    detail::record_load_failure(declared, error.what_without_backtrace());
   } catch (const std::exception& error) {
-    record_load_failure(declared, error.what());
+    detail::record_load_failure(declared, error.what());
   }
   return declared;
 }
-
-std::shared_ptr<const c10::KernelFunction> fallback_kernel_of(const std::string& op) {
-  return current_definition(op)->spec.fallback;
-}
-
-void check_stack(const std::string& op, const torch::jit::Stack& stack) {
-  check_arguments(*current_definition(op), stack);
-}
-
-void restore_definition(const std::string& qualified, std::shared_ptr<const void> previous) {
-  auto& reg = registry();
-  std::vector<DefinitionPtr> garbage;  // destroyed after the lock is released
-  std::lock_guard<std::recursive_mutex> lock(reg.mutex);
-  auto found = reg.ops.find(qualified);
-  TORCH_INTERNAL_ASSERT(found != reg.ops.end(), qualified, ": restoring an op never defined");
-  publish(*found->second, std::static_pointer_cast<const Definition>(previous), &garbage);
-}
-
-}  // namespace detail
 
 std::vector<OpReport> describe_ops() {
   auto& reg = registry();

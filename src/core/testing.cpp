@@ -88,7 +88,7 @@ std::string compare(const std::vector<c10::IValue>& got, const std::vector<c10::
 }  // namespace
 
 std::vector<c10::IValue> call_fallback(const std::string& op, std::vector<c10::IValue> args) {
-  auto handle = detail::find_operator(op);
+  auto handle = find_operator(op);
   auto kernel = detail::fallback_kernel_of(op);
   torch::jit::Stack stack(std::move(args));
   detail::check_stack(op, stack);
@@ -99,7 +99,7 @@ std::vector<c10::IValue> call_fallback(const std::string& op, std::vector<c10::I
 
 std::vector<CheckResult> check(const std::string& op,
                                const std::vector<std::vector<c10::IValue>>& samples) {
-  auto handle = detail::find_operator(op);
+  auto handle = find_operator(op);
   auto report = describe_op(op);
   std::vector<CheckResult> results;
   for (size_t index = 0; index < samples.size(); ++index) {
@@ -111,7 +111,7 @@ std::vector<CheckResult> check(const std::string& op,
     detail::check_stack(op, stack);
     handle.callBoxed(&stack);
     auto fallback = call_fallback(op, clone_tensors(sample));
-    kernel.message = compare(stack, fallback, report.bitwise, &kernel.max_error);
+    kernel.message = compare(stack, fallback, report.flags.bitwise, &kernel.max_error);
     kernel.passed = kernel.message.empty();
     results.push_back(kernel);
 

@@ -78,32 +78,37 @@ std::vector<c10::IValue> call_below(const c10::OperatorHandle& op, std::vector<c
 
 class VmapKernel final : public c10::OperatorKernel {
  public:
-  VmapKernel(std::shared_ptr<const detail::OpRuntime> runtime, VmapSpec spec,
-             std::shared_ptr<const c10::KernelFunction> fallback)
-      : runtime_(std::move(runtime)), spec_(std::move(spec)), fallback_(std::move(fallback)) {}
+  VmapKernel(detail::IdentityPtr op, VmapRule rule, const OpFlags& flags,
+             detail::FallbackPtr fallback)
+      : op_(std::move(op)),
+        rule_(std::move(rule)),
+        random_(flags.random),
+        batch_polymorphic_(flags.batch_polymorphic),
+        per_example_loop_(flags.vmap_per_example_loop),
+        fallback_(std::move(fallback)) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                   torch::jit::Stack* stack) {
     auto layer = functorch::maybeCurrentDynamicLayer();
-    TORCH_INTERNAL_ASSERT(layer.has_value(), runtime_->name, ": vmap kernel without a vmap layer");
+    TORCH_INTERNAL_ASSERT(layer.has_value(), op_->name, ": vmap kernel without a vmap layer");
     const int64_t level = layer->layerId();
     const auto randomness = randomness_of(*layer);
-    TORCH_CHECK(!spec_.random || randomness != Randomness::kError, runtime_->name,
+    TORCH_CHECK(!random_ || randomness != Randomness::kError, op_->name,
                 ": the op is random, and vmap was called with randomness='error'; pass "
                 "randomness='same' or 'different' to torch.vmap");
 
-    const size_t num_args = op.schema().arguments().size();
-    const size_t num_returns = op.schema().returns().size();
+    const size_t num_args = op_->schema.arguments().size();
+    const size_t num_returns = op_->schema.returns().size();
     std::vector<c10::IValue> args(stack->end() - num_args, stack->end());
 
-    if (!spec_.rule && !spec_.batch_polymorphic && !spec_.per_example_loop) {
+    if (!rule_ && !batch_polymorphic_ && !per_example_loop_) {
       run_fallback(op, keys, stack);
       return;
     }
     auto unwrapped = unwrap(args, level);
     torch::jit::drop(*stack, num_args);
     const int64_t batch_size = layer->batchSize().guard_int(__FILE__, __LINE__);
-    const bool expand_all = spec_.random && randomness == Randomness::kDifferent;
+    const bool expand_all = random_ && randomness == Randomness::kDifferent;
     if (!unwrapped.any_batched && !expand_all) {
       auto outputs = call_below(op, std::move(unwrapped.values));
       for (auto& output : outputs) stack->push_back(std::move(output));
@@ -111,11 +116,13 @@ class VmapKernel final : public c10::OperatorKernel {
     }
 
     VmapResult result;
-    if (spec_.rule) {
+    std::vector<c10::IValue> unwrapped_inputs;  // for the alias check of the rule's outputs
+    if (rule_) {
+      unwrapped_inputs = unwrapped.values;
       trace("vmap:rule", unwrapped);
       c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::FuncTorchBatched);
-      result = spec_.rule(VmapInfo{batch_size, randomness}, unwrapped.in_dims, unwrapped.values);
-    } else if (spec_.batch_polymorphic) {
+      result = rule_(VmapInfo{batch_size, randomness}, unwrapped.in_dims, unwrapped.values);
+    } else if (batch_polymorphic_) {
       trace("vmap:batch-polymorphic", unwrapped);
       result = batch_polymorphic(op, std::move(unwrapped), batch_size);
     } else {
@@ -123,21 +130,24 @@ class VmapKernel final : public c10::OperatorKernel {
       trace("vmap:per-example loop", unwrapped);
       result = per_example_loop(op, unwrapped, batch_size);
     }
-    TORCH_CHECK(result.outputs.size() == num_returns, runtime_->name, ": the vmap rule returned ",
+    TORCH_CHECK(result.outputs.size() == num_returns, op_->name, ": the vmap rule returned ",
                 result.outputs.size(), " outputs, expected ", num_returns);
-    TORCH_CHECK(result.out_dims.size() == num_returns, runtime_->name, ": the vmap rule returned ",
+    TORCH_CHECK(result.out_dims.size() == num_returns, op_->name, ": the vmap rule returned ",
                 result.out_dims.size(), " out_dims, expected ", num_returns, " (one per output)");
     for (size_t i = 0; i < num_returns; ++i) {
       auto& output = result.outputs[i];
       if (output.isTensor() && result.out_dims[i].has_value()) {
         const auto& tensor = output.toTensor();
         const int64_t dim = *result.out_dims[i];
-        TORCH_CHECK(dim >= -tensor.dim() && dim < tensor.dim(), runtime_->name,
+        TORCH_CHECK(dim >= -tensor.dim() && dim < tensor.dim(), op_->name,
                     ": the vmap rule gave out_dim ", dim, " for output ", i, ", which has ",
                     tensor.dim(), " dims");
-        TORCH_CHECK(tensor.size(dim) == batch_size, runtime_->name, ": the vmap rule returned ",
+        TORCH_CHECK(tensor.size(dim) == batch_size, op_->name, ": the vmap rule returned ",
                     "output ", i, " with ", tensor.size(dim), " entries along its batch dim ", dim,
                     ", expected the batch size ", batch_size);
+        if (rule_ && op_->schema.returns()[i].alias_info() == nullptr) {
+          check_no_alias(tensor, unwrapped_inputs, i);
+        }
         stack->push_back(functorch::makeBatched(output.toTensor(), *result.out_dims[i], level));
       } else {
         stack->push_back(std::move(output));
@@ -146,6 +156,22 @@ class VmapKernel final : public c10::OperatorKernel {
   }
 
  private:
+  // A rule's output may not share memory with an input unless the schema declares the alias:
+  // the caller would see a later write to one in the other.
+  void check_no_alias(const at::Tensor& output, const std::vector<c10::IValue>& inputs,
+                      size_t index) const {
+    if (!output.has_storage()) return;
+    for (const auto& input : inputs) {
+      if (!input.isTensor() || !input.toTensor().defined() || !input.toTensor().has_storage()) {
+        continue;
+      }
+      TORCH_CHECK(!input.toTensor().storage().is_alias_of(output.storage()), op_->name,
+                  ": the vmap rule returned output ", index,
+                  " sharing memory with an input, but the schema '", op_->schema_text,
+                  "' declares no alias; return a new tensor (e.g. x.clone())");
+    }
+  }
+
   void trace(const char* how, const Unwrapped& unwrapped) const {
     if (!trace_enabled()) return;
     std::string device = "-";
@@ -155,16 +181,16 @@ class VmapKernel final : public c10::OperatorKernel {
         break;
       }
     }
-    detail::record_trace(runtime_->name, how, device);
+    detail::record_trace(op_->name, how, device);
   }
 
   void run_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                     torch::jit::Stack* stack) const {
-    if (trace_enabled()) detail::record_trace(runtime_->name, "vmap:fallback", "-");
+    if (trace_enabled()) detail::record_trace(op_->name, "vmap:fallback", "-");
     try {
       fallback_->callBoxed(op, keys, stack);
     } catch (const c10::Error& error) {
-      TORCH_CHECK(false, runtime_->name,
+      TORCH_CHECK(false, op_->name,
                   ": its fallback cannot run under vmap; give the op a vmap rule, declare it "
                   "batch-polymorphic, or ask for the per-example loop. The fallback said: ",
                   error.what_without_backtrace());
@@ -209,7 +235,7 @@ class VmapKernel final : public c10::OperatorKernel {
       auto outputs = call_below(op, std::move(args));
       per_output.resize(outputs.size());
       for (size_t o = 0; o < outputs.size(); ++o) {
-        TORCH_CHECK(outputs[o].isTensor(), runtime_->name,
+        TORCH_CHECK(outputs[o].isTensor(), op_->name,
                     ": the per-example loop supports tensor outputs only; output ", o, " is ",
                     outputs[o].tagKind());
         per_output[o].push_back(outputs[o].toTensor());
@@ -225,15 +251,16 @@ class VmapKernel final : public c10::OperatorKernel {
 
   void warn_once_about_loop() {
     std::call_once(loop_warning_, [&] {
-      TORCH_WARN(runtime_->name,
+      TORCH_WARN(op_->name,
                  ": vmap runs this op once per example (the op asked for the per-example loop); "
                  "this warning is shown once");
     });
   }
 
-  std::shared_ptr<const detail::OpRuntime> runtime_;
-  VmapSpec spec_;
-  std::shared_ptr<const c10::KernelFunction> fallback_;
+  detail::IdentityPtr op_;
+  VmapRule rule_;
+  bool random_, batch_polymorphic_, per_example_loop_;
+  detail::FallbackPtr fallback_;
   std::once_flag loop_warning_;
 };
 
@@ -243,18 +270,17 @@ class VmapKernel final : public c10::OperatorKernel {
 // example draws its own numbers.
 class RandomnessKernel final : public c10::OperatorKernel {
  public:
-  explicit RandomnessKernel(std::shared_ptr<const detail::OpRuntime> runtime)
-      : runtime_(std::move(runtime)) {}
+  explicit RandomnessKernel(detail::IdentityPtr op) : op_(std::move(op)) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     auto layer = functorch::maybeCurrentDynamicLayer();
-    TORCH_INTERNAL_ASSERT(layer.has_value(), runtime_->name, ": vmap mode without a vmap layer");
+    TORCH_INTERNAL_ASSERT(layer.has_value(), op_->name, ": vmap mode without a vmap layer");
     const auto randomness = randomness_of(*layer);
-    TORCH_CHECK(randomness != Randomness::kError, runtime_->name,
+    TORCH_CHECK(randomness != Randomness::kError, op_->name,
                 ": the op is random, and vmap was called with randomness='error'; pass "
                 "randomness='same' or 'different' to torch.vmap");
     const int64_t level = layer->layerId();
-    const size_t num_args = op.schema().arguments().size();
+    const size_t num_args = op_->schema.arguments().size();
     bool any_batched = false;
     for (auto it = stack->end() - num_args; it != stack->end(); ++it) {
       any_batched = any_batched || (it->isTensor() && it->toTensor().defined() &&
@@ -275,29 +301,30 @@ class RandomnessKernel final : public c10::OperatorKernel {
   }
 
  private:
-  std::shared_ptr<const detail::OpRuntime> runtime_;
+  detail::IdentityPtr op_;
 };
 
 }  // namespace
 
 namespace detail {
 
-c10::KernelFunction make_vmap_kernel(const OpSpec& spec) {
+c10::KernelFunction make_vmap_kernel(IdentityPtr op, VmapRule rule, const OpFlags& flags,
+                                     FallbackPtr fallback) {
   return c10::KernelFunction::makeFromBoxedFunctor(
-      std::make_unique<VmapKernel>(spec.runtime, spec.vmap, spec.fallback));
+      std::make_unique<VmapKernel>(std::move(op), std::move(rule), flags, std::move(fallback)));
 }
 
-std::optional<c10::KernelFunction> make_randomness_kernel(const OpSpec& spec) {
-  if (!spec.vmap.random) return std::nullopt;
+std::optional<c10::KernelFunction> make_randomness_kernel(IdentityPtr op, const OpFlags& flags) {
+  if (!flags.random) return std::nullopt;
   return c10::KernelFunction::makeFromBoxedFunctor(
-      std::make_unique<RandomnessKernel>(spec.runtime));
+      std::make_unique<RandomnessKernel>(std::move(op)));
 }
 
-std::string describe_vmap(const OpSpec& spec) {
-  if (spec.vmap.rule) return "rule";
-  if (spec.vmap.batch_polymorphic) return "batch-polymorphic (one call for the whole batch)";
-  if (spec.vmap.per_example_loop) return "per-example loop (asked for by the op)";
-  return "fallback (PyTorch batches the fallback's ATen ops)";
+VmapSupport vmap_support(const VmapRule& rule, const OpFlags& flags) {
+  if (rule) return VmapSupport::kRule;
+  if (flags.batch_polymorphic) return VmapSupport::kBatchPolymorphic;
+  if (flags.vmap_per_example_loop) return VmapSupport::kPerExampleLoop;
+  return VmapSupport::kFallback;
 }
 
 }  // namespace detail

@@ -62,9 +62,39 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "opreg's C++ core (private: use the opreg package)";
   m.attr("version") = OPREG_VERSION_STRING;
 
-  py::class_<opreg::DeviceServing>(m, "DeviceServing")
-      .def_readonly("device_type", &opreg::DeviceServing::device_type)
-      .def_readonly("served_by", &opreg::DeviceServing::served_by);
+  py::class_<opreg::OpFlags>(m, "OpFlags").def("as_dict", [](const opreg::OpFlags& flags) {
+    py::dict values;
+#define OPREG_FLAG_ITEM(flag, promise) values[#flag] = flags.flag;
+    OPREG_OP_FLAGS(OPREG_FLAG_ITEM)
+#undef OPREG_FLAG_ITEM
+    return values;
+  });
+  py::class_<opreg::DeviceServing> serving(m, "DeviceServing");
+  py::enum_<opreg::DeviceServing::Kind>(serving, "Kind")
+      .value("KERNEL", opreg::DeviceServing::Kind::kKernel)
+      .value("SKIPPED", opreg::DeviceServing::Kind::kSkipped);
+  serving.def_readonly("device_type", &opreg::DeviceServing::device_type)
+      .def_readonly("kind", &opreg::DeviceServing::kind)
+      .def_readonly("kernel", &opreg::DeviceServing::kernel)
+      .def_readonly("reason", &opreg::DeviceServing::reason)
+      .def("describe", [](const opreg::DeviceServing& s) { return opreg::describe(s); });
+  py::enum_<opreg::FakeSource>(m, "FakeSource")
+      .value("EXPLICIT", opreg::FakeSource::kExplicit)
+      .value("PYTHON", opreg::FakeSource::kPython)
+      .value("FALLBACK_ON_META", opreg::FakeSource::kFallbackOnMeta);
+  py::enum_<opreg::AutogradSupport>(m, "AutogradSupport")
+      .value("BACKWARD", opreg::AutogradSupport::kBackward)
+      .value("FALLBACK", opreg::AutogradSupport::kFallback)
+      .value("ERROR", opreg::AutogradSupport::kError)
+      .value("NONE", opreg::AutogradSupport::kNone);
+  py::enum_<opreg::VmapSupport>(m, "VmapSupport")
+      .value("RULE", opreg::VmapSupport::kRule)
+      .value("BATCH_POLYMORPHIC", opreg::VmapSupport::kBatchPolymorphic)
+      .value("FALLBACK", opreg::VmapSupport::kFallback)
+      .value("PER_EXAMPLE_LOOP", opreg::VmapSupport::kPerExampleLoop);
+  m.def("describe_fake", py::overload_cast<opreg::FakeSource>(&opreg::describe));
+  m.def("describe_autograd", py::overload_cast<opreg::AutogradSupport>(&opreg::describe));
+  m.def("describe_vmap", py::overload_cast<opreg::VmapSupport>(&opreg::describe));
   py::class_<opreg::OpReport>(m, "OpReport")
       .def_readonly("name", &opreg::OpReport::name)
       .def_readonly("schema", &opreg::OpReport::schema)
@@ -73,9 +103,9 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("fake", &opreg::OpReport::fake)
       .def_readonly("autograd", &opreg::OpReport::autograd)
       .def_readonly("vmap", &opreg::OpReport::vmap)
-      .def_readonly("bitwise", &opreg::OpReport::bitwise)
-      .def_readonly("random", &opreg::OpReport::random)
-      .def_readonly("dtypes", &opreg::OpReport::dtypes);
+      .def_readonly("flags", &opreg::OpReport::flags)
+      .def_readonly("dtypes", &opreg::OpReport::dtypes)
+      .def("describe", [](const opreg::OpReport& r) { return opreg::describe(r); });
   m.def("describe_ops", &opreg::describe_ops);
   m.def("describe_op", &opreg::describe_op, py::arg("name"));
   m.def("load_library", &opreg::load_library, py::arg("path"));
@@ -137,12 +167,6 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("saved_tensors", &opreg::AutogradContext::saved_tensors)
       .def("needs_input_grad", &opreg::AutogradContext::needs_input_grad)
       .def_property_readonly("num_inputs", &opreg::AutogradContext::num_inputs);
-  py::class_<opreg::python::PythonKernelDefinition>(m, "PythonKernelDefinition")
-      .def(py::init<>())
-      .def_readwrite("name", &opreg::python::PythonKernelDefinition::name)
-      .def_readwrite("device_types", &opreg::python::PythonKernelDefinition::device_types)
-      .def_readwrite("fn", &opreg::python::PythonKernelDefinition::fn)
-      .def_readwrite("accepts", &opreg::python::PythonKernelDefinition::accepts);
   py::class_<opreg::AotLaunch>(m, "AotLaunch")
       .def(py::init([](std::string kernel, std::vector<std::string> grid,
                        std::vector<std::string> arguments, std::string outputs) {
@@ -157,40 +181,12 @@ PYBIND11_MODULE(_C, m) {
       .def("__repr__", [](const opreg::AotLaunch& launch) {
         return "AotLaunch(kernel='" + launch.kernel + "', outputs='" + launch.outputs + "')";
       });
-  py::class_<opreg::python::PythonAotDefinition>(m, "PythonAotDefinition")
-      .def(py::init<>())
-      .def_readwrite("name", &opreg::python::PythonAotDefinition::name)
-      .def_readwrite("device_types", &opreg::python::PythonAotDefinition::device_types)
-      .def_readwrite("launch", &opreg::python::PythonAotDefinition::launch);
-  using Definition = opreg::python::PythonOpDefinition;
-  py::class_<Definition>(m, "PythonOpDefinition")
-      .def(py::init<>())
-      .def_readwrite("schema", &Definition::schema)
-      .def_readwrite("fallback", &Definition::fallback)
-      .def_readwrite("fallback_label", &Definition::fallback_label)
-      .def_readwrite("kernels", &Definition::kernels)
-      .def_readwrite("aot_kernels", &Definition::aot_kernels)
-      .def_readwrite("python_fake", &Definition::python_fake)
-      .def_readwrite("python_module", &Definition::python_module)
-      .def_readwrite("dtype_rules", &Definition::dtype_rules)
-      .def_readwrite("allow_mixed_devices", &Definition::allow_mixed_devices)
-      .def_readwrite("autograd_policy", &Definition::autograd_policy)
-      .def_readwrite("backward", &Definition::backward)
-      .def_readwrite("setup_context", &Definition::setup_context)
-      .def_readwrite("make_context", &Definition::make_context)
-      .def_readwrite("vmap_rule", &Definition::vmap_rule)
-      .def_readwrite("batch_polymorphic", &Definition::batch_polymorphic)
-      .def_readwrite("vmap_per_example_loop", &Definition::vmap_per_example_loop)
-      .def_readwrite("random", &Definition::random)
-      .def_readwrite("bitwise", &Definition::bitwise)
-      .def_readwrite("replace", &Definition::replace)
-      .def_readwrite("origin", &Definition::origin);
-  m.def("define_python_ops", &opreg::python::define_python_ops, py::arg("definitions"));
+  opreg::python::bind_op_builder(m);
   opreg::python::bind_jit_launch(m);
 
   // The fallback alone, bypassing kernels: for opreg.opcheck.
   m.def("call_fallback", [](const std::string& name, const py::list& args, const py::dict& kwargs) {
-    const auto& schema = opreg::detail::find_operator(name).schema();
+    const auto& schema = opreg::find_operator(name).schema();
     std::vector<c10::IValue> stack;
     for (size_t i = 0; i < schema.arguments().size(); ++i) {
       const auto& argument = schema.arguments()[i];

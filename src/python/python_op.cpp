@@ -1,15 +1,16 @@
-// src/python/python_op.cpp: ops whose pieces are Python callables (the Python front:
-// opreg.register_triton_op / register_vmap_op), registered through the same C++ core
-// as C++ ops: one OpSpec, the same dispatcher keys, checks, autograd and vmap kernels. Each
-// Python piece becomes a boxed kernel that converts the dispatcher's stack to Python and back.
+// src/python/python_op.cpp: the Python front's OpBuilder (opreg._C.OpBuilder): the same builder
+// as C++ ops use (include/opreg/definition.h), whose pieces are Python callables. Each becomes a
+// boxed kernel that converts the dispatcher's stack to Python and back; checks, autograd and vmap
+// kernels are the core's own.
 #include "python_op.h"
 
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include "jit_launch.h"
-#include "opreg/op.h"
+#include "opreg/definition.h"
 #include "opreg/trace.h"
+#include "opreg/triton.h"
 
 namespace opreg::python {
 namespace {
@@ -62,19 +63,33 @@ PyArgs pop_arguments(const c10::FunctionSchema& schema, torch::jit::Stack* stack
   return result;
 }
 
-void push_result(const c10::FunctionSchema& schema, const py::object& result,
-                 torch::jit::Stack* stack) {
+c10::IValue to_output(const std::string& op, const std::string& impl, const py::handle& value,
+                      const c10::Argument& ret, size_t index) {
+  try {
+    return torch::jit::toIValue(value, ret.type());
+  } catch (const std::exception&) {
+    TORCH_CHECK_TYPE(false, op, ": ", impl, " returned ",
+                     py::str(value.get_type()).cast<std::string>(), " for output ", index,
+                     ", expected ", ret.type()->str(), " (the schema's return type)");
+  }
+}
+
+void push_result(const std::string& op, const std::string& impl, const c10::FunctionSchema& schema,
+                 const py::object& result, torch::jit::Stack* stack) {
   const auto& returns = schema.returns();
   if (returns.empty()) return;
   if (returns.size() == 1) {
-    stack->push_back(torch::jit::toIValue(result, returns[0].type()));
+    stack->push_back(to_output(op, impl, result, returns[0], 0));
     return;
   }
+  TORCH_CHECK_TYPE(py::isinstance<py::tuple>(result) || py::isinstance<py::list>(result), op, ": ",
+                   impl, " returned ", py::str(result.get_type()).cast<std::string>(),
+                   ", expected a tuple of ", returns.size(), " outputs");
   auto tuple = result.cast<py::sequence>();
-  TORCH_CHECK(tuple.size() == returns.size(), schema.name(), ": the implementation returned ",
-              tuple.size(), " values, expected ", returns.size());
+  TORCH_CHECK(tuple.size() == returns.size(), op, ": ", impl, " returned ", tuple.size(),
+              " values, expected ", returns.size());
   for (size_t i = 0; i < returns.size(); ++i) {
-    stack->push_back(torch::jit::toIValue(tuple[i], returns[i].type()));
+    stack->push_back(to_output(op, impl, tuple[i], returns[i], i));
   }
 }
 
@@ -85,58 +100,60 @@ std::string device_of(const torch::jit::Stack& stack, size_t num_args) {
   return "-";
 }
 
-// A fallback, kernel or meta implementation written in Python.
+// "kernel 'triton'" for the trace label "kernel:triton", "the fallback" for "fallback", as the
+// core's messages say it.
+std::string in_words(const std::string& label) {
+  if (label.rfind("kernel:", 0) == 0) return "kernel '" + label.substr(7) + "'";
+  return "the " + label;
+}
+
+// A fallback, kernel or fake written in Python. A kernel with `accepts` serves the calls it
+// declines from the Python fallback directly.
 class PythonKernel final : public c10::OperatorKernel {
  public:
-  enum class Role { kFallback, kKernel, kMeta };
-
-  PythonKernel(std::shared_ptr<const detail::OpRuntime> runtime, Role role, std::string label,
-               PyRef fn, PyRef accepts, PyRef fallback)
-      : runtime_(std::move(runtime)),
-        role_(role),
+  PythonKernel(const KernelContext& context, std::string label, PyRef fn, PyRef accepts,
+               PyRef fallback)
+      : op_(context.op),
+        schema_(context.schema),
         label_(std::move(label)),
         fn_(std::move(fn)),
         accepts_(std::move(accepts)),
         fallback_(std::move(fallback)) {}
 
-  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-    const auto& schema = op.schema();
-    const size_t num_args = schema.arguments().size();
-    detail::check_boxed_arguments(*runtime_, stack->data() + (stack->size() - num_args), num_args);
+  void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    const size_t num_args = schema_.arguments().size();
     const std::string device = trace_enabled() ? device_of(*stack, num_args) : "";
     py::gil_scoped_acquire gil;
     InsideOp inside;
-    auto arguments = pop_arguments(schema, stack);
+    auto arguments = pop_arguments(schema_, stack);
     const py::object* fn = fn_.get();
     std::string impl = label_;
     if (accepts_ && !call(*accepts_, arguments).cast<bool>()) {
       fn = fallback_.get();
       impl = "fallback(declined by " + label_ + ")";
     }
-    if (trace_enabled()) detail::record_trace(runtime_->name, impl, device);
-    if (role_ != Role::kMeta) {
-      push_result(schema, call(*fn, arguments), stack);
-      return;
-    }
-    try {
-      push_result(schema, call(*fn, arguments), stack);
-    } catch (py::error_already_set& error) {
-      std::string what = error.what();
-      detail::throw_no_fake(runtime_->name, what);
-    }
+    if (trace_enabled()) detail::record_trace(op_, impl, device);
+    push_result(op_, fn == fn_.get() ? in_words(label_) : "the fallback", schema_,
+                call(*fn, arguments), stack);
   }
 
  private:
-  std::shared_ptr<const detail::OpRuntime> runtime_;
-  Role role_;
+  std::string op_;
+  c10::FunctionSchema schema_;  // this definition's: a replace may change the op's schema
   std::string label_;
   PyRef fn_, accepts_, fallback_;
 };
 
-template <class... Args>
-c10::KernelFunction boxed(Args&&... args) {
-  return c10::KernelFunction::makeFromBoxedFunctor(
-      std::make_unique<PythonKernel>(std::forward<Args>(args)...));
+// A Python callable as a kernel factory. `label`: the trace's name for it (default: the context's).
+KernelFactory python_kernel(const py::object& fn, const py::object& accepts,
+                            const py::object& fallback, const std::string& label) {
+  return {[fn = ref(fn), accepts = ref(accepts), fallback = ref(fallback),
+           label](const KernelContext& context) {
+    const std::string& trace_label =
+        label.empty() || context.label != "fallback" ? context.label : label;
+    return c10::KernelFunction::makeFromBoxedFunctor(
+        std::make_unique<PythonKernel>(context, trace_label, fn, accepts, fallback));
+  }};
 }
 
 AutogradPolicy parse_policy(const std::string& policy) {
@@ -156,20 +173,20 @@ py::object to_python(const std::vector<c10::IValue>& values, bool single_as_valu
 
 constexpr const char* kPythonContext = "__opreg_python_ctx";
 
-void add_autograd(detail::OpSpec& spec, PyRef backward, PyRef setup_context, PyRef make_context) {
+void add_autograd(OpBuilder& builder, PyRef backward, PyRef setup_context, PyRef make_context) {
   if (!backward) return;
-  spec.autograd.setup_context = [setup_context, make_context](
-                                    AutogradContext& ctx, const std::vector<c10::IValue>& inputs,
-                                    const std::vector<c10::IValue>& outputs) {
+  SetupContext setup = [setup_context, make_context](AutogradContext& ctx,
+                                                     const std::vector<c10::IValue>& inputs,
+                                                     const std::vector<c10::IValue>& outputs) {
     py::gil_scoped_acquire gil;
     InsideOp inside;
     py::object py_ctx = (*make_context)(py::cast(&ctx, py::return_value_policy::reference));
     if (setup_context) (*setup_context)(py_ctx, to_python(inputs, false), to_python(outputs, true));
     ctx.saved_data[kPythonContext] = torch::jit::toIValue(py_ctx, c10::PyObjectType::get());
   };
-  auto name = spec.name_or_schema;
-  spec.autograd.backward = [backward, name](AutogradContext& ctx,
-                                            const std::vector<at::Tensor>& grads) {
+  auto name = builder.declared_name();
+  Backward run_backward = [backward, name](AutogradContext& ctx,
+                                           const std::vector<at::Tensor>& grads) {
     py::gil_scoped_acquire gil;
     InsideOp inside;
     py::object py_ctx = torch::jit::toPyObject(ctx.saved_data.at(kPythonContext));
@@ -194,6 +211,7 @@ void add_autograd(detail::OpSpec& spec, PyRef backward, PyRef setup_context, PyR
     }
     return gradients;
   };
+  builder.backward(std::move(run_backward), std::move(setup));
 }
 
 c10::IValue output_to_ivalue(const py::handle& value) {
@@ -207,10 +225,10 @@ c10::IValue output_to_ivalue(const py::handle& value) {
                    "; expected tensors, numbers or None");
 }
 
-void add_vmap_rule(detail::OpSpec& spec, PyRef rule) {
+void add_vmap_rule(OpBuilder& builder, PyRef rule) {
   if (!rule) return;
-  spec.vmap.rule = [rule](const VmapInfo& info, const std::vector<std::optional<int64_t>>& in_dims,
-                          const std::vector<c10::IValue>& args) {
+  builder.vmap([rule](const VmapInfo& info, const std::vector<std::optional<int64_t>>& in_dims,
+                      const std::vector<c10::IValue>& args) {
     py::gil_scoped_acquire gil;
     InsideOp inside;
     static const char* kRandomness[] = {"error", "same", "different"};
@@ -229,63 +247,87 @@ void add_vmap_rule(detail::OpSpec& spec, PyRef rule) {
                                                  : std::optional<int64_t>(dim.cast<int64_t>()));
     }
     return converted;
-  };
-}
-
-detail::OpSpec spec_of(const PythonOpDefinition& d) {
-  detail::OpSpec spec;
-  spec.name_or_schema = d.schema;
-  spec.runtime = std::make_shared<detail::OpRuntime>();
-  spec.runtime->same_device = !d.allow_mixed_devices;
-  std::shared_ptr<const detail::OpRuntime> runtime = spec.runtime;
-  auto fallback = ref(d.fallback);
-  TORCH_CHECK_VALUE(fallback != nullptr, "opreg: op '", d.schema, "' needs a fallback function");
-  using Role = PythonKernel::Role;
-  spec.fallback = std::make_shared<const c10::KernelFunction>(
-      boxed(runtime, Role::kFallback, d.fallback_label, fallback, nullptr, nullptr));
-  if (d.python_fake) {
-    spec.explicit_fake = true;  // registered from Python (torch.library): no Meta kernel here
-    spec.python_module = d.python_module;
-  } else {
-    spec.meta = std::make_shared<const c10::KernelFunction>(
-        boxed(runtime, Role::kMeta, "fallback(meta)", fallback, nullptr, nullptr));
-  }
-  for (const auto& kernel : d.kernels) {
-    auto fn = ref(kernel.fn);
-    auto accepts = ref(kernel.accepts);
-    std::string label = "kernel:" + kernel.name;
-    spec.kernels.push_back(
-        {kernel.name, kernel.device_types, [=](const detail::KernelContext& context) {
-           return boxed(context.runtime, Role::kKernel, label, fn, accepts, fallback);
-         }});
-  }
-  for (const auto& aot : d.aot_kernels) {
-    std::string label = "kernel:" + aot.name;
-    spec.kernels.push_back({aot.name, aot.device_types,
-                            [launch = aot.launch, label](const detail::KernelContext& context) {
-                              return detail::make_aot_launch_kernel(context, launch, label);
-                            }});
-  }
-  for (const auto& [argument, dtypes] : d.dtype_rules)
-    spec.dtype_rules.emplace_back(argument, dtypes);
-  spec.autograd.policy = parse_policy(d.autograd_policy);
-  add_autograd(spec, ref(d.backward), ref(d.setup_context), ref(d.make_context));
-  add_vmap_rule(spec, ref(d.vmap_rule));
-  spec.vmap.batch_polymorphic = d.batch_polymorphic;
-  spec.vmap.per_example_loop = d.vmap_per_example_loop;
-  spec.vmap.random = d.random;
-  spec.bitwise = d.bitwise;
-  spec.replace = d.replace;
-  spec.origin = d.origin;
-  return spec;
+  });
 }
 
 }  // namespace
 
-std::vector<std::string> define_python_ops(const std::vector<PythonOpDefinition>& definitions) {
-  std::vector<detail::OpSpec> specs;
-  for (const auto& definition : definitions) specs.push_back(spec_of(definition));
-  return detail::define_all(std::move(specs));
+void bind_op_builder(py::module& m) {
+  py::class_<KernelFactory>(m, "KernelFactory",
+                            "A kernel made when the op is defined (e.g. _C.triton_aot(launch))");
+  m.def(
+      "triton_aot", [](AotLaunch launch) { return triton::aot(std::move(launch)); },
+      py::arg("launch"));
+  m.def("op_flags", &op_flag_names);
+  py::class_<OpBuilder>(m, "OpBuilder")
+      .def(py::init<std::string>(), py::arg("schema"))
+      .def("declared_name", &OpBuilder::declared_name)
+      .def(
+          "fallback",
+          [](OpBuilder& builder, const py::object& fn, const std::string& label) {
+            builder.fallback(python_kernel(fn, py::none(), py::none(), label));
+          },
+          py::arg("fn"), py::arg("label") = "")
+      .def("python_fake", &OpBuilder::python_fake, py::arg("module"))
+      .def(
+          "kernel",
+          [](OpBuilder& builder, KernelFactory factory, std::string name,
+             std::optional<std::vector<std::string>> devices) {
+            builder.kernel(std::move(factory), std::move(name), std::move(devices));
+          },
+          py::arg("factory"), py::arg("name"), py::arg("devices"))
+      .def(
+          "kernel",
+          [](OpBuilder& builder, const py::object& fn, std::string name,
+             std::optional<std::vector<std::string>> devices, const py::object& accepts,
+             const py::object& fallback) {
+            builder.kernel(python_kernel(fn, accepts, fallback, ""), std::move(name),
+                           std::move(devices));
+          },
+          py::arg("fn"), py::arg("name"), py::arg("devices"), py::arg("accepts"),
+          py::arg("fallback"))
+      .def(
+          "dtypes",
+          [](OpBuilder& builder, std::string argument, std::vector<c10::ScalarType> allowed) {
+            builder.dtypes(std::move(argument), std::move(allowed));
+          },
+          py::arg("argument"), py::arg("allowed"))
+      .def(
+          "flag",
+          [](OpBuilder& builder, const std::string& name, bool on) { builder.flag(name, on); },
+          py::arg("name"), py::arg("on"))
+      .def(
+          "backward",
+          [](OpBuilder& builder, const py::object& backward, const py::object& setup_context,
+             const py::object& make_context) {
+            add_autograd(builder, ref(backward), ref(setup_context), ref(make_context));
+          },
+          py::arg("backward"), py::arg("setup_context"), py::arg("make_context"))
+      .def(
+          "autograd",
+          [](OpBuilder& builder, const std::string& policy) {
+            builder.autograd(parse_policy(policy));
+          },
+          py::arg("policy"))
+      .def(
+          "vmap",
+          [](OpBuilder& builder, const py::object& rule) { add_vmap_rule(builder, ref(rule)); },
+          py::arg("rule"))
+      .def(
+          "replace", [](OpBuilder& builder, bool replace) { builder.replace(replace); },
+          py::arg("replace"))
+      .def(
+          "origin", [](OpBuilder& builder, std::string where) { builder.origin(std::move(where)); },
+          py::arg("origin"));
+  // All or none; each builder is used up (its Python object can no longer be defined).
+  m.def(
+      "define_all",
+      [](const std::vector<OpBuilder*>& builders) {
+        std::vector<OpBuilder> owned;
+        for (auto* builder : builders) owned.push_back(std::move(*builder));
+        return define_all(std::move(owned));
+      },
+      py::arg("builders"));
 }
 
 }  // namespace opreg::python

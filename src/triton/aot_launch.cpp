@@ -1,4 +1,4 @@
-// src/triton/aot_launch.cpp: the kernel an op gets from .aot_kernel(AotLaunch{...}) (see
+// src/triton/aot_launch.cpp: the kernel opreg::triton::aot(AotLaunch{...}) makes (see
 // include/opreg/aot_launch.h): expressions parsed against the schema at define time, evaluated
 // on the dispatcher's stack at call time, then one launch through opreg::triton::Kernel.
 #include <cctype>
@@ -15,12 +15,26 @@
 #include <torch/library.h>
 
 #include "opreg/aot_launch.h"
-#include "opreg/op.h"
+#include "opreg/definition.h"
 #include "opreg/trace.h"
 #include "opreg/triton.h"
 
 namespace opreg::detail {
 namespace {
+
+// The op's name and argument names, for messages.
+struct OpRuntime {
+  std::string name;
+  std::vector<std::string> arg_names;
+};
+
+std::shared_ptr<const OpRuntime> runtime_of(const KernelContext& context) {
+  auto runtime = std::make_shared<OpRuntime>(OpRuntime{context.op, {}});
+  for (const auto& argument : context.schema.arguments()) {
+    runtime->arg_names.push_back(argument.name());
+  }
+  return runtime;
+}
 
 // What an expression gives: checked when the op is defined (a grid needs an integer, numel a
 // tensor), so a call never meets a value of the wrong kind.
@@ -300,11 +314,12 @@ int64_t ceil_div(int64_t a, int64_t b) { return a / b + ((a % b != 0 && a > 0) ?
 
 class AotLaunchKernel final : public c10::OperatorKernel {
  public:
-  AotLaunchKernel(const KernelContext& context, const AotLaunch& launch, std::string label)
-      : runtime_(context.runtime),
+  AotLaunchKernel(const KernelContext& context, const AotLaunch& launch)
+      : runtime_(runtime_of(context)),
+        schema_(context.schema),
         fallback_(context.fallback),
         kernel_(std::make_unique<triton::Kernel>(launch.kernel)),
-        label_(std::move(label)) {
+        label_(context.label) {
     const auto& schema = context.schema;
     for (const auto& ret : schema.returns()) {
       TORCH_CHECK_VALUE(ret.type()->kind() == c10::TypeKind::TensorType, runtime_->name,
@@ -328,10 +343,8 @@ class AotLaunchKernel final : public c10::OperatorKernel {
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                   torch::jit::Stack* stack) {
-    const auto& schema = op.schema();
-    const size_t num_args = schema.arguments().size();
+    const size_t num_args = schema_.arguments().size();
     auto first = stack->end() - static_cast<std::ptrdiff_t>(num_args);
-    check_boxed_arguments(*runtime_, stack->data() + (stack->size() - num_args), num_args);
     // 1. Decline calls off CUDA before evaluating anything: out<i> has no tensor yet.
     const at::Tensor* device_tensor = nullptr;
     for (size_t i = 0; i < num_args && device_tensor == nullptr; ++i) {
@@ -345,7 +358,7 @@ class AotLaunchKernel final : public c10::OperatorKernel {
     }
     // 2. Outputs, then the kernel's arguments; decline what the kernel cannot take.
     std::vector<at::Tensor> outputs =
-        allocate(op, first, num_args, schema.returns().size(), device_tensor->device());
+        allocate(op, first, num_args, schema_.returns().size(), device_tensor->device());
     std::vector<Value> values;
     std::vector<triton::Arg> args;
     values.reserve(arguments_.size());
@@ -483,6 +496,7 @@ class AotLaunchKernel final : public c10::OperatorKernel {
   }
 
   std::shared_ptr<const OpRuntime> runtime_;
+  c10::FunctionSchema schema_;
   std::shared_ptr<const c10::KernelFunction> fallback_;
   std::unique_ptr<triton::Kernel> kernel_;
   std::string label_;
@@ -492,10 +506,15 @@ class AotLaunchKernel final : public c10::OperatorKernel {
 
 }  // namespace
 
-c10::KernelFunction make_aot_launch_kernel(const KernelContext& context, const AotLaunch& launch,
-                                           const std::string& label) {
-  return c10::KernelFunction::makeFromBoxedFunctor(
-      std::make_unique<AotLaunchKernel>(context, launch, label));
+}  // namespace opreg::detail
+
+namespace opreg::triton {
+
+KernelFactory aot(AotLaunch launch) {
+  return {[launch = std::move(launch)](const KernelContext& context) {
+    return c10::KernelFunction::makeFromBoxedFunctor(
+        std::make_unique<detail::AotLaunchKernel>(context, launch));
+  }};
 }
 
-}  // namespace opreg::detail
+}  // namespace opreg::triton

@@ -3,6 +3,7 @@
 #include "test_util.h"
 
 using opreg_test::call_boxed;
+using opreg_test::error_of;
 using opreg_test::impls_of;
 
 namespace {
@@ -44,7 +45,7 @@ TEST(Define, ExplicitFakeServesMeta) {
   auto out = op(at::empty({2, 3}, at::device(at::kMeta)));
   EXPECT_TRUE(out.is_meta());
   EXPECT_EQ(impls_of(trace.records()), (std::vector<std::string>{"fake"}));
-  EXPECT_EQ(opreg::describe_op("opreg_cpp::twice_fake").fake, "explicit");
+  EXPECT_EQ(opreg::describe_op("opreg_cpp::twice_fake").fake, opreg::FakeSource::kExplicit);
 }
 
 int64_t count_positive(const at::Tensor& x, int64_t at_least) {
@@ -124,7 +125,54 @@ TEST(Define, ReportListsKernelsPerDeviceType) {
   auto report = opreg::describe_op("opreg_cpp::reported");
   ASSERT_FALSE(report.kernels.empty());
   EXPECT_EQ(report.kernels[0].device_type, "cuda");
-  EXPECT_EQ(report.kernels[0].served_by, "kernel:accel");
+  EXPECT_EQ(report.kernels[0].kind, opreg::DeviceServing::Kind::kKernel);
+  EXPECT_EQ(report.kernels[0].kernel, "accel");
+  EXPECT_EQ(opreg::describe(report.kernels[0]), "kernel:accel");
+}
+
+}  // namespace
+
+namespace {
+
+// A boxed kernel factory: what opreg::triton::aot and the Python front give the builder.
+opreg::KernelFactory boxed_plus(double value) {
+  return {[value](const opreg::KernelContext& context) {
+    EXPECT_EQ(context.op, "opreg_cpp::boxed");
+    return c10::KernelFunction::makeFromUnboxedLambda(
+        [value](const at::Tensor& x) -> at::Tensor { return x + value; });
+  }};
+}
+
+TEST(Define, OneBuilderTakesBoxedFactoriesAndFlagsByName) {
+  opreg::OpBuilder builder("opreg_cpp::boxed(Tensor x) -> Tensor");
+  builder.fallback(boxed_plus(1.0)).kernel(boxed_plus(2.0), "plus_two", {{"cpu"}});
+  builder.flag("bitwise", true).dtypes("x", {at::kFloat});
+  EXPECT_EQ(std::move(builder).define(), "opreg_cpp::boxed");
+  auto out = call_boxed("opreg_cpp::boxed", {at::zeros({2})});
+  EXPECT_TRUE(at::equal(out[0].toTensor(), at::full({2}, 2.0)));
+  auto report = opreg::describe_op("opreg_cpp::boxed");
+  EXPECT_TRUE(report.flags.bitwise);
+  EXPECT_FALSE(report.flags.random);
+  EXPECT_CONTAINS(opreg::describe(report), "flags:    bitwise");
+  EXPECT_CONTAINS(opreg::describe(report), "dtypes:   x: Float");
+  EXPECT_CONTAINS(error_of([] { opreg::OpBuilder("opreg_cpp::boxed2").flag("quick", true); }),
+                  "opreg: op 'opreg_cpp::boxed2': no flag named 'quick'; the flags are: bitwise "
+                  "allow_mixed_devices batch_polymorphic vmap_per_example_loop random");
+}
+
+TEST(Define, TheTypedBuilderTakesAFactoryAsAKernel) {
+  auto op = opreg::op("opreg_cpp::factory_kernel(Tensor x) -> Tensor")
+                .fallback(twice)
+                .kernel(opreg::KernelFactory{[](const opreg::KernelContext& context) {
+                          EXPECT_EQ(context.label, "kernel:boxed");
+                          EXPECT_TRUE(context.fallback != nullptr);
+                          return c10::KernelFunction::makeFromUnboxedLambda(
+                              [](const at::Tensor& x) -> at::Tensor { return x * 3; });
+                        }},
+                        opreg::on({"cpu"}).name("boxed"))
+                .random(false)
+                .define();
+  EXPECT_TRUE(at::equal(op(at::ones({2})), at::full({2}, 3.0)));
 }
 
 }  // namespace

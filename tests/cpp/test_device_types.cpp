@@ -8,7 +8,7 @@ at::Tensor identity(const at::Tensor& x) { return x.clone(); }
 
 std::string served_by(const std::string& op, const std::string& device_type) {
   for (const auto& serving : opreg::describe_op(op).kernels) {
-    if (serving.device_type == device_type) return serving.served_by;
+    if (serving.device_type == device_type) return opreg::describe(serving);
   }
   return "";
 }

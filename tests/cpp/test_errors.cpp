@@ -1,5 +1,7 @@
 // tests/cpp/test_errors.cpp: every user mistake gets a message naming the op, the argument, what
 // was expected and what came; none crashes the process.
+#include <torch/library.h>
+
 #include "test_util.h"
 
 using opreg_test::error_of;

@@ -83,7 +83,7 @@ TEST(Reliability, FailedReplaceKeepsTheOp) {
   const auto after = opreg::describe_op("opreg_rel::plus");
   EXPECT_EQ(after.schema, before.schema);
   EXPECT_EQ(after.kernels.size(), before.kernels.size());
-  EXPECT_EQ(after.fake, "explicit");
+  EXPECT_EQ(after.fake, opreg::FakeSource::kExplicit);
   EXPECT_TRUE(at::equal(op(at::zeros({2})), at::ones({2})));
 }
 
@@ -119,6 +119,33 @@ TEST(Reliability, ForwardModeTangentsGoThroughTheFallback) {
   auto tangent = std::get<1>(at::_unpack_dual(out, forward_level));
   torch::autograd::forward_ad::exit_dual_level(forward_level);
   EXPECT_TRUE(at::allclose(tangent, 2 * x));
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Reliability, AFallbackOrFakeReturningAnotherDeviceIsRefused) {
+  auto op = opreg::op("opreg_rel::wrong_device(Tensor x) -> Tensor")
+                .fallback([](const at::Tensor& x) { return at::empty_like(x, at::kMeta); })
+                .fake([](const at::Tensor& x) { return at::empty(x.sizes()); })
+                .define();
+  EXPECT_CONTAINS(error_of([&] { op(at::ones({2})); }),
+                  "opreg_rel::wrong_device: the fallback returned output 0 on meta, expected cpu");
+  EXPECT_CONTAINS(error_of([&] { op(at::ones({2}, at::kMeta)); }),
+                  "opreg_rel::wrong_device: the fake returned output 0 on cpu, expected meta");
+}
+
+TEST(Reliability, DtypesAreCheckedOnMetaAndUnderAutogradToo) {
+  auto op = opreg::op("opreg_rel::typed(Tensor x) -> Tensor")
+                .fallback([](const at::Tensor& x) { return x * 2; })
+                .dtypes("x", {at::kFloat})
+                .define();
+  const std::string expected = "opreg_rel::typed: argument 'x' has dtype Double";
+  EXPECT_CONTAINS(error_of([&] { op(at::ones({2}, at::kDouble)); }), expected);
+  EXPECT_CONTAINS(error_of([&] { op(at::ones({2}, at::dtype(at::kDouble).device(at::kMeta))); }),
+                  expected);
+  EXPECT_CONTAINS(error_of([&] { op(at::ones({2}, at::kDouble).requires_grad_()); }), expected);
 }
 
 }  // namespace

@@ -120,10 +120,11 @@ TEST(Triton, DeclaredLaunchIsCheckedAgainstTheSchema) {
   auto message = error_of([] {
     opreg::op("opreg_aot::bad(Tensor x, Tensor y) -> Tensor")
         .fallback(add)
-        .aot_kernel({"opreg_test_scale",
-                     {"cdiv(numel(x), 512)"},
-                     {"x", "out0", "numel(w)", "2.0"},
-                     "like:x"})
+        .kernel(opreg::triton::aot({"opreg_test_scale",
+                                    {"cdiv(numel(x), 512)"},
+                                    {"x", "out0", "numel(w)", "2.0"},
+                                    "like:x"}),
+                opreg::on({"cuda"}).name("triton_aot"))
         .define();
   });
   EXPECT_CONTAINS(message,
@@ -135,11 +136,11 @@ TEST(Triton, DeclaredLaunchIsCheckedAgainstTheSchema) {
 TEST(Triton, DeclaredLaunchDeclinesCpuCallsToTheFallback) {
   auto op = opreg::op("opreg_aot::scale(Tensor x, Tensor y) -> Tensor")
                 .fallback(add)
-                .aot_kernel({"opreg_test_scale",
-                             {"cdiv(numel(x), 512)"},
-                             {"x", "out0", "numel(x)", "2.0"},
-                             "fake"},
-                            {"cpu"})
+                .kernel(opreg::triton::aot({"opreg_test_scale",
+                                            {"cdiv(numel(x), 512)"},
+                                            {"x", "out0", "numel(x)", "2.0"},
+                                            "fake"}),
+                        opreg::on({"cpu"}).name("triton_aot"))
                 .define();
   auto x = at::randn({7});
   opreg::TraceScope trace;
@@ -153,7 +154,8 @@ TEST(Triton, DeclaredLaunchExpressionsAreCheckedAtDefinition) {
     return error_of([&] {
       opreg::op("opreg_aot::checked(Tensor x, float f, int k) -> Tensor")
           .fallback([](const at::Tensor& x, double, int64_t) { return x.clone(); })
-          .aot_kernel({"opreg_test_scale", grid, args, "like:x"})
+          .kernel(opreg::triton::aot({"opreg_test_scale", grid, args, "like:x"}),
+                  opreg::on({"cuda"}).name("triton_aot"))
           .define();
     });
   };
@@ -177,11 +179,11 @@ TEST(Triton, DeclaredLaunchExpressionsAreCheckedAtDefinition) {
 TEST(Triton, DeclaredLaunchDeclinesBeforeEvaluating) {
   auto op = opreg::op("opreg_aot::decline_first(Tensor x, Tensor y) -> Tensor")
                 .fallback(add)
-                .aot_kernel({"opreg_test_scale",
-                             {"cdiv(size(x, 5), 512)"},
-                             {"x", "out0", "stride(x, 5)", "2.0"},
-                             "like:x"},
-                            {"cpu"})
+                .kernel(opreg::triton::aot({"opreg_test_scale",
+                                            {"cdiv(size(x, 5), 512)"},
+                                            {"x", "out0", "stride(x, 5)", "2.0"},
+                                            "like:x"}),
+                        opreg::on({"cpu"}).name("triton_aot"))
                 .define();
   auto x = at::randn({7});
   opreg::TraceScope trace;

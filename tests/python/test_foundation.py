@@ -65,7 +65,7 @@ def test_without_a_fake_the_fallback_runs_on_meta():
         out = torch.ops.opreg_test.affine(torch.empty(2, 7, device="meta"), 2.0, 1.0)
     assert out.shape == (2, 7)
     assert t.impls() == ["fallback(meta)"]
-    assert opreg.describe_op("opreg_test::affine").fake == "fallback on meta"
+    assert opreg.describe_op("opreg_test::affine").fake is opreg.FakeSource.FALLBACK_ON_META
 
 
 def test_fallback_that_cannot_run_on_meta_asks_for_a_fake():
@@ -150,7 +150,7 @@ def test_late_device_type_reaches_earlier_ops():
     assert "privateuseone" not in before
     assert opreg.register_accelerated_device_type(" PrivateUseOne ") == "privateuseone"
     kernels = {
-        s.device_type: s.served_by
+        s.device_type: s.describe()
         for s in opreg.describe_op("opreg_test::follows_registry").kernels
     }
     assert kernels["privateuseone"] == "kernel:accel"

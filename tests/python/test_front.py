@@ -119,8 +119,8 @@ def test_without_vmap_fn_the_fallback_runs_under_vmap_not_a_loop():
 
 def test_device_types_and_max_vmap_level_are_accepted():
     report = opreg.describe_op("evox_test::scale_rows")
-    assert report.vmap == "rule"
-    assert "kernel:triton" in {k.served_by for k in report.kernels} or not opreg.has_triton()
+    assert report.vmap is opreg.VmapSupport.RULE
+    assert "kernel:triton" in {k.describe() for k in report.kernels} or not opreg.has_triton()
 
 
 # ---- EvoX's defects are absent --------------------------------------------------------------

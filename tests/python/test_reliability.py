@@ -560,7 +560,9 @@ def test_a_kernel_returning_too_few_outputs_raises():
     def too_few(x):
         return x + 1, x + 2
 
-    with pytest.raises(RuntimeError, match="rel::too_few: the implementation returned 1 values"):
+    with pytest.raises(
+        RuntimeError, match=r"rel::too_few: kernel 'triton' returned 1 values, expected 2$"
+    ):
         too_few(torch.ones(2))
 
 
@@ -638,3 +640,138 @@ def test_a_library_that_failed_fails_again_when_loaded_again():
     assert_survived(result)
     assert "0 raised: opreg::load_library:" in result.stdout
     assert "1 raised: opreg::load_library:" in result.stdout
+
+
+# ---- found by the adversarial sweep of 2026-11-30 ----------------------------------------------
+
+
+def test_a_replace_to_another_schema_from_inside_the_op_with_a_backward():
+    """The autograd kernel reads the schema of the definition it runs, not the op's current one
+    (which the fallback changed under it to one with two outputs)."""
+    result = run_probe(
+        """
+        import torch, opreg
+
+        def replace_with_two_outputs():
+            @opreg.register_vmap_op(fake_fn=None, name="rel_schema::op", replace=True,
+                                    schema="(Tensor x) -> (Tensor, Tensor)")
+            def op2(x):
+                return x * 3, x * 4
+
+        @opreg.register_vmap_op(fake_fn=lambda x: torch.empty_like(x), name="rel_schema::op",
+                                backward=lambda ctx, g: g * 2)
+        def op(x: torch.Tensor) -> torch.Tensor:
+            replace_with_two_outputs()
+            return x * 2
+
+        x = torch.ones(3, requires_grad=True)
+        y = torch.ops.rel_schema.op(x)
+        assert torch.equal(y.detach(), torch.full((3,), 2.0)), y
+        y.sum().backward()
+        assert torch.equal(x.grad, torch.full((3,), 2.0)), x.grad
+        a, b = torch.ops.rel_schema.op(torch.ones(2))
+        assert torch.equal(b, torch.full((2,), 4.0))
+        print("ok")
+        """
+    )
+    assert_survived(result)
+    assert "ok" in result.stdout
+
+
+def test_a_fallback_returning_a_tensor_on_another_device_raises():
+    @opreg.register_vmap_op(fake_fn=None, name="rel_device::to_meta")
+    def to_meta(x: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x, device="meta")
+
+    with pytest.raises(
+        RuntimeError,
+        match="rel_device::to_meta: the fallback returned output 0 on meta, expected cpu",
+    ):
+        to_meta(torch.ones(2))
+
+
+def test_a_fake_returning_a_tensor_on_another_device_raises():
+    @opreg.register_vmap_op(fake_fn=lambda x: torch.empty(x.shape), name="rel_device::bad_fake")
+    def bad_fake(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    with pytest.raises(
+        RuntimeError,
+        match="rel_device::bad_fake': its fake returned output 0 on cpu, expected meta",
+    ):
+        bad_fake(torch.ones(2, device="meta"))
+
+
+def test_a_fallback_returning_a_number_for_a_tensor_names_the_op_and_output():
+    @opreg.register_vmap_op(fake_fn=None, name="rel_return::number")
+    def number(x: torch.Tensor) -> torch.Tensor:
+        return 3
+
+    with pytest.raises(
+        TypeError,
+        match="rel_return::number: the fallback returned <class 'int'> for "
+        "output 0, expected Tensor",
+    ):
+        number(torch.ones(2))
+
+
+def test_a_fallback_returning_one_value_for_two_outputs_names_the_op():
+    @opreg.register_vmap_op(
+        fake_fn=None, name="rel_return::pair", schema="(Tensor x) -> (Tensor, Tensor)"
+    )
+    def pair(x):
+        return x
+
+    with pytest.raises(
+        TypeError,
+        match=r"rel_return::pair: the fallback returned <class "
+        "'torch.Tensor'>, expected a tuple of 2 outputs",
+    ):
+        pair(torch.ones(2))
+
+
+@pytest.mark.parametrize(
+    ("keyword", "piece"),
+    [
+        ("fake_fn", lambda x: torch.empty_like(x)),
+        ("triton_accepts", lambda: True),
+    ],
+)
+def test_a_piece_that_cannot_take_the_arguments_is_refused_at_definition(keyword, piece):
+    options = {"fake_fn": None, "triton_fn": None, keyword: piece}
+    with pytest.raises(
+        TypeError,
+        match=f"rel_arity::op': {keyword} cannot be called with the "
+        r"schema's arguments \(x, y\)",
+    ):
+
+        @opreg.register_triton_op(name="rel_arity::op", **options)
+        def op(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return x + y
+
+    with pytest.raises(ValueError):
+        opreg.describe_op("rel_arity::op")
+
+
+def test_a_vmap_rule_returning_its_input_raises():
+    def rule(info, in_dims, x):
+        return x, in_dims[0]
+
+    @opreg.register_vmap_op(fake_fn=None, name="rel_vmap::aliasing", vmap=rule)
+    def aliasing(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    with pytest.raises(
+        RuntimeError,
+        match="rel_vmap::aliasing: the vmap rule returned output 0 sharing memory with an input",
+    ):
+        vmap(aliasing)(torch.ones(3, 2))
+
+
+def test_an_aten_error_inside_an_op_names_the_op():
+    with pytest.raises(
+        RuntimeError,
+        match=r"(?s)The size of tensor a \(3\) must match.*"
+        r"in the fallback of opreg::fused_add",
+    ):
+        torch.ops.opreg.fused_add(torch.ones(3), torch.ones(4))

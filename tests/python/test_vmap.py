@@ -149,10 +149,15 @@ def test_vmap_under_torch_compile():
 
 
 def test_info_reports_vmap_support():
-    assert opreg.describe_op("opreg_test::rowsum").vmap == "rule"
-    assert opreg.describe_op("opreg_example::scale_add").vmap.startswith("batch-polymorphic")
-    assert opreg.describe_op("opreg_test::affine").vmap.startswith("fallback")
-    assert opreg.describe_op("opreg_test::normalize_by_max_looped").vmap.startswith("per-example")
+    assert opreg.describe_op("opreg_test::rowsum").vmap is opreg.VmapSupport.RULE
+    support = opreg.VmapSupport
+    assert opreg.describe_op("opreg_example::scale_add").vmap is support.BATCH_POLYMORPHIC
+    assert opreg.describe_op("opreg_test::affine").vmap is support.FALLBACK
+    assert opreg.describe_op("opreg_test::normalize_by_max_looped").vmap is support.PER_EXAMPLE_LOOP
+    assert (
+        "vmap:     per-example loop"
+        in opreg.describe_op("opreg_test::normalize_by_max_looped").describe()
+    )
 
 
 @requires_cuda

@@ -1,0 +1,117 @@
+// include/opreg/definition.h: the one path from a declaration to an op. An OpBuilder takes every
+// piece of an op as a boxed kernel factory and every switch as a flag; the typed C++ builder
+// (opreg/op.h) and the Python front (opreg._C.OpBuilder) both fill one, and define() turns it
+// into the op's immutable definition (Note [Definitions are immutable], src/core/registry.cpp).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/boxing/KernelFunction.h>
+#include <ATen/core/function_schema.h>
+#include <c10/core/ScalarType.h>
+
+#include "opreg/autograd.h"
+#include "opreg/export.h"
+#include "opreg/version.h"
+#include "opreg/vmap.h"
+
+namespace opreg {
+
+// The op-wide switches of a declaration: X(name, what it promises). Each one is a method of the
+// C++ builders (`.bitwise()`), a keyword of the Python front (`bitwise=True`) and a field of
+// OpReport::flags; nothing else lists them.
+#define OPREG_OP_FLAGS(X)                                                                    \
+  X(bitwise, "its kernels give results bitwise equal to the fallback's (opcheck checks it)") \
+  X(allow_mixed_devices, "its tensor arguments may be on different devices")                 \
+  X(batch_polymorphic,                                                                       \
+    "it accepts extra leading dimensions on every tensor argument: vmap calls it once")      \
+  X(vmap_per_example_loop,                                                                   \
+    "vmap loops over the examples (only for ops whose output shapes depend on the data)")    \
+  X(random, "it draws random numbers: torch.vmap's randomness argument applies to it")
+
+struct OpFlags {
+#define OPREG_FLAG_FIELD(flag, promise) bool flag = false;
+  OPREG_OP_FLAGS(OPREG_FLAG_FIELD)
+#undef OPREG_FLAG_FIELD
+};
+
+// Every flag's name and promise, in declaration order (for the Python front and reports).
+OPREG_API const std::vector<std::pair<std::string, std::string>>& op_flag_names();
+
+// What a kernel factory is given when an op is defined: the op's name and schema, the label its
+// trace records use ("kernel:<name>", "fallback", "fake"), and the op's fallback, boxed, with the
+// argument and output checks (null when the fallback itself is being built).
+struct KernelContext {
+  const std::string& op;
+  const c10::FunctionSchema& schema;
+  const std::string& label;
+  std::shared_ptr<const c10::KernelFunction> fallback;
+};
+
+// Builds one piece of an op (its fallback, a kernel, its fake) for one definition: a typed C++
+// callable, a Python function or an AOT Triton launch (opreg::triton::aot) made boxed.
+struct KernelFactory {
+  std::function<c10::KernelFunction(const KernelContext&)> make;
+};
+
+// The opreg headers an op library was compiled with. It is a default argument of define(), so it
+// is evaluated in the library that declares the op: libopreg refuses a library built against
+// headers of another minor version (an error naming both), instead of misreading its builder.
+struct AbiTag {
+  int major = OPREG_VERSION_MAJOR;
+  int minor = OPREG_VERSION_MINOR;
+  int patch = OPREG_VERSION_PATCH;
+  size_t factory_size = sizeof(KernelFactory);
+  size_t context_size = sizeof(KernelContext);
+};
+
+class OPREG_API OpBuilder {
+ public:
+  // "ns::name" (the schema then comes from infer_schema) or "ns::name(Tensor x) -> Tensor".
+  explicit OpBuilder(std::string name_or_schema);
+  ~OpBuilder();
+  OpBuilder(OpBuilder&&) noexcept;
+  OpBuilder& operator=(OpBuilder&&) noexcept;
+
+  OpBuilder& infer_schema(std::function<c10::FunctionSchema()> infer);
+  OpBuilder& fallback(KernelFactory factory);
+  // The op's abstract evaluation on meta tensors. Without one, the fallback runs on meta tensors.
+  OpBuilder& fake(KernelFactory factory);
+  // The fake is registered from Python (torch.library.register_fake) by `python_module`.
+  OpBuilder& python_fake(std::string python_module);
+  // `devices`: nullopt follows the accelerated device types (opreg/device_types.h).
+  OpBuilder& kernel(KernelFactory factory, std::string name,
+                    std::optional<std::vector<std::string>> devices);
+  OpBuilder& dtypes(std::string argument, std::vector<c10::ScalarType> allowed);
+  OpBuilder& flag(bool OpFlags::* flag, bool on = true);
+  OpBuilder& flag(const std::string& name, bool on);  // a ValueError for unknown names
+  OpBuilder& backward(Backward backward, SetupContext setup_context);
+  OpBuilder& autograd(AutogradPolicy policy);
+  OpBuilder& vmap(VmapRule rule);
+  OpBuilder& replace(bool replace = true);
+  OpBuilder& origin(std::string where);
+  // An address in the defining library: names it in reports and keeps it loaded.
+  OpBuilder& caller(const void* address);
+
+  // The name as declared ("ns::name"), for messages before the schema is parsed.
+  std::string declared_name() const;
+
+  // Validates everything, then publishes the op at once; a failure changes nothing.
+  std::string define(AbiTag abi = {}) &&;
+
+  struct State;  // src/core/spec.h
+
+ private:
+  friend OPREG_API std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi);
+  std::unique_ptr<State> state_;
+};
+
+// Defines several ops together: all of them, or (on any error) none.
+OPREG_API std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi = {});
+
+}  // namespace opreg

@@ -1,0 +1,281 @@
+"""One Python declaration of an op, mirroring the C++ builder (include/opreg/definition.h), and
+defining declarations through the core: :class:`OpDeclaration` holds what ``_C.OpBuilder`` takes,
+field for field (its flags are the core's OPREG_OP_FLAGS, read by name), plus the pieces that
+stay in Python (the fake, the decomposition under compile, the kernel status)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from opreg import _C
+from opreg._public import public
+from opreg._triton import AotLaunch, decomposition, functional_tensor_mode
+
+
+@public
+class AutogradContext:
+    """The ``ctx`` of setup_context and backward: save tensors with ``save_for_backward``, any
+    other value as an attribute."""
+
+    def __init__(self, cpp: _C.AutogradContext) -> None:
+        object.__setattr__(self, "_cpp", cpp)
+
+    def save_for_backward(self, *tensors: torch.Tensor) -> None:
+        self._cpp.save_for_backward(list(tensors))
+
+    @property
+    def saved_tensors(self) -> tuple[torch.Tensor, ...]:
+        return tuple(self._cpp.saved_tensors)
+
+    @property
+    def needs_input_grad(self) -> tuple[bool, ...]:
+        return tuple(self._cpp.needs_input_grad(i) for i in range(self._cpp.num_inputs))
+
+
+@dataclass
+class KernelDeclaration:
+    """A kernel: a Python function (``fn``, optionally declining calls with ``accepts``) or an
+    AOT-compiled Triton kernel launched from C++ (``aot``), serving ``devices`` (None: the
+    accelerated device types)."""
+
+    name: str
+    devices: list[str] | None = None
+    fn: Callable[..., Any] | None = None
+    accepts: Callable[..., bool] | None = None
+    aot: AotLaunch | None = None
+
+
+@dataclass
+class OpDeclaration:
+    """Everything one op is defined from. The fields up to ``origin`` are the C++ builder's."""
+
+    schema: str  # "ns::name(Tensor x) -> Tensor"
+    fallback: Callable[..., Any]
+    fallback_label: str = ""  # the trace's name for the fallback (default: "fallback")
+    fake: Callable[..., Any] | None = None  # registered from Python (torch.library.register_fake)
+    kernels: list[KernelDeclaration] = field(default_factory=list)
+    dtypes: Mapping[str, Sequence[torch.dtype]] = field(default_factory=dict)
+    autograd: str = "fallback"  # "fallback", "error" or "none"
+    backward: Callable[..., Any] | None = None
+    setup_context: Callable[..., Any] | None = None
+    vmap: Callable[..., Any] | None = None  # rule(batch_size, randomness, in_dims, args)
+    # The flags (OPREG_OP_FLAGS in include/opreg/definition.h):
+    bitwise: bool = False
+    allow_mixed_devices: bool = False
+    batch_polymorphic: bool = False
+    vmap_per_example_loop: bool = False
+    random: bool = False
+    replace: bool = False
+    origin: str = ""
+    # Python-side pieces, registered once the core accepted the definition:
+    decompose_with: tuple[Callable[..., Any], list[str] | None] | None = None
+    kernel_status: str = ""
+    jit_kernels: list[Any] = field(default_factory=list)
+
+    @property
+    def qualname(self) -> str:
+        return self.schema[: self.schema.index("(")]
+
+    def builder(self) -> _C.OpBuilder:
+        builder = _C.OpBuilder(self.schema)
+        builder.fallback(self.fallback, self.fallback_label)
+        if self.fake is not None:
+            builder.python_fake(__name__)
+        for kernel in self.kernels:
+            if kernel.aot is not None:
+                launch = kernel.aot
+                factory = _C.triton_aot(
+                    _C.AotLaunch(
+                        launch.kernel, list(launch.grid), list(launch.arguments), launch.outputs
+                    )
+                )
+                builder.kernel(factory, kernel.name, kernel.devices)
+            else:
+                builder.kernel(
+                    kernel.fn, kernel.name, kernel.devices, kernel.accepts, self.fallback
+                )
+        for argument, dtypes in self.dtypes.items():
+            builder.dtypes(argument, list(dtypes))
+        for flag, _promise in _C.op_flags():
+            builder.flag(flag, getattr(self, flag))
+        builder.autograd(self.autograd)
+        if self.backward is not None:
+            builder.backward(self.backward, self.setup_context, AutogradContext)
+        if self.vmap is not None:
+            builder.vmap(self.vmap)
+        builder.replace(self.replace)
+        builder.origin(self.origin)
+        return builder
+
+
+def flag_names() -> list[str]:
+    return [flag for flag, _promise in _C.op_flags()]
+
+
+def check_signature(qualname: str, keyword: str, fn: Any, schema: str) -> None:
+    """A Python piece that cannot take the schema's arguments fails at definition, naming it."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins and C functions: nothing to read
+        return
+    try:
+        arguments = torch._C.parse_schema(schema).arguments
+    except RuntimeError:  # the core refuses the schema with a clearer message
+        return
+    if len({a.name for a in arguments}) != len(arguments):
+        return
+    positional = [a.name for a in arguments if not a.kwarg_only]
+    keywords = {a.name: None for a in arguments if a.kwarg_only}
+    try:
+        signature.bind(*positional, **keywords)
+    except TypeError as error:
+        names = ", ".join(a.name for a in arguments)
+        raise TypeError(
+            f"opreg: op '{qualname}': {keyword} cannot be called with the schema's arguments "
+            f"({names}): {error}; its signature is {signature}"
+        ) from None
+
+
+# ---- defining ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Registration:
+    """What the Python side holds for one op: its torch.library objects and kernel status."""
+
+    qualname: str
+    libraries: list[torch.library.Library]
+    kernel_status: str
+    jit_kernels: list[Any]
+
+
+_registrations: dict[str, _Registration] = {}
+
+
+def python_kernel_status(name: str) -> str | None:
+    """Why a Python-defined op's Triton kernel is on or off and how its JIT launches went; None
+    for ops defined in C++."""
+    registration = _registrations.get(name)
+    if registration is None:
+        return None
+    launches = [
+        f"{kernel.__name__}: {kernel._opreg_launches.describe()}"
+        for kernel in registration.jit_kernels
+    ]
+    return "; ".join([registration.kernel_status, *launches])
+
+
+@public
+def kernel_status(name: str) -> str:
+    """What serves an op's calls: for Python-defined ops, why its Triton kernel is on or off and
+    how its JIT launches went; for C++-defined ops, the kernel of each device type. A ValueError
+    names an op that opreg did not define."""
+    status = python_kernel_status(name)
+    if status is not None:
+        return status
+    report = _C.describe_op(name)  # a ValueError naming the op when there is none
+    served = [f"{k.device_type}: {k.describe()}" for k in report.kernels]
+    return "; ".join(served or ["no kernels: the fallback serves every device"])
+
+
+def op_overload(qualname: str) -> torch._ops.OpOverload:
+    namespace, name = qualname.split("::")
+    packet = getattr(getattr(torch.ops, namespace), name.split(".")[0])
+    return getattr(packet, name.split(".")[1] if "." in name else "default")
+
+
+def _forget(qualname: str, schema_changed: bool) -> None:
+    """Drop opreg's Python-side registrations of an op; with a new schema, also torch.ops'
+    cached handle, so that the next access reads the new schema."""
+    registration = _registrations.pop(qualname, None)
+    if registration is not None:
+        for library in registration.libraries:
+            library._destroy()
+    if schema_changed:
+        namespace, name = qualname.split("::")
+        vars(getattr(torch.ops, namespace)).pop(name.split(".")[0], None)
+
+
+def _single_device(values: Sequence[Any]) -> torch.device | None:
+    devices = {
+        t.device
+        for t in values
+        if isinstance(t, torch.Tensor) and not (t.dim() == 0 and t.device.type == "cpu")
+    }
+    return devices.pop() if len(devices) == 1 else None
+
+
+def _checked_fake(declaration: OpDeclaration) -> Callable[..., Any]:
+    """The fake, with its outputs checked against the schema and the inputs' device (the C++
+    core checks C++ fakes)."""
+    qualname, fake_fn = declaration.qualname, declaration.fake
+    returns = [r.type for r in torch._C.parse_schema(declaration.schema).returns]
+
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        result = fake_fn(*args, **kwargs)
+        if not returns:
+            values = [] if result is None or (isinstance(result, tuple) and not result) else None
+        elif len(returns) == 1:
+            values = [result]
+        else:
+            values = list(result) if isinstance(result, (tuple, list)) else None
+        if values is None or len(values) != len(returns):
+            raise TypeError(
+                f"opreg: op '{qualname}': its fake returned {type(result).__name__}, expected "
+                f"{len(returns)} outputs"
+            )
+        device = (
+            None if declaration.allow_mixed_devices else _single_device([*args, *kwargs.values()])
+        )
+        for index, (value, kind) in enumerate(zip(values, returns, strict=True)):
+            if isinstance(kind, torch.TensorType) and not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"opreg: op '{qualname}': its fake returned {type(value).__name__} for "
+                    f"output {index}, expected a Tensor"
+                )
+            if device is not None and isinstance(value, torch.Tensor) and value.device != device:
+                raise RuntimeError(
+                    f"opreg: op '{qualname}': its fake returned output {index} on "
+                    f"{value.device}, expected {device} (the device of its inputs)"
+                )
+        return result
+
+    return fake
+
+
+def define(*declarations: OpDeclaration) -> list[torch._ops.OpOverload]:
+    """Defines the ops together through the C++ core, which validates everything before it
+    changes anything: all are defined, or none and the earlier definitions stay. Then the
+    Python-side pieces (fakes, the decomposition under compile) replace the earlier ones."""
+    builders = [declaration.builder() for declaration in declarations]
+    schemas_before = {}
+    for declaration in declarations:
+        try:
+            schemas_before[declaration.qualname] = _C.describe_op(declaration.qualname).schema
+        except ValueError:
+            schemas_before[declaration.qualname] = None
+    _C.define_all(builders)
+    for declaration in declarations:
+        qualname = declaration.qualname
+        schema_now = _C.describe_op(qualname).schema
+        _forget(qualname, schema_changed=schemas_before[qualname] not in (None, schema_now))
+        library = torch.library.Library(qualname.split("::")[0], "FRAGMENT")
+        if declaration.fake is not None:
+            torch.library.register_fake(qualname, _checked_fake(declaration), lib=library)
+        if declaration.decompose_with is not None:
+            triton_fn, device_types = declaration.decompose_with
+            torch.library.register_torch_dispatch(
+                qualname,
+                functional_tensor_mode(),
+                decomposition(triton_fn, declaration.fallback, device_types),
+                lib=library,
+            )
+        _registrations[qualname] = _Registration(
+            qualname, [library], declaration.kernel_status, declaration.jit_kernels
+        )
+    return [op_overload(declaration.qualname) for declaration in declarations]

@@ -1,0 +1,147 @@
+"""Triton from the Python front: whether it works, the device types its kernels serve,
+``wrap_triton`` launches that torch.compile can trace, and :class:`AotLaunch` (an AOT-compiled
+kernel attached by declaration and launched from C++)."""
+
+from __future__ import annotations
+
+import contextvars
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+import torch.utils._pytree as pytree
+
+from opreg._public import public
+from opreg._registry import accelerated_device_types, register_accelerated_device_type
+
+_triton_status: tuple[bool, str] | None = None
+
+
+@public
+def has_triton() -> bool:
+    """Whether Triton imports and works (EvoX only checked that the package can be found)."""
+    return triton_status()[0]
+
+
+def triton_status() -> tuple[bool, str]:
+    """(usable, why not)."""
+    global _triton_status
+    if _triton_status is None:
+        try:
+            import triton.language as tl
+
+            import triton
+
+            if not callable(getattr(triton, "jit", None)) or not hasattr(tl, "program_id"):
+                raise ImportError("triton lacks triton.jit or triton.language.program_id")
+            _triton_status = (True, "")
+        except Exception as error:
+            _triton_status = (False, f"Triton is not usable: {type(error).__name__}: {error}")
+    return _triton_status
+
+
+@public
+def triton_device_types() -> list[str]:
+    """Device types that Triton kernels serve by default (initially ``["cuda"]``)."""
+    return accelerated_device_types()
+
+
+@public
+def register_triton_device_type(name: str) -> str:
+    """Add a device type for Triton kernels (stripped, lower-cased); reaches ops defined earlier."""
+    return register_accelerated_device_type(name)
+
+
+# ---- traceable Triton launches ------------------------------------------------------------------
+
+_decomposing: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "opreg_decomposing", default=False
+)
+
+
+@public
+@runtime_checkable
+class TritonKernelLike(Protocol):
+    """What ``opreg.wrap_triton`` returns: index by the grid, then call with the arguments."""
+
+    def __getitem__(self, grid: Any) -> Callable[..., Any]: ...
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+class _WrappedTriton:
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+
+    def __getitem__(self, grid: Any) -> Callable[..., Any]:
+        if _decomposing.get():
+            return torch.library.wrap_triton(self.kernel)[grid]
+        return self.kernel[grid]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _decomposing.get():
+            return torch.library.wrap_triton(self.kernel)(*args, **kwargs)
+        return self.kernel(*args, **kwargs)
+
+
+@public
+def wrap_triton(kernel: Any) -> TritonKernelLike:
+    """Launch ``kernel`` so that torch.compile and torch.export see it when they trace an opreg
+    op (as ``torch.library.wrap_triton`` inside ``triton_op``); in eager, launch it directly."""
+    return _WrappedTriton(kernel)
+
+
+def uses_wrap_triton(triton_fn: Callable[..., Any] | None) -> bool:
+    """Whether ``triton_fn`` launches through opreg.wrap_triton (then compile can trace it)."""
+    code = getattr(triton_fn, "__code__", None)
+    return triton_fn is not None and "wrap_triton" in getattr(code, "co_names", ())
+
+
+def functional_tensor_mode() -> type:
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    return FunctionalTensorMode
+
+
+def decomposition(
+    triton_fn: Callable[..., Any], fallback: Callable[..., Any], device_types: list[str] | None
+) -> Callable[..., Any]:
+    """Under AOT dispatch (torch.compile), run the implementation itself, so that triton_fn's
+    wrap_triton launches become graph nodes the compiler sees (as torch.library.triton_op), or
+    the fallback's ATen ops on devices the kernel does not serve (and under Triton's interpreter,
+    whose kernels cannot be traced)."""
+
+    def decompose(mode, op, types, args, kwargs):
+        from torch.export._trace import custom_triton_ops_decomposition_disabled
+
+        if custom_triton_ops_decomposition_disabled():  # torch.export keeps the op whole
+            return mode.__torch_dispatch__(op, types, args, kwargs)
+        tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        device = tensors[0].device.type if tensors else "cpu"
+        serves = device in (device_types or triton_device_types())
+        interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+        impl = triton_fn if serves and not interpreted else fallback
+        token = _decomposing.set(True)
+        try:
+            with mode:
+                return impl(*args, **kwargs)
+        finally:
+            _decomposing.reset(token)
+
+    return decompose
+
+
+@public
+@dataclass(frozen=True)
+class AotLaunch:
+    """An AOT-compiled Triton kernel attached to an op by declaration, evaluated in C++ on every
+    call (no Python): expressions over the op's arguments (names, ``out<i>``, ``numel(a)``,
+    ``size(a, d)``, ``stride(a, d)``, ``cdiv(e, n)``, literals); outputs ``"fake"`` or
+    ``"like:<argument>"``. See include/opreg/aot_launch.h."""
+
+    kernel: str
+    grid: tuple[str, ...]
+    arguments: tuple[str, ...]
+    outputs: str = "fake"

@@ -1,0 +1,193 @@
+// src/core/builder.cpp: OpBuilder, the one path from a declaration to an op (see
+// include/opreg/definition.h), and the words of an op's report (include/opreg/registry.h).
+#include <sstream>
+
+#include <c10/util/Exception.h>
+
+#include "opreg/definition.h"
+#include "opreg/registry.h"
+#include "spec.h"
+
+namespace opreg {
+
+const std::vector<std::pair<std::string, std::string>>& op_flag_names() {
+  static const std::vector<std::pair<std::string, std::string>> names{
+#define OPREG_FLAG_NAME(flag, promise) {#flag, promise},
+      OPREG_OP_FLAGS(OPREG_FLAG_NAME)
+#undef OPREG_FLAG_NAME
+  };
+  return names;
+}
+
+OpBuilder::OpBuilder(std::string name_or_schema) : state_(std::make_unique<State>()) {
+  state_->name_or_schema = std::move(name_or_schema);
+}
+OpBuilder::~OpBuilder() = default;
+OpBuilder::OpBuilder(OpBuilder&&) noexcept = default;
+OpBuilder& OpBuilder::operator=(OpBuilder&&) noexcept = default;
+
+namespace {
+OpBuilder::State& live(const std::unique_ptr<OpBuilder::State>& state) {
+  TORCH_CHECK_VALUE(state != nullptr, "opreg: this OpBuilder was already defined; make a new one");
+  return *state;
+}
+}  // namespace
+
+std::string OpBuilder::declared_name() const {
+  const auto& text = live(state_).name_or_schema;
+  return text.substr(0, text.find('('));
+}
+
+OpBuilder& OpBuilder::infer_schema(std::function<c10::FunctionSchema()> infer) {
+  live(state_).infer_schema = std::move(infer);
+  return *this;
+}
+
+OpBuilder& OpBuilder::fallback(KernelFactory factory) {
+  live(state_).fallback = std::move(factory);
+  return *this;
+}
+
+OpBuilder& OpBuilder::fake(KernelFactory factory) {
+  live(state_).fake = std::move(factory);
+  return *this;
+}
+
+OpBuilder& OpBuilder::python_fake(std::string python_module) {
+  TORCH_CHECK_VALUE(!python_module.empty(), "opreg: op '", declared_name(),
+                    "': python_fake() needs the name of the module that registers the fake");
+  live(state_).python_module = std::move(python_module);
+  return *this;
+}
+
+OpBuilder& OpBuilder::kernel(KernelFactory factory, std::string name,
+                             std::optional<std::vector<std::string>> devices) {
+  live(state_).kernels.push_back({std::move(name), std::move(devices), std::move(factory)});
+  return *this;
+}
+
+OpBuilder& OpBuilder::dtypes(std::string argument, std::vector<c10::ScalarType> allowed) {
+  live(state_).dtype_rules.emplace_back(std::move(argument), std::move(allowed));
+  return *this;
+}
+
+OpBuilder& OpBuilder::flag(bool OpFlags::* flag, bool on) {
+  live(state_).flags.*flag = on;
+  return *this;
+}
+
+OpBuilder& OpBuilder::flag(const std::string& name, bool on) {
+#define OPREG_FLAG_BY_NAME(flag_name, promise) \
+  if (name == #flag_name) return flag(&OpFlags::flag_name, on);
+  OPREG_OP_FLAGS(OPREG_FLAG_BY_NAME)
+#undef OPREG_FLAG_BY_NAME
+  std::ostringstream known;
+  for (const auto& [flag_name, promise] : op_flag_names()) known << " " << flag_name;
+  TORCH_CHECK_VALUE(false, "opreg: op '", declared_name(), "': no flag named '", name,
+                    "'; the flags are:", known.str());
+}
+
+OpBuilder& OpBuilder::backward(Backward backward, SetupContext setup_context) {
+  auto& autograd = live(state_).autograd;
+  autograd.backward = std::move(backward);
+  autograd.setup_context = std::move(setup_context);
+  return *this;
+}
+
+OpBuilder& OpBuilder::autograd(AutogradPolicy policy) {
+  live(state_).autograd.policy = policy;
+  return *this;
+}
+
+OpBuilder& OpBuilder::vmap(VmapRule rule) {
+  live(state_).vmap_rule = std::move(rule);
+  return *this;
+}
+
+OpBuilder& OpBuilder::replace(bool replace) {
+  live(state_).replace = replace;
+  return *this;
+}
+
+OpBuilder& OpBuilder::origin(std::string where) {
+  live(state_).origin = std::move(where);
+  return *this;
+}
+
+OpBuilder& OpBuilder::caller(const void* address) {
+  live(state_).caller = address;
+  return *this;
+}
+
+// ---- reports, in words ----------------------------------------------------------------------
+
+std::string describe(const DeviceServing& serving) {
+  if (serving.kind == DeviceServing::Kind::kKernel) return "kernel:" + serving.kernel;
+  return "skipped: " + serving.reason;
+}
+
+std::string describe(FakeSource fake) {
+  switch (fake) {
+    case FakeSource::kExplicit:
+      return "explicit";
+    case FakeSource::kPython:
+      return "explicit (registered from Python)";
+    case FakeSource::kFallbackOnMeta:
+      return "fallback on meta";
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown fake source");
+}
+
+std::string describe(AutogradSupport autograd) {
+  switch (autograd) {
+    case AutogradSupport::kBackward:
+      return "backward";
+    case AutogradSupport::kFallback:
+      return "fallback (no backward: the fallback runs under autograd when grads are needed)";
+    case AutogradSupport::kError:
+      return "error (no backward: calls needing grads are refused)";
+    case AutogradSupport::kNone:
+      return "none (outputs never require grad)";
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown autograd support");
+}
+
+std::string describe(VmapSupport vmap) {
+  switch (vmap) {
+    case VmapSupport::kRule:
+      return "rule";
+    case VmapSupport::kBatchPolymorphic:
+      return "batch-polymorphic (one call for the whole batch)";
+    case VmapSupport::kPerExampleLoop:
+      return "per-example loop (asked for by the op)";
+    case VmapSupport::kFallback:
+      return "fallback (PyTorch batches the fallback's ATen ops)";
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown vmap support");
+}
+
+std::string describe(const OpReport& report) {
+  std::ostringstream text;
+  text << report.name << "\n  schema:   " << report.schema << "\n  origin:   " << report.origin;
+  for (const auto& serving : report.kernels) {
+    std::string device = serving.device_type + ":";
+    device.resize(std::max<size_t>(device.size(), 9), ' ');
+    text << "\n  " << device << " " << describe(serving);
+  }
+  text << "\n  others:   fallback"
+       << "\n  fake:     " << describe(report.fake) << "\n  autograd: " << describe(report.autograd)
+       << "\n  vmap:     " << describe(report.vmap);
+  std::string flags;
+#define OPREG_FLAG_WORD(flag, promise) \
+  if (report.flags.flag) flags += std::string(flags.empty() ? "" : ", ") + #flag;
+  OPREG_OP_FLAGS(OPREG_FLAG_WORD)
+#undef OPREG_FLAG_WORD
+  if (!flags.empty()) text << "\n  flags:    " << flags;
+  for (const auto& [argument, dtypes] : report.dtypes) {
+    text << "\n  dtypes:   " << argument << ":";
+    for (const auto& dtype : dtypes) text << " " << dtype;
+  }
+  return text.str();
+}
+
+}  // namespace opreg

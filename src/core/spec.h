@@ -1,0 +1,54 @@
+// src/core/spec.h: what an OpBuilder gathers (OpBuilder::State), read by define() to build the
+// op's definition, and the pieces of a definition that the autograd and vmap kernels share.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "opreg/definition.h"
+
+namespace opreg {
+
+struct KernelDeclaration {
+  std::string name;
+  std::optional<std::vector<std::string>> device_types;  // nullopt: follow the registry
+  KernelFactory factory;
+};
+
+struct AutogradDeclaration {
+  AutogradPolicy policy = AutogradPolicy::kFallback;
+  Backward backward;
+  SetupContext setup_context;  // may be empty when backward needs nothing saved
+};
+
+struct OpBuilder::State {
+  std::string name_or_schema;
+  std::function<c10::FunctionSchema()> infer_schema;  // from the C++ signature; empty in Python
+  KernelFactory fallback;
+  std::optional<KernelFactory> fake;  // nullopt: the fallback runs on meta tensors
+  std::string python_module;          // set: the fake is registered from Python by this module
+  std::vector<KernelDeclaration> kernels;
+  std::vector<std::pair<std::string, std::vector<c10::ScalarType>>> dtype_rules;
+  OpFlags flags;
+  AutogradDeclaration autograd;
+  VmapRule vmap_rule;
+  bool replace = false;
+  std::string origin;
+  const void* caller = nullptr;
+};
+
+namespace detail {
+
+// The identity of one definition of an op: its name and schema (an op replaced with another
+// schema gets a new one, so a kernel never reads the schema of another definition).
+struct OpIdentity {
+  std::string name;  // "ns::name" or "ns::name.overload"
+  c10::FunctionSchema schema;
+  std::string schema_text;
+};
+
+}  // namespace detail
+}  // namespace opreg

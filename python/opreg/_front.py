@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import torch
 import torch.utils._pytree as pytree
 
-from opreg import _C, _jit_launch
+from opreg import _C, _jit_cache
 from opreg._public import public
 from opreg._registry import accelerated_device_types, register_accelerated_device_type
 
@@ -195,10 +195,7 @@ def kernel_status(name: str) -> str:
         report = _C.describe_op(name)  # a ValueError naming the op when there is none
         served = [f"{k.device_type}: {k.served_by}" for k in report.kernels]
         return "; ".join(served or ["no kernels: the fallback serves every device"])
-    launches = [
-        f"{kernel.__name__}: {kernel._opreg_launches.describe()}"
-        for kernel in registration.jit_kernels
-    ]
+    launches = [kernel.describe() for kernel in registration.jit_kernels]
     return "; ".join([registration.kernel_status, *launches])
 
 
@@ -685,7 +682,7 @@ def register_triton_op(
             origin=origin,
             bitwise=bitwise,
             aot_kernels=aot_kernels,
-            jit_kernels=_jit_launch.adopt_kernels_reached_by(triton_fn, vmap_fn) if usable else [],
+            jit_kernels=_jit_cache.adopt_kernels_reached_by(triton_fn, vmap_fn) if usable else [],
         )
         return _define(declaration, *companions)[0]
 

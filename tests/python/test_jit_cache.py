@@ -347,8 +347,12 @@ def _refuse(*args, **kwargs):
 
 
 @pytest.mark.parametrize("where", ["native cache", "Python cache", "after run was replaced"])
-def test_a_failed_adoption_keeps_triton_launcher_and_says_why(cache_on, monkeypatch, where):
+def test_a_failed_adoption_keeps_triton_launcher_and_says_why(monkeypatch, where):
+    triton = pytest.importorskip("triton")
     from triton.runtime.jit import JITFunction
+
+    monkeypatch.setenv("OPREG_JIT_LAUNCH_CACHE", "1")  # adopting is tried, whatever the version
+    monkeypatch.setattr(_jit_cache, "TESTED_TRITON_VERSIONS", (triton.__version__,))
 
     if where == "native cache":
         monkeypatch.setattr(_C, "TritonLaunchCache", _refuse)

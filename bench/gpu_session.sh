@@ -35,7 +35,7 @@ step benchmarks
 (cmake -S bench/cpp -B build/bench -G Ninja -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX" &&
   cmake --build build/bench) > "$WORK/logs/bench-build.log" 2>&1 || tail -20 "$WORK/logs/bench-build.log"
 ALL_BENCHES='launch_cpp.py:build/bench/launch_bench eager_overhead.py bandwidth.py philox.py vmap.py
-  first_call.py'
+  first_call.py jit_cache.py'
 for bench in ${BENCHES:-$ALL_BENCHES}; do
   bench="${bench/:/ }"
   log="$WORK/logs/bench-$(echo "${bench%%.py*}" | tr / -).log"

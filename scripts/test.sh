@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # scripts/test.sh: installs opreg and runs every test: format and lint checks, the C++ suite
 # (GoogleTest through ctest, built as a separate project that find_package()s opreg) and the
-# Python suite (pytest); then the sanitizer run (scripts/sanitize.sh). A run that collects no test
-# fails.
+# Python suite (pytest), whose Python-front files run again with the JIT launch cache off; then the
+# sanitizer run (scripts/sanitize.sh). A run that collects no test fails.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
@@ -13,5 +13,9 @@ cmake --build build/tests
 ctest --test-dir build/tests --output-on-failure --no-tests=error
 
 OPREG_TEST_OPS="$PWD/build/tests/libopreg_test_ops.so" python3 -m pytest tests/python
+# Once more with the JIT launch cache off: ops defined from Python must work through Triton's own
+# launcher (as under a Triton version the cache was not tested on).
+OPREG_JIT_LAUNCH_CACHE=0 OPREG_TEST_OPS="$PWD/build/tests/libopreg_test_ops.so" \
+  python3 -m pytest tests/python/test_front.py tests/python/test_jit_cache.py tests/python/test_vmap.py
 
 bash scripts/sanitize.sh

@@ -163,10 +163,7 @@ def python_kernel_status(name: str) -> str | None:
     registration = _registrations.get(name)
     if registration is None:
         return None
-    launches = [
-        f"{kernel.__name__}: {kernel._opreg_launches.describe()}"
-        for kernel in registration.jit_kernels
-    ]
+    launches = [kernel.describe() for kernel in registration.jit_kernels]
     return "; ".join([registration.kernel_status, *launches])
 
 

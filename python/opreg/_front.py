@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from opreg import _jit_launch
+from opreg import _jit_cache
 from opreg._declaration import (
     KernelDeclaration,
     OpDeclaration,
@@ -287,7 +287,7 @@ def register_triton_op(
             origin=origin,
             decompose_with=decompose_with,
             kernel_status=status,
-            jit_kernels=_jit_launch.adopt_kernels_reached_by(triton_fn, vmap_fn) if usable else [],
+            jit_kernels=_jit_cache.adopt_kernels_reached_by(triton_fn, vmap_fn) if usable else [],
             **op_flags,
         )
         return define(declaration, *companions)[0]

@@ -6,7 +6,7 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include "jit_launch.h"
+#include "jit_cache/jit_cache.h"
 #include "opreg/opreg.h"
 #include "opreg/triton.h"
 #include "python_op.h"
@@ -182,7 +182,7 @@ PYBIND11_MODULE(_C, m) {
         return "AotLaunch(kernel='" + launch.kernel + "', outputs='" + launch.outputs + "')";
       });
   opreg::python::bind_op_builder(m);
-  opreg::python::bind_jit_launch(m);
+  opreg::python::bind_jit_cache(m);
 
   // The fallback alone, bypassing kernels: for opreg.opcheck.
   m.def("call_fallback", [](const std::string& name, const py::list& args, const py::dict& kwargs) {

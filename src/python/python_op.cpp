@@ -7,7 +7,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
-#include "jit_launch.h"
+#include "jit_cache/jit_cache.h"
 #include "opreg/definition.h"
 #include "opreg/trace.h"
 #include "opreg/triton.h"

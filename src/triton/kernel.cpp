@@ -1,6 +1,6 @@
 // src/triton/kernel.cpp: the registry of ahead-of-time compiled Triton kernels, and their launch:
 // pick the variant that fits the arguments and the device, load its module on that device once,
-// pack the parameters as Triton's launcher does, launch on PyTorch's current stream.
+// pack the parameters and launch on PyTorch's current stream (both through launch.h).
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -15,37 +15,19 @@
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
-#include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
-#include <c10/util/Half.h>
 #include <c10/util/safe_numerics.h>
 #include <nlohmann/json.hpp>
 
 #include "cuda_driver.h"
+#include "launch.h"
 #include "opreg/triton.h"
 
 namespace opreg::triton {
 
 constexpr size_t kMaxDevices = 64;
-constexpr size_t kMaxParams = 64;
 constexpr int64_t kDefaultMaxSharedMemory = 48 * 1024;
 
-enum class ParamType : uint8_t {
-  kPointer,
-  kI1,
-  kI8,
-  kI16,
-  kI32,
-  kI64,
-  kU8,
-  kU16,
-  kU32,
-  kU64,
-  kF16,
-  kBF16,
-  kF32,
-  kF64
-};
 enum class AssumptionKind : uint8_t { kAligned16, kDiv16, kEquals1 };
 
 struct Param {
@@ -121,43 +103,11 @@ std::optional<at::ScalarType> pointee_dtype(const std::string& type) {
 }
 
 ParamType parse_type(const std::string& kernel, const std::string& type) {
-  if (!type.empty() && type[0] == '*') return ParamType::kPointer;
-  static const std::unordered_map<std::string, ParamType> types = {
-      {"i1", ParamType::kI1},    {"i8", ParamType::kI8},     {"i16", ParamType::kI16},
-      {"i32", ParamType::kI32},  {"i64", ParamType::kI64},   {"u8", ParamType::kU8},
-      {"u16", ParamType::kU16},  {"u32", ParamType::kU32},   {"u64", ParamType::kU64},
-      {"fp16", ParamType::kF16}, {"bf16", ParamType::kBF16}, {"fp32", ParamType::kF32},
-      {"fp64", ParamType::kF64}};
-  auto found = types.find(type);
-  TORCH_CHECK_VALUE(found != types.end(), kernel, ": unsupported parameter type '", type,
+  const auto parsed = param_type_of(type);
+  TORCH_CHECK_VALUE(parsed.has_value(), kernel, ": unsupported parameter type '", type,
                     "' (expected a pointer '*...', i1, i8, i16, i32, i64, u8, u16, u32, u64, "
                     "fp16, bf16, fp32 or fp64)");
-  return found->second;
-}
-
-bool is_integer_type(ParamType type) {
-  return type != ParamType::kPointer && type != ParamType::kF16 && type != ParamType::kBF16 &&
-         type != ParamType::kF32 && type != ParamType::kF64;
-}
-
-int param_size(ParamType type) {
-  switch (type) {
-    case ParamType::kI1:
-    case ParamType::kI8:
-    case ParamType::kU8:
-      return 1;
-    case ParamType::kI16:
-    case ParamType::kU16:
-    case ParamType::kF16:
-    case ParamType::kBF16:
-      return 2;
-    case ParamType::kI32:
-    case ParamType::kU32:
-    case ParamType::kF32:
-      return 4;
-    default:
-      return 8;
-  }
+  return *parsed;
 }
 
 // The launcher packs every parameter not specialized away, then the two scratch pointers; the
@@ -579,82 +529,18 @@ cuda::CUfunction function_on(const KernelImpl& kernel, Variant& variant, const c
   return function;
 }
 
-// The values an integer parameter narrower than 64 bits holds.
-std::pair<int64_t, int64_t> integer_range(ParamType type) {
-  switch (type) {
-    case ParamType::kI1:
-      return {0, 1};
-    case ParamType::kI8:
-      return {INT8_MIN, INT8_MAX};
-    case ParamType::kU8:
-      return {0, UINT8_MAX};
-    case ParamType::kI16:
-      return {INT16_MIN, INT16_MAX};
-    case ParamType::kU16:
-      return {0, UINT16_MAX};
-    case ParamType::kI32:
-      return {INT32_MIN, INT32_MAX};
-    case ParamType::kU32:
-      return {0, UINT32_MAX};
-    default:
-      return {INT64_MIN, INT64_MAX};
-  }
-}
-
 // Slot for one parameter's bytes, as the kernel reads them.
 void pack(const Param& param, const Arg& arg, uint64_t* slot, const std::string& kernel) {
-  *slot = 0;
-  auto check_range = [&](int64_t low, int64_t high) {
-    TORCH_CHECK_VALUE(arg.as_int() >= low && arg.as_int() <= high, "opreg: Triton kernel '", kernel,
-                      "': argument '", param.name, "' = ", arg.as_int(), " does not fit ",
+  if (param.type == ParamType::kPointer) {
+    pack_pointer(arg.pointer(), slot);
+  } else if (is_integer_type(param.type)) {
+    TORCH_CHECK_VALUE(pack_integer(param.type, arg.as_int(), slot), "opreg: Triton kernel '",
+                      kernel, "': argument '", param.name, "' = ", arg.as_int(), " does not fit ",
                       param.type_name);
-  };
-  switch (param.type) {
-    case ParamType::kPointer: {
-      const void* pointer = arg.pointer();
-      std::memcpy(slot, &pointer, sizeof(pointer));
-      return;
-    }
-    case ParamType::kI1:
-    case ParamType::kI8:
-    case ParamType::kU8:
-    case ParamType::kI16:
-    case ParamType::kU16:
-    case ParamType::kI32:
-    case ParamType::kU32: {
-      const auto [low, high] = integer_range(param.type);
-      check_range(low, high);
-      // Two's complement; on little-endian hosts (every CUDA host) the low bytes are the value.
-      const auto bits = static_cast<uint64_t>(arg.as_int());
-      std::memcpy(slot, &bits, param_size(param.type));
-      return;
-    }
-    case ParamType::kI64:
-    case ParamType::kU64: {
-      auto value = arg.as_int();
-      std::memcpy(slot, &value, sizeof(value));
-      return;
-    }
-    case ParamType::kF16: {
-      auto value = c10::Half(static_cast<float>(arg.as_float())).x;
-      std::memcpy(slot, &value, sizeof(value));
-      return;
-    }
-    case ParamType::kBF16: {
-      auto value = c10::BFloat16(static_cast<float>(arg.as_float())).x;
-      std::memcpy(slot, &value, sizeof(value));
-      return;
-    }
-    case ParamType::kF32: {
-      auto value = static_cast<float>(arg.as_float());
-      std::memcpy(slot, &value, sizeof(value));
-      return;
-    }
-    case ParamType::kF64: {
-      auto value = arg.as_float();
-      std::memcpy(slot, &value, sizeof(value));
-      return;
-    }
+  } else {
+    TORCH_CHECK_VALUE(pack_float(param.type, arg.as_float(), slot), "opreg: Triton kernel '",
+                      kernel, "': argument '", param.name, "' = ", arg.as_float(), " does not fit ",
+                      param.type_name);
   }
 }
 
@@ -794,15 +680,11 @@ void Kernel::launch(Grid grid, c10::ArrayRef<Arg> args) const {
   cuda::CUfunction function = function_on(kernel, *variant, *d, call.device);
 
   // 3. Parameters: every non-constant argument, then the global and profile scratch pointers.
-  std::array<uint64_t, kMaxParams + 2> slots;
-  std::array<void*, kMaxParams + 2> params;
-  size_t count = 0;
+  PackedParams params;
   const Arg* argv = args.data();
   for (size_t i = 0; i < kernel.params.size(); ++i) {
     if (variant->dropped[i]) continue;
-    pack(kernel.params[i], argv[i], &slots[count], name_);
-    params[count] = &slots[count];
-    ++count;
+    pack(kernel.params[i], argv[i], params.next(), name_);
   }
   // grid.x * grid.y * grid.z < 2^63 by the limits above; times num_ctas (<= 16) may not be.
   int64_t programs = 0;
@@ -824,50 +706,20 @@ void Kernel::launch(Grid grid, c10::ArrayRef<Arg> args) const {
                               programs, *call.first_tensor);
     profile_pointer = aligned_pointer(profile_scratch, variant->profile_scratch_align);
   }
-  std::memcpy(&slots[count], &global_pointer, sizeof(void*));
-  params[count] = &slots[count];
-  ++count;
-  std::memcpy(&slots[count], &profile_pointer, sizeof(void*));
-  params[count] = &slots[count];
+  pack_pointer(global_pointer, params.next());
+  pack_pointer(profile_pointer, params.next());
 
   // 4. Launch.
-  const auto block = static_cast<unsigned>(32 * variant->num_warps);
-  cuda::CUresult result;
-  if (variant->num_ctas == 1 && !variant->launch_pdl && !variant->launch_cooperative_grid) {
-    result =
-        d->cuLaunchKernel(function, static_cast<unsigned>(grid.x), static_cast<unsigned>(grid.y),
-                          static_cast<unsigned>(grid.z), block, 1, 1,
-                          static_cast<unsigned>(variant->shared), stream, params.data(), nullptr);
-  } else {
-    std::array<cuda::LaunchAttribute, 3> attributes{};
-    unsigned num_attributes = 0;
-    if (variant->num_ctas > 1) {
-      auto& a = attributes[num_attributes++];
-      a.id = cuda::kLaunchAttrClusterDimension;
-      a.value.cluster_dim = {static_cast<unsigned>(variant->num_ctas), 1, 1};
-    }
-    if (variant->launch_pdl) {
-      auto& a = attributes[num_attributes++];
-      a.id = cuda::kLaunchAttrProgrammaticStreamSerialization;
-      a.value.programmatic_stream_serialization_allowed = 1;
-    }
-    if (variant->launch_cooperative_grid) {
-      auto& a = attributes[num_attributes++];
-      a.id = cuda::kLaunchAttrCooperative;
-      a.value.cooperative = 1;
-    }
-    cuda::LaunchConfig config{static_cast<unsigned>(grid.x * variant->num_ctas),
-                              static_cast<unsigned>(grid.y),
-                              static_cast<unsigned>(grid.z),
-                              block,
-                              1,
-                              1,
-                              static_cast<unsigned>(variant->shared),
-                              stream,
-                              attributes.data(),
-                              num_attributes};
-    result = d->cuLaunchKernelEx(&config, function, params.data(), nullptr);
-  }
+  LaunchShape shape;
+  shape.grid_x = static_cast<unsigned>(grid.x);
+  shape.grid_y = static_cast<unsigned>(grid.y);
+  shape.grid_z = static_cast<unsigned>(grid.z);
+  shape.block = static_cast<unsigned>(32 * variant->num_warps);
+  shape.shared = static_cast<unsigned>(variant->shared);
+  shape.num_ctas = static_cast<unsigned>(variant->num_ctas);
+  shape.pdl = variant->launch_pdl;
+  shape.cooperative = variant->launch_cooperative_grid;
+  const cuda::CUresult result = launch_kernel(*d, function, shape, stream, params.data());
   TORCH_CHECK(result == cuda::kSuccess, "opreg: launching Triton kernel '", name_, "' (sm_",
               variant->arch, ", ", variant->assumptions_text, ") with grid (", grid.x, ", ", grid.y,
               ", ", grid.z, ") on cuda:", call.device, " failed: ", cuda::error_text(result));

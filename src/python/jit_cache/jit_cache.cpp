@@ -1,9 +1,10 @@
-// src/python/jit_launch.cpp: cached launches of Triton JIT kernels inside opreg ops (see
-// python/opreg/_jit_launch.py). An adopted kernel's `run` is a LaunchCache's entry point: inside
-// an op, a launch whose specialization key was seen before skips Triton's Python launch path;
-// when the compiled kernel is a plain CUDA one, it goes from here to cuLaunchKernel with no
-// Python in between. Everything else is handed to Triton's own `run`, unchanged.
-#include "jit_launch.h"
+// src/python/jit_cache/jit_cache.cpp: the JIT launch cache, cached launches of Triton JIT kernels
+// inside opreg ops (see python/opreg/_jit_cache.py). An adopted kernel's `run` is a LaunchCache's
+// entry point: inside an op, a launch whose specialization key (launch_key.cpp) was seen before
+// skips Triton's Python launch path and goes to the compiled kernel's launcher, or, for a plain
+// CUDA kernel, from here to cuLaunchKernel with no Python in between (direct_launch.cpp).
+// Everything else is handed to Triton's own `run`, unchanged.
+#include "jit_cache.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/SmallVector.h>
@@ -16,8 +17,8 @@
 #include <utility>
 #include <vector>
 
-#include "jit_direct_launch.h"
-#include "jit_launch_key.h"
+#include "direct_launch.h"
+#include "launch_key.h"
 
 namespace opreg::python {
 namespace {
@@ -28,9 +29,15 @@ InsideOp::InsideOp() { ++inside_op_depth; }
 InsideOp::~InsideOp() { --inside_op_depth; }
 bool inside_op() { return inside_op_depth > 0; }
 
-namespace {
-
 namespace py = pybind11;
+
+std::string python_type_name(const py::handle& object) {
+  auto type = py::type::handle_of(object);
+  return py::str(type.attr("__module__")).cast<std::string>() + "." +
+         py::str(type.attr("__qualname__")).cast<std::string>();
+}
+
+namespace {
 
 // Names looked up on every launch, interned once.
 PyObject* interned(const char* text) {
@@ -101,13 +108,15 @@ bool observed(PyObject* hook) {
 // opreg.kernel_status reports.
 class LaunchCache {
  public:
-  // params: (name, default, is_constexpr) per kernel parameter, in order.
+  // params: (name, default, is_constexpr) per kernel parameter, in order. direct_launch_off:
+  // empty, or why cache hits must not launch from C++ (then they use Triton's compiled launcher).
   LaunchCache(py::object kernel, py::object triton_run, const py::list& params,
-              py::object runtime_knobs, py::object compilation_knobs)
+              py::object runtime_knobs, py::object compilation_knobs, std::string direct_launch_off)
       : kernel_(std::move(kernel)),
         triton_run_(std::move(triton_run)),
         runtime_knobs_(std::move(runtime_knobs)),
-        compilation_knobs_(std::move(compilation_knobs)) {
+        compilation_knobs_(std::move(compilation_knobs)),
+        direct_launch_off_(std::move(direct_launch_off)) {
     for (const auto& param : params) {
       auto fields = param.cast<py::tuple>();
       param_names_.push_back(fields[0].cast<py::str>());
@@ -281,6 +290,10 @@ class LaunchCache {
   // How this compiled kernel is launched from C++, or why it is not.
   std::optional<DirectLaunch> direct_launch(const py::object& compiled,
                                             std::string* why_not) const {
+    if (!direct_launch_off_.empty()) {
+      *why_not = direct_launch_off_;
+      return std::nullopt;
+    }
     if (!torch_cuda_ || !cuda_driver_) {
       *why_not = "Triton's active driver is not CUDA";
       return std::nullopt;
@@ -367,6 +380,7 @@ class LaunchCache {
   }
 
   py::object kernel_, triton_run_, runtime_knobs_, compilation_knobs_;
+  std::string direct_launch_off_;
   std::vector<py::str> param_names_;
   std::vector<py::object> defaults_;
   std::vector<bool> constexpr_params_;
@@ -399,11 +413,11 @@ struct InsideOpScope {
 
 }  // namespace
 
-void bind_jit_launch(py::module& m) {
+void bind_jit_cache(py::module& m) {
   py::class_<LaunchCache>(m, "TritonLaunchCache")
-      .def(py::init<py::object, py::object, const py::list&, py::object, py::object>(),
+      .def(py::init<py::object, py::object, const py::list&, py::object, py::object, std::string>(),
            py::arg("kernel"), py::arg("triton_run"), py::arg("params"), py::arg("runtime_knobs"),
-           py::arg("compilation_knobs"))
+           py::arg("compilation_knobs"), py::arg("direct_launch_off") = "")
       .def("bind_driver", &LaunchCache::bind_driver)
       .def_property_readonly("run",
                              [](py::object self) {
@@ -430,6 +444,7 @@ void bind_jit_launch(py::module& m) {
       .def("__enter__", [](InsideOpScope& scope) { scope.scope.emplace(); })
       .def("__exit__", [](InsideOpScope& scope, const py::args&) { scope.scope.reset(); });
   m.def("inside_op", &inside_op);
+  bind_direct_launch(m);
 }
 
 }  // namespace opreg::python

@@ -1,5 +1,6 @@
-// src/python/jit_launch_key.cpp: the specialization key of a Triton JIT launch (see the header).
-#include "jit_launch_key.h"
+// src/python/jit_cache/launch_key.cpp: the specialization key of a Triton JIT launch (see the
+// header).
+#include "launch_key.h"
 
 #include <torch/csrc/autograd/python_variable.h>
 

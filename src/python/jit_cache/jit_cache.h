@@ -1,8 +1,11 @@
-// src/python/jit_launch.h: opreg._C's side of cached Triton JIT launches (jit_launch.cpp) and the
-// scope that marks Python code running as part of an opreg op (only there are launches cached).
+// src/python/jit_cache/jit_cache.h: opreg._C's side of the JIT launch cache (jit_cache.cpp; the
+// Python side is python/opreg/_jit_cache.py), and the scope that marks Python code running as
+// part of an opreg op (only there are launches cached).
 #pragma once
 
 #include <torch/csrc/utils/pybind.h>
+
+#include <string>
 
 namespace opreg::python {
 
@@ -18,6 +21,9 @@ class InsideOp {
 
 bool inside_op();
 
-void bind_jit_launch(pybind11::module& m);
+// "module.QualifiedName" of an object's type.
+std::string python_type_name(const pybind11::handle& object);
+
+void bind_jit_cache(pybind11::module& m);
 
 }  // namespace opreg::python

@@ -31,23 +31,25 @@ def _axpby_kernel(
     tl.store(out_ptr + offs, result, mask=m)
 
 
-def _triton_axpby(x, y, alpha, beta, offset, bias):
-    out = torch.empty_like(x)
-    n = x.numel()
-    block = 128 if n < 4096 else 1024  # a constexpr given by position, changing with n
-    has_bias = bias is not None
-    _axpby_kernel[(triton.cdiv(n, block),)](
-        x, y, out, n, alpha, beta, offset, bias, block, has_bias
-    )
-    return out
+def axpby_triton_fn(kernel):
+    """A triton_fn launching `kernel` (an _axpby_kernel): each op its own kernel object."""
+
+    def triton_axpby(x, y, alpha, beta, offset, bias):
+        out = torch.empty_like(x)
+        n = x.numel()
+        block = 128 if n < 4096 else 1024  # a constexpr given by position, changing with n
+        has_bias = bias is not None
+        kernel[(triton.cdiv(n, block),)](x, y, out, n, alpha, beta, offset, bias, block, has_bias)
+        return out
+
+    return triton_axpby
 
 
 def _fake(x, y, alpha, beta, offset, bias):
     return torch.empty_like(x)
 
 
-@register_triton_op(fake_fn=_fake, triton_fn=_triton_axpby, name="opreg_test_jit::axpby")
-def axpby(
+def axpby_reference(
     x: torch.Tensor,
     y: torch.Tensor,
     alpha: float,
@@ -57,6 +59,11 @@ def axpby(
 ) -> torch.Tensor:
     result = alpha * x + beta * y + offset
     return result if bias is None else result + bias
+
+
+axpby = register_triton_op(
+    fake_fn=_fake, triton_fn=axpby_triton_fn(_axpby_kernel), name="opreg_test_jit::axpby"
+)(axpby_reference)
 
 
 @triton.jit

@@ -1,6 +1,7 @@
-// src/python/jit_direct_launch.h: launching, from C++, a kernel that Triton's JIT compiled and
-// loaded: its CUfunction with the parameters packed as Triton's CUDA launcher packs them, on
-// the stream given. What jit_launch.cpp does on a cache hit, with no Python in between.
+// src/python/jit_cache/direct_launch.h: the direct half of the JIT launch cache: launching, from
+// C++, a kernel that Triton's JIT compiled and loaded (its CUfunction, the parameters packed by
+// src/triton/launch.h as Triton's CUDA launcher packs them, on the stream given), with no Python
+// in between. Without it, cache hits go through Triton's compiled launcher (jit_cache.cpp).
 #pragma once
 
 #include <c10/util/ArrayRef.h>
@@ -13,32 +14,14 @@
 #include <utility>
 #include <vector>
 
-#include "../triton/cuda_driver.h"
+#include "../../triton/launch.h"
 
 namespace opreg::python {
 
-// A parameter as Triton's CUDA launcher passes it (the compiled kernel's `signature`).
-enum class ParamSlot : uint8_t {
-  kPointer,
-  kI8,
-  kI16,
-  kI32,
-  kI64,
-  kU8,
-  kU16,
-  kU32,
-  kU64,
-  kFp16,
-  kBf16,
-  kFp32,
-  kFp64
-};
-
 struct DirectLaunch {
   triton::cuda::CUfunction function = nullptr;
-  unsigned block = 0, shared = 0;
-  bool pdl = false, cooperative = false;
-  std::vector<std::pair<size_t, ParamSlot>> slots;  // (parameter index, how it is passed)
+  triton::LaunchShape shape;                                 // grid filled in per launch
+  std::vector<std::pair<size_t, triton::ParamType>> params;  // (parameter index, type)
   std::string name;
 
   // How to launch `compiled` (a Triton CompiledKernel whose handles are loaded) with
@@ -49,12 +32,12 @@ struct DirectLaunch {
 
   // Launches with every parameter's value, in order; false (and nothing launched) when a value
   // is one only Triton's launcher takes: a CPU tensor, a raw address, an integer out of its
-  // type's range, a grid size that is not a non-negative int.
+  // type's range, a finite float beyond fp16, a grid size that is not a non-negative int.
   bool launch(int64_t device, uint64_t stream, const std::array<pybind11::object, 3>& dims,
               c10::ArrayRef<PyObject*> values) const;
 };
 
-// "module.QualifiedName" of an object's type.
-std::string python_type_name(const pybind11::handle& object);
+// opreg._C._jit_cache_pack (tests): one Python value packed as the direct launch packs it.
+void bind_direct_launch(pybind11::module& m);
 
 }  // namespace opreg::python

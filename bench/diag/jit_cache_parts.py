@@ -1,8 +1,8 @@
 """Diagnostic, not a benchmark (prints text, keeps no result): host cost of the parts of an
-opreg op whose triton_fn launches a Triton JIT kernel (python/opreg/_jit_launch.py), against
+opreg op whose triton_fn launches a Triton JIT kernel (python/opreg/_jit_cache.py), against
 Triton's own launch of the same kernel; 1024 float32 elements. Needs CUDA and opreg installed.
 
-    python bench/diag/jit_launch_parts.py
+    python bench/diag/jit_cache_parts.py
 """
 
 import sys
@@ -12,7 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[1]))
 import torch
 
-from opreg import _jit_launch
+from opreg import _jit_cache
 from peers import front_ops
 from peers.front_ops import front_add_kernel
 from peers.registrations import seed_triton_fn, triton_add
@@ -46,7 +46,7 @@ parts = {
 }
 for name, f in parts.items():
     print(f"{name:40s} {us(f):7.2f} us")
-with _jit_launch.inside_op():
+with _jit_cache.inside_op():
     front_add_kernel[(1,)](*a, **kw)
     for name, f in {
         "cached kernel[(1,)]": lambda: front_add_kernel[(1,)](*a, **kw),

@@ -1,5 +1,5 @@
-// src/python/jit_launch_key.h: the specialization key of a Triton JIT launch: bytes, at least as
-// fine as what makes Triton compile another kernel (jit_launch.cpp builds one per launch).
+// src/python/jit_cache/launch_key.h: the specialization key of a Triton JIT launch: bytes, at
+// least as fine as what makes Triton compile another kernel (jit_cache.cpp builds one per launch).
 #pragma once
 
 #include <torch/csrc/utils/pybind.h>

@@ -70,14 +70,15 @@ requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs 
 
 @pytest.fixture(scope="session")
 def aot_bundle(tmp_path_factory) -> Path:
-    """tests/kernels compiled by `python -m opreg.aot` (sm_80 and sm_90), loaded for launching."""
+    """tests/kernel_sources compiled by `python3 -m opreg.aot` (sm_80 and sm_90), loaded for
+    launching."""
     out = tmp_path_factory.mktemp("aot")
     subprocess.run(
         [
             sys.executable,
             "-m",
             "opreg.aot",
-            str(REPO / "tests" / "kernels" / "test_kernels.toml"),
+            str(REPO / "tests" / "kernel_sources" / "triton_kernels.toml"),
             "--out",
             str(out),
             "--cache",

@@ -33,6 +33,7 @@ from opreg._registry import (
     describe_op,
     describe_ops,
     example_library,
+    example_source,
     load_library,
     register_accelerated_device_type,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "describe_op",
     "describe_ops",
     "example_library",
+    "example_source",
     "has_triton",
     "kernel_status",
     "load_library",

@@ -1,14 +1,14 @@
 // examples/scale_add/scale_add.cpp: an op defined with opreg's C++ API: a fallback in ATen ops,
 // a CPU kernel for the common case that declines the rest, a kernel for the accelerated device
-// types, a fake, an explicit backward, and batch-polymorphism for vmap. `python -m opreg demo`
+// types, a fake, an explicit backward, and batch-polymorphism for vmap. `python3 -m opreg demo`
 // loads this library and calls the op on each device.
+// [scale_add.begin]
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <opreg/opreg.h>
 
 namespace {
 
-// [scale_add.begin]
 // The reference: x + alpha * y, with broadcasting and type promotion, on any device.
 at::Tensor scale_add_reference(const at::Tensor& x, const at::Tensor& y, double alpha) {
   return x + alpha * y;
@@ -90,6 +90,6 @@ const auto scale_add =
         .dtypes("y", kFloatingTypes)
         .define();
 // [scale_add_declaration.end]
-// [scale_add.end]
 
 }  // namespace
+// [scale_add.end]

@@ -25,6 +25,7 @@ from opreg._registry import (
     describe_op,
     describe_ops,
     example_library,
+    example_source,
     load_library,
     register_accelerated_device_type,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "describe_op",
     "describe_ops",
     "example_library",
+    "example_source",
     "has_triton",
     "kernel_status",
     "load_library",

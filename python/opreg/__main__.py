@@ -1,4 +1,4 @@
-"""The opreg command line: ``python -m opreg info | check | demo | cmake-dir``."""
+"""The opreg command line: ``python3 -m opreg info | check | demo | cmake-dir | example-source``."""
 
 from __future__ import annotations
 
@@ -23,6 +23,10 @@ def main(argv: list[str] | None = None) -> int:
     info.add_argument("--examples", action="store_true", help="load the example op libraries")
     commands.add_parser("demo", help="define-by-C++ example op, called on each available device")
     commands.add_parser("cmake-dir", help="the folder to add to CMAKE_PREFIX_PATH")
+    example = commands.add_parser(
+        "example-source", help="the folder of an example's sources, to copy (e.g. scale_add)"
+    )
+    example.add_argument("name", nargs="?", default="scale_add")
     check = commands.add_parser("check", help="opreg.opcheck on every op (or those named)")
     check.add_argument("ops", nargs="*", help="qualified names, e.g. opreg::fused_add")
     check.add_argument(
@@ -51,6 +55,12 @@ def main(argv: list[str] | None = None) -> int:
         print(_demo.run())
     elif args.command == "cmake-dir":
         print(opreg.cmake_dir())
+    elif args.command == "example-source":
+        try:
+            print(opreg.example_source(args.name))
+        except ValueError as error:
+            print(f"python -m opreg example-source: {error}", file=sys.stderr)
+            return 2
     elif args.command == "check":
         return _opcheck.main(args.ops)
     return 0

@@ -155,6 +155,26 @@ def example_library(name: str = "scale_add") -> Path:
     return path
 
 
+@public
+def example_source(name: str = "scale_add") -> Path:
+    """The folder of an example's sources, installed with opreg (``examples/<name>``: the C++
+    source, a CMakeLists.txt that finds the installed opreg, a README). Copy it to start an op
+    library: ``shutil.copytree(opreg.example_source("scale_add"), "my_ops")``.
+
+    An unknown name raises a ValueError listing the examples there are.
+    """
+    examples = _PACKAGE_DIR / "examples"
+    available = (
+        sorted(p.name for p in examples.iterdir() if p.is_dir()) if examples.is_dir() else []
+    )
+    if name not in available:
+        raise ValueError(
+            f"opreg.example_source: no example named {name!r}; "
+            f"available: {', '.join(available) or f'none (no folder {examples})'}"
+        )
+    return examples / name
+
+
 def shipped_ops_library() -> Path:
     return _PACKAGE_DIR / "lib" / "libopreg_ops.so"
 

@@ -33,7 +33,7 @@ TEST(Triton, EmbeddedKernelsAreRegisteredWithTheirVariants) {
 
 // A library embedding a kernel with u8/u16 scalars used to abort while loading (the runtime
 // refused the types in a static initializer): this executable embeds one
-// (tests/kernels/unsigned_kernels.toml).
+// (tests/kernel_sources/unsigned_kernels.toml).
 TEST(Triton, UnsignedScalarParametersAreRegistered) {
   auto kernels = opreg::triton::describe_kernels();
   const auto* fill = find_kernel(kernels, "opreg_test_fill_sum_u8_u16");

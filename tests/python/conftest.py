@@ -1,8 +1,10 @@
-"""Shared fixtures: the example and test-op libraries, built on demand, and device parameters."""
+"""Shared fixtures: the example and test-op libraries, built on demand, and device parameters;
+the code blocks of the docs, and running their shell commands as a user would."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,16 +70,48 @@ TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+FENCE = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def code_blocks(path: Path, language: str) -> list[tuple[str, str]]:
+    """The fenced blocks of one language in a Markdown file: (the fence's info after the
+    language, the code)."""
+    return [
+        (match.group(2).strip(), match.group(3))
+        for match in FENCE.finditer(path.read_text())
+        if match.group(1) == language
+    ]
+
+
+def run_shell(commands: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Runs documented shell commands in `cwd` as a user would, with this interpreter as
+    `python3` and C++ warnings as errors, as in the test suite's own builds."""
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "CXXFLAGS": "-Wall -Wextra -Werror -Wno-unused-parameter",
+    }
+    return subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", commands],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
 @pytest.fixture(scope="session")
 def aot_bundle(tmp_path_factory) -> Path:
-    """tests/kernels compiled by `python -m opreg.aot` (sm_80 and sm_90), loaded for launching."""
+    """tests/kernel_sources compiled by `python3 -m opreg.aot` (sm_80 and sm_90), loaded for
+    launching."""
     out = tmp_path_factory.mktemp("aot")
     subprocess.run(
         [
             sys.executable,
             "-m",
             "opreg.aot",
-            str(REPO / "tests" / "kernels" / "test_kernels.toml"),
+            str(REPO / "tests" / "kernel_sources" / "triton_kernels.toml"),
             "--out",
             str(out),
             "--cache",

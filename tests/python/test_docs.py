@@ -1,6 +1,8 @@
 """Documentation cannot drift from the code: every Python block of README.md and docs/ runs
-(blocks fenced as `python gpu` only with CUDA), and every C++ block quoted between
-`[name.begin]`/`[name.end]` markers equals the source region with those markers."""
+(blocks fenced as `python gpu` only with CUDA), every C++ block quoted between
+`[name.begin]`/`[name.end]` markers equals the source region with those markers, the complete C++
+file of docs/cpp-ops.md builds with the README's CMakeLists.txt and commands against the installed
+opreg, and the README names every command of `python3 -m opreg`."""
 
 from __future__ import annotations
 
@@ -11,19 +13,17 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, code_blocks, run_shell
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
-FENCE = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 MARKER = re.compile(r"// \[(\w+)\.begin\]")
 SOURCES = [*REPO.glob("examples/**/*.cpp"), *REPO.glob("src/**/*.cpp")]
 
 
 def blocks(language: str):
     for path in DOCS:
-        for match in FENCE.finditer(path.read_text()):
-            if match.group(1) == language:
-                yield path, match.group(2).strip(), match.group(3)
+        for info, code in code_blocks(path, language):
+            yield path, info, code
 
 
 PYTHON = list(blocks("python"))
@@ -67,3 +67,27 @@ def region(name: str) -> str:
 def test_cpp_quotes_match_the_source(path, info, code):
     name = MARKER.search(code).group(1)
     assert code.strip() == region(name), f"{path} quotes [{name}] out of date"
+
+
+def test_cpp_ops_file_builds_with_the_readme_cmakelists(tmp_path):
+    """The README's CMakeLists.txt and build commands, with docs/cpp-ops.md's complete file as
+    the library's source, build against the installed opreg, and the library loads."""
+    (complete_file,) = [
+        code for _, code in code_blocks(REPO / "docs" / "cpp-ops.md", "cpp") if "#include" in code
+    ]
+    ((_, cmakelists),) = code_blocks(REPO / "README.md", "cmake")
+    (commands,) = [code for _, code in code_blocks(REPO / "README.md", "sh") if "cmake" in code]
+    source = re.search(r"add_library\(\w+ SHARED (\S+)\)", cmakelists).group(1)
+    (tmp_path / "CMakeLists.txt").write_text(cmakelists)
+    (tmp_path / source).write_text(complete_file)
+    result = run_shell(commands, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def test_readme_names_every_command_line_command():
+    usage = subprocess.run(
+        [sys.executable, "-m", "opreg", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    commands = set(re.search(r"\{([\w,-]+)\}", usage).group(1).split(","))
+    readme = set(re.findall(r"python3 -m opreg ([\w-]+)", (REPO / "README.md").read_text()))
+    assert commands == readme, f"--help: {sorted(commands)}, README: {sorted(readme)}"

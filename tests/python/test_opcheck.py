@@ -231,7 +231,7 @@ def test_command_line_rejects_bad_input_in_one_line(args, message):
 
 def test_command_line_usage_names_every_command():
     usage = run_cli("--help").stdout
-    for command in ("info", "check", "demo", "cmake-dir"):
+    for command in ("info", "check", "demo", "cmake-dir", "example-source"):
         assert command in usage.split("\n\n")[1], usage  # the description line
 
 

@@ -278,7 +278,8 @@ def test_ops_in_pytorchs_namespaces_are_refused():
 
 
 def load_failing_library(failure: str, then: str = "") -> str:
-    """Loads tests/ops/failing_ops.cpp built with `failure` in a fresh interpreter; its output."""
+    """Loads tests/op_library/failing_ops.cpp built with `failure` in a fresh interpreter; its
+    output."""
     library = TEST_OPS_LIBRARY.parent / f"libopreg_failing_{failure}.so"
     load = f"""
         import torch, opreg

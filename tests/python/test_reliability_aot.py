@@ -19,7 +19,7 @@ import opreg
 from conftest import REPO, requires_cuda
 from opreg.aot.compile import cubin_problem, emit_cpp
 
-KERNELS = REPO / "tests" / "kernels"
+KERNELS = REPO / "tests" / "kernel_sources"
 CACHE = REPO / "build" / "aot-test-cache"
 
 
@@ -42,7 +42,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *parts: str) -> N
 def scale_spec(name: str = "opreg_rel_scale", **fields: str) -> str:
     entries = {
         "name": f'"{name}"',
-        "source": f'"{KERNELS / "test_kernels.py"}:scale_kernel"',
+        "source": f'"{KERNELS / "triton_kernels.py"}:scale_kernel"',
         "signature": '{ x_ptr = "*fp32", out_ptr = "*fp32", n = "i64", factor = "fp32" }',
         "constexprs": "{ BLOCK = 512 }",
         "do_not_specialize": '["n"]',

@@ -16,7 +16,7 @@ import torch
 import opreg
 from conftest import REPO, requires_cuda
 
-SPEC = REPO / "tests" / "kernels" / "test_kernels.toml"
+SPEC = REPO / "tests" / "kernel_sources" / "triton_kernels.toml"
 
 
 def manifest(bundle, name):
@@ -86,7 +86,7 @@ def test_spec_errors_name_the_kernel(tmp_path):
     spec.write_text(f'''
 [[kernel]]
 name = "bad"
-source = "{REPO / "tests" / "kernels" / "test_kernels.py"}:scale_kernel"
+source = "{REPO / "tests" / "kernel_sources" / "triton_kernels.py"}:scale_kernel"
 signature = {{ x_ptr = "*fp32", out_ptr = "*fp32", n = "i64" }}
 constexprs = {{ BLOCK = 512 }}
 ''')

@@ -1,6 +1,6 @@
-// tests/ops/failing_ops.cpp: op libraries whose static initializers define one good op and then
-// make one mistake (chosen by OPREG_FAILURE at compile time), for the tests that
-// loading them raises one clear error, rolls the good op back, and keeps the process alive.
+// tests/op_library/failing_ops.cpp: op libraries whose static initializers define one good op and
+// then make one mistake (chosen by OPREG_FAILURE at compile time), for the tests that loading them
+// raises one clear error, rolls the good op back, and keeps the process alive.
 #include <ATen/ATen.h>
 
 #if defined(OPREG_OTHER_VERSION)  // as if built against the headers of another minor version

@@ -1,6 +1,6 @@
-// tests/ops/test_ops.cpp: C++-defined ops that the Python tests load (opreg_test::*), each covering
-// one piece of the builder: kernels with declines, mutation, a fallback that cannot run on meta,
-// device types, autograd (backwards and policies) and vmap (rules, loop, randomness).
+// tests/op_library/test_op_library.cpp: C++-defined ops that the Python tests load (opreg_test::*),
+// each covering one piece of the builder: kernels with declines, mutation, a fallback that cannot
+// run on meta, device types, autograd (backwards and policies) and vmap (rules, loop, randomness).
 #include <ATen/ATen.h>
 #include <opreg/opreg.h>
 

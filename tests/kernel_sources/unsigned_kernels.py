@@ -1,5 +1,5 @@
 """A Triton kernel with unsigned 8- and 16-bit scalar parameters, which the runtime must load and
-pack (tests/kernels/unsigned_kernels.toml)."""
+pack (tests/kernel_sources/unsigned_kernels.toml)."""
 
 import triton.language as tl
 

@@ -437,6 +437,12 @@ Call inspect(const KernelImpl& kernel, c10::ArrayRef<Arg> args, std::string* why
                  (is_pointer_param ? "a tensor or pointer" : "a number (" + param.type_name + ")");
       return call;
     }
+    // A float's bits are not an integer's: never pack one as the other.
+    if (is_integer_type(param.type) && arg.kind() == Arg::Kind::kFloat) {
+      *why_not = "argument '" + param.name + "' must be an integer (" + param.type_name +
+                 "), got a float";
+      return call;
+    }
   }
   index = 0;
   for (const auto& arg : args) {
@@ -538,8 +544,10 @@ void pack(const Param& param, const Arg& arg, uint64_t* slot, const std::string&
                       kernel, "': argument '", param.name, "' = ", arg.as_int(), " does not fit ",
                       param.type_name);
   } else {
-    TORCH_CHECK_VALUE(pack_float(param.type, arg.as_float(), slot), "opreg: Triton kernel '",
-                      kernel, "': argument '", param.name, "' = ", arg.as_float(), " does not fit ",
+    const double value =
+        arg.kind() == Arg::Kind::kInt ? static_cast<double>(arg.as_int()) : arg.as_float();
+    TORCH_CHECK_VALUE(pack_float(param.type, value, slot), "opreg: Triton kernel '", kernel,
+                      "': argument '", param.name, "' = ", value, " does not fit ",
                       param.type_name);
   }
 }

@@ -114,6 +114,8 @@ def test_cpu_tensors_are_declined_with_a_reason(aot_bundle):
         kernel[(1,)](x, x)
     with pytest.raises(TypeError, match="argument 2 is a <class 'str'>"):
         kernel[(1,)](x, x, "8", 2.0)
+    # A float's bits are never packed as an integer parameter (an int for a float converts).
+    assert "argument 'n' must be an integer (i64), got a float" in kernel.variant_for(x, x, 8.0, 2)
 
 
 def test_unknown_kernel_names_are_errors():

@@ -115,27 +115,28 @@ def _takes_tensors(op: torch._ops.OpOverload) -> bool:
     return any(str(a.type).startswith("Tensor") for a in op._schema.arguments)
 
 
+def _scalar_value(op: torch._ops.OpOverload, arg: Any, ints: int) -> Any:
+    """A value for a non-tensor argument: its default, else `ints` for ints, 0.75, True."""
+    type_name = str(arg.type)
+    if arg.default_value is not None:
+        return arg.default_value
+    if type_name in ("int", "SymInt"):
+        return ints
+    if type_name in ("float", "bool"):
+        return 0.75 if type_name == "float" else True
+    raise TypeError(
+        f"opreg.opcheck: cannot generate an argument of type {type_name} for "
+        f"{op._schema.name}; pass samples="
+    )
+
+
 def _scalar_samples(op: torch._ops.OpOverload) -> list[Sample]:
-    """An op without tensor arguments: one sample per int value 0, 1 and 5 (every int argument
-    takes it), other arguments as for tensor ops."""
+    """An op without tensor arguments: one sample per int value 0, 1 and 5."""
     samples = []
     for n in (0, 1, 5):
         args, kwargs = [], {}
         for arg in op._schema.arguments:
-            type_name = str(arg.type)
-            if type_name in ("int", "SymInt"):
-                value = n
-            elif arg.default_value is not None:
-                value = arg.default_value
-            elif type_name == "float":
-                value = 0.75
-            elif type_name == "bool":
-                value = True
-            else:
-                raise TypeError(
-                    f"opreg.opcheck: cannot generate an argument of type {type_name} "
-                    f"for {op._schema.name}; pass samples="
-                )
+            value = _scalar_value(op, arg, n)
             (kwargs.__setitem__(arg.name, value) if arg.kwarg_only else args.append(value))
         samples.append(Sample(tuple(args), kwargs, f"ints = {n}"))
     return samples
@@ -176,19 +177,8 @@ def generate_samples(op: torch._ops.OpOverload, device: str) -> list[Sample]:
                     value = value.t()
                 elif view == "offset":
                     value = value[1:]
-            elif arg.default_value is not None:
-                value = arg.default_value
-            elif type_name == "int" or type_name == "SymInt":
-                value = 5
-            elif type_name == "float":
-                value = 0.75
-            elif type_name == "bool":
-                value = True
             else:
-                raise TypeError(
-                    f"opreg.opcheck: cannot generate an argument of type {type_name} "
-                    f"for {schema.name}; pass samples="
-                )
+                value = _scalar_value(op, arg, 5)
             (kwargs.__setitem__(arg.name, value) if arg.kwarg_only else args.append(value))
         samples.append(Sample(tuple(args), kwargs, f"{label} {str(dtype).removeprefix('torch.')}"))
     return samples

@@ -1,13 +1,15 @@
 // include/opreg/testing.h: checks that an opreg op keeps its promises, from C++ (usable in
-// GoogleTest): on each sample, every kernel against the fallback (bitwise when the op declares
-// it, else within tolerances per dtype) and the fake against real outputs (shapes, dtypes,
-// strides). The Python opreg.opcheck adds torch.library.opcheck, gradients, vmap and compile.
+// GoogleTest): on each sample, every kernel against the fallback (equal when the op declares
+// bitwise, else within the tolerance of the output's dtype) and the fake against real outputs
+// (shapes, dtypes, strides). The Python opreg.opcheck adds torch.library.opcheck, gradients,
+// vmap and compile, and applies the same tolerance (docs/opcheck.md).
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include <ATen/core/ivalue.h>
+#include <c10/core/ScalarType.h>
 
 #include "opreg/export.h"
 
@@ -22,6 +24,16 @@ struct CheckResult {
   double max_error = 0;
   std::string message;  // why it failed
 };
+
+// kernel_vs_fallback accepts a kernel's output k against the fallback's f when, elementwise,
+// |k - f| <= atol + rtol * |f|, NaN where and only where f has NaN (torch.isclose with
+// equal_nan). Zero (equality) for integer and bool dtypes and for ops that declare bitwise;
+// complex dtypes take their real type's tolerance.
+struct Tolerance {
+  double atol = 0;
+  double rtol = 0;
+};
+Tolerance tolerance(at::ScalarType dtype);
 
 // Runs the op through the dispatcher and its fallback directly on each sample (arguments in
 // schema order), on the samples' own devices.

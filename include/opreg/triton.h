@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,13 @@ inline int64_t cdiv(int64_t a, int64_t b) { return a / b + (a % b != 0 && a > 0 
 
 struct KernelImpl;  // the kernel's variants and per-device modules (src/triton/)
 
+// One parameter of a kernel, as its manifest declares it.
+struct Parameter {
+  std::string name;
+  std::string type;  // as Triton spells it: "*fp32" (a pointer), "i64", "fp32"
+  bool is_pointer() const { return !type.empty() && type[0] == '*'; }
+};
+
 class OPREG_API Kernel {
  public:
   explicit Kernel(std::string name);
@@ -78,6 +86,9 @@ class OPREG_API Kernel {
   // be opened: cheap (cached per device). Alignment and divisibility never make a launch fail,
   // since every kernel also has a generic variant.
   bool available_on(int device, std::string* why_not = nullptr) const;
+
+  // The parameters a launch passes, in order; nullopt while no binaries are registered for it.
+  std::optional<std::vector<Parameter>> parameters() const;
 
   // The variant a launch with these arguments would use ("sm_90 [x:aligned16, n:div16]"), or
   // why none fits: for tests and debugging.

@@ -1,10 +1,11 @@
 """opreg.opcheck: one call checks everything an op promises, on each sample and device.
 
-Checks: torch.library.opcheck's own tests; every kernel against the fallback (bitwise when the op
-declares it, else against a float64 run of the fallback); fake against real (shapes, dtypes,
-strides, devices); gradcheck in float64 and the kernel path's gradients against the fallback's;
-vmap against a loop of single calls (each combination of batched arguments, depths 1 to 3); and
-torch.compile(fullgraph=True) against eager, with dynamic shapes.
+Checks: torch.library.opcheck's own tests; every kernel against the fallback (equal when the op
+declares bitwise, else within the C++ core's per-dtype tolerance, opreg::testing::tolerance);
+fake against real (shapes, dtypes, strides, devices); gradcheck in float64 and the kernel path's
+gradients against the fallback's; vmap against a loop of single calls (each combination of
+batched arguments, depths 1 to 3); and torch.compile(fullgraph=True) against eager, with dynamic
+shapes. Checks that do not apply to an op are reported as skipped, with the reason.
 """
 
 from __future__ import annotations
@@ -57,11 +58,16 @@ class CheckRow:
     passed: bool
     max_error: float = 0.0
     message: str = ""
+    skipped: bool = False  # the check does not apply (message says why); passed is True
 
 
 @public
 class OpcheckError(AssertionError):
     """Raised by opreg.opcheck when a check fails; the message names each failure."""
+
+
+class _Skipped(Exception):
+    """Raised by a check that does not apply to the op or the sample; the message says why."""
 
 
 @public
@@ -76,7 +82,7 @@ class OpcheckReport:
     def __str__(self) -> str:
         lines = [f"{'check':20} {'device':8} {'sample':28} {'result':6} {'max error':>10}"]
         for r in self.rows:
-            status = "pass" if r.passed else "FAIL"
+            status = "skip" if r.skipped else "pass" if r.passed else "FAIL"
             lines.append(
                 f"{r.check:20} {r.device:8} {r.sample[:28]:28} {status:6} "
                 f"{r.max_error:10.3g}" + (f"  {r.message}" if r.message else "")
@@ -105,9 +111,43 @@ def _random_tensor(shape: Sequence[int], dtype: torch.dtype, device: str) -> tor
     )
 
 
+def _takes_tensors(op: torch._ops.OpOverload) -> bool:
+    return any(str(a.type).startswith("Tensor") for a in op._schema.arguments)
+
+
+def _scalar_value(op: torch._ops.OpOverload, arg: Any, ints: int) -> Any:
+    """A value for a non-tensor argument: its default, else `ints` for ints, 0.75, True."""
+    type_name = str(arg.type)
+    if arg.default_value is not None:
+        return arg.default_value
+    if type_name in ("int", "SymInt"):
+        return ints
+    if type_name in ("float", "bool"):
+        return 0.75 if type_name == "float" else True
+    raise TypeError(
+        f"opreg.opcheck: cannot generate an argument of type {type_name} for "
+        f"{op._schema.name}; pass samples="
+    )
+
+
+def _scalar_samples(op: torch._ops.OpOverload) -> list[Sample]:
+    """An op without tensor arguments: one sample per int value 0, 1 and 5."""
+    samples = []
+    for n in (0, 1, 5):
+        args, kwargs = [], {}
+        for arg in op._schema.arguments:
+            value = _scalar_value(op, arg, n)
+            (kwargs.__setitem__(arg.name, value) if arg.kwarg_only else args.append(value))
+        samples.append(Sample(tuple(args), kwargs, f"ints = {n}"))
+    return samples
+
+
 def generate_samples(op: torch._ops.OpOverload, device: str) -> list[Sample]:
     """Random samples from the schema: sizes 0, 1 and odd, a non-contiguous and an offset view,
-    every dtype the op declares (float32 and float64 otherwise)."""
+    every dtype the op declares (float32 and float64 otherwise); for ops without tensor
+    arguments, ints 0, 1 and 5."""
+    if not _takes_tensors(op):
+        return _scalar_samples(op)
     schema = op._schema
     declared = _declared_dtypes(
         schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
@@ -137,19 +177,8 @@ def generate_samples(op: torch._ops.OpOverload, device: str) -> list[Sample]:
                     value = value.t()
                 elif view == "offset":
                     value = value[1:]
-            elif arg.default_value is not None:
-                value = arg.default_value
-            elif type_name == "int" or type_name == "SymInt":
-                value = 5
-            elif type_name == "float":
-                value = 0.75
-            elif type_name == "bool":
-                value = True
             else:
-                raise TypeError(
-                    f"opreg.opcheck: cannot generate an argument of type {type_name} "
-                    f"for {schema.name}; pass samples="
-                )
+                value = _scalar_value(op, arg, 5)
             (kwargs.__setitem__(arg.name, value) if arg.kwarg_only else args.append(value))
         samples.append(Sample(tuple(args), kwargs, f"{label} {str(dtype).removeprefix('torch.')}"))
     return samples
@@ -160,6 +189,11 @@ def generate_samples(op: torch._ops.OpOverload, device: str) -> list[Sample]:
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def _outputs(tree: Any) -> list[Any]:
+    """An op's outputs, flat: tensors and numbers (an op returning () gives none)."""
+    return [leaf for leaf in pytree.tree_leaves(tree) if leaf is not None]
 
 
 def _clone(sample: Sample) -> Sample:
@@ -194,8 +228,9 @@ def _to_double(sample: Sample) -> Sample:
     )
 
 
-def _tolerance(dtype: torch.dtype) -> float:
-    return {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1.3e-6}.get(dtype, 1e-7)
+def _tolerance(dtype: torch.dtype, bitwise: bool) -> tuple[float, float]:
+    """(atol, rtol) of kernel_vs_fallback: the C++ core's table, so both languages agree."""
+    return (0.0, 0.0) if bitwise else tuple(_C.testing_tolerance(dtype))
 
 
 # ---- the checks -------------------------------------------------------------------------------
@@ -214,11 +249,16 @@ def _values_comparable(op) -> bool:
 
 def _check_kernel_vs_fallback(op, sample, device):
     report = describe_op(_qualified(op))
-    got = _tensors(op(*_clone(sample).args, **_clone(sample).kwargs))
-    want = _tensors(_call_fallback(op, _clone(sample)))
-    error = _max_error(got, want)
-    references = None
+    got = _outputs(op(*_clone(sample).args, **_clone(sample).kwargs))
+    want = _outputs(_call_fallback(op, _clone(sample)))
+    if len(got) != len(want):
+        return False, 0.0, f"{len(got)} outputs, the fallback gives {len(want)}"
+    error = 0.0
     for index, (a, b) in enumerate(zip(got, want, strict=True)):
+        if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+            if type(a) is not type(b) or a != b:
+                return False, error, f"output {index} is {a!r}, the fallback's {b!r}"
+            continue
         if a.shape != b.shape or a.dtype != b.dtype:
             return (
                 False,
@@ -228,37 +268,25 @@ def _check_kernel_vs_fallback(op, sample, device):
                     f"{b.dtype}{tuple(b.shape)}"
                 ),
             )
-        if report.flags["random"]:
+        error = max(error, _max_error(a, b))
+        if report.flags["random"] or not a.numel():
             continue
-        if report.flags["bitwise"] or not a.is_floating_point():
-            if not torch.equal(a.nan_to_num(0), b.nan_to_num(0)):
-                why = "the op declares bitwise" if report.flags["bitwise"] else "integer output"
-                return (
-                    False,
-                    error,
-                    f"output {index} is not bitwise equal to the fallback's ({why})",
-                )
+        b = b.to(a.device)
+        if (a.is_floating_point() or a.is_complex()) and not torch.equal(a.isnan(), b.isnan()):
+            return False, error, f"output {index} has NaN at other positions than the fallback's"
+        atol, rtol = _tolerance(a.dtype, report.flags["bitwise"])
+        if torch.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True).all():
             continue
-        # Allowed error: twice the fallback's own error against a float64 run of the fallback.
-        if references is None:
-            references = _tensors(_call_fallback(op, _to_double(_clone(sample))))
-        ref = references[index].double()
-        if not a.numel():
-            continue
-        fallback_error = (b.double() - ref).abs().nan_to_num(0).max().item()
-        kernel_error = (a.double() - ref).abs().nan_to_num(0).max().item()
-        scale = max(1.0, ref.abs().nan_to_num(0).max().item())
-        allowed = 2 * fallback_error + _tolerance(a.dtype) * scale
-        if kernel_error > allowed:
-            return (
-                False,
-                error,
-                (
-                    f"output {index}: error {kernel_error:.3g} against float64 "
-                    f"exceeds {allowed:.3g} (twice the fallback's own "
-                    f"{fallback_error:.3g})"
-                ),
+        if report.flags["bitwise"]:
+            why = "is not bitwise equal to the fallback's (the op declares bitwise)"
+        elif atol == rtol == 0:
+            why = f"({a.dtype}) is not equal to the fallback's"
+        else:
+            why = (
+                f"differs from the fallback's by up to {error:.3g}, more than atol {atol:g} + "
+                f"rtol {rtol:g} * |fallback| ({a.dtype})"
             )
+        return False, error, f"output {index} {why}"
     return True, error, ""
 
 
@@ -269,6 +297,9 @@ def _check_fake_vs_real(op, sample, device):
     fake_args = pytree.tree_map_only(torch.Tensor, mode.from_tensor, (cloned.args, cloned.kwargs))
     with mode:
         fake = op(*fake_args[0], **fake_args[1])
+    for index, (f, r) in enumerate(zip(_outputs(fake), _outputs(real), strict=False)):
+        if not isinstance(r, torch.Tensor) and f != r:
+            return False, 0.0, f"output {index}: the fake gives {f!r}, the real op {r!r}"
     for index, (f, r) in enumerate(zip(_tensors(fake), _tensors(real), strict=True)):
         for what, fv, rv in (
             ("shape", tuple(f.shape), tuple(r.shape)),
@@ -296,18 +327,18 @@ def _differentiable(op) -> bool:
 
 def _check_gradients(op, sample, device):
     if not _differentiable(op) or not any(t.is_floating_point() for t in _tensors(sample.args)):
-        return True, 0.0, "not differentiable: skipped"
+        raise _Skipped("not differentiable")
     if not op._schema.returns:
-        return True, 0.0, "no outputs (an in-place op): skipped"
+        raise _Skipped("no outputs (an in-place op)")
     outputs = _tensors(op(*_clone(sample).args, **_clone(sample).kwargs))
     if not any(o.is_floating_point() or o.is_complex() for o in outputs):
-        return True, 0.0, "no floating outputs (nothing to differentiate): skipped"
+        raise _Skipped("no floating outputs (nothing to differentiate)")
     double = _to_double(_clone(sample))
     inputs = [t for t in _tensors(double.args) if t.is_floating_point() and t.numel()]
     for t in inputs:
         t.requires_grad_(True)
     if not inputs:
-        return True, 0.0, "no floating inputs: skipped"
+        raise _Skipped("no floating inputs")
     flat, spec = pytree.tree_flatten(double.args)
 
     def fn(*diff):
@@ -366,9 +397,12 @@ def _batch(value: Any, size: int) -> Any:
 def _check_vmap(op, sample, device, depths=(1, 2, 3)):
     positions = [i for i, a in enumerate(sample.args) if isinstance(a, torch.Tensor)]
     if not positions:
-        return True, 0.0, "no tensor arguments: skipped"
+        raise _Skipped("no tensor arguments")
     if not op._schema.returns:
-        return True, 0.0, "no outputs (an in-place op): skipped"
+        raise _Skipped("no outputs (an in-place op)")
+    other = _non_tensor_returns(op)
+    if other:
+        raise _Skipped(f"returns {', '.join(other)}: torch.vmap maps only functions of tensors")
     error = 0.0
     for depth in depths:
         for mask in itertools.product((True, False), repeat=len(positions)):
@@ -421,7 +455,17 @@ def _check_vmap(op, sample, device, depths=(1, 2, 3)):
     return True, error, ""
 
 
+def _non_tensor_returns(op) -> list[str]:
+    return [str(r.type) for r in op._schema.returns if not str(r.type).startswith("Tensor")]
+
+
 def _check_compile(op, sample, device, backend="aot_eager"):
+    other = _non_tensor_returns(op)
+    if other:
+        raise _Skipped(
+            f"returns {', '.join(other)}: Dynamo cannot put a custom op's non-tensor outputs in "
+            "a full graph"
+        )
     eager = op(*_clone(sample).args, **_clone(sample).kwargs)
     error = 0.0
     for dynamic in (False, True):
@@ -454,10 +498,70 @@ _RUNNERS: dict[str, Callable[..., tuple[bool, float, str]]] = {
 }
 
 
-def _devices(devices: Iterable[str] | None) -> list[str]:
-    if devices is not None:
-        return list(devices)
-    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+def _devices(devices: Iterable[str] | None) -> list[tuple[str, str]]:
+    """(device, why it cannot be checked here or ""); ValueError for what is not a device."""
+    if devices is None:
+        return [("cpu", "")] + ([("cuda", "")] if torch.cuda.is_available() else [])
+    if isinstance(devices, str | torch.device):
+        devices = [devices]
+    checked = []
+    for given in devices:
+        try:
+            device = torch.device(given)
+        except (RuntimeError, TypeError, ValueError):
+            raise ValueError(
+                f"opreg.opcheck: devices: {given!r} is not a device (expected names like "
+                "'cpu', 'cuda' or 'cuda:1')"
+            ) from None
+        checked.append((str(given), _unavailable(device)))
+    return checked
+
+
+def _unavailable(device: torch.device) -> str:
+    """Why no tensor can be made on `device` in this process, or ""."""
+    if device.type in ("cpu", "meta"):
+        return ""
+    module = getattr(torch, device.type, None)
+    if module is None or not hasattr(module, "is_available"):
+        return ""
+    if not module.is_available():
+        return f"no {device.type} device (torch.{device.type}.is_available() is False)"
+    count = module.device_count() if hasattr(module, "device_count") else None
+    if device.index is not None and count is not None and device.index >= count:
+        return f"{device} does not exist ({count} {device.type} device(s))"
+    return ""
+
+
+def _as_sample(op: torch._ops.OpOverload, given: Any, index: int) -> Sample:
+    """`given` as a Sample whose arguments fit the schema; TypeError naming the sample if not."""
+    name = _qualified(op)
+    if isinstance(given, Sample):
+        sample = given
+    elif isinstance(given, tuple | list):
+        sample = Sample(tuple(given), {}, f"#{index}")
+    else:
+        raise TypeError(
+            f"opreg.opcheck: {name}: samples[{index}] must be an opreg.Sample or a tuple of "
+            f"arguments, got {type(given).__name__} {given!r}"
+        )
+    arguments = op._schema.arguments
+    positional = [a.name for a in arguments if not a.kwarg_only]
+    if len(sample.args) > len(positional):
+        raise TypeError(
+            f"opreg.opcheck: {name}: samples[{index}] gives {len(sample.args)} positional "
+            f"arguments, the op takes {len(positional)} ({', '.join(positional)})"
+        )
+    given_names = set(positional[: len(sample.args)]) | set(sample.kwargs)
+    unknown = sorted(set(sample.kwargs) - {a.name for a in arguments})
+    missing = [a.name for a in arguments if a.name not in given_names and a.default_value is None
+               and not str(a.type).endswith("?")]  # fmt: skip
+    if unknown or missing:
+        raise TypeError(
+            f"opreg.opcheck: {name}: samples[{index}] "
+            + (f"names no argument {unknown}" if unknown else f"lacks arguments {missing}")
+            + f" (the schema: {op._schema})"
+        )
+    return sample
 
 
 def _to_device(sample: Sample, device: str) -> Sample:
@@ -490,28 +594,40 @@ def opcheck(
             f"register_triton_op returns), got {type(op).__name__}"
         )
     name = _qualified(op)
+    checks = (checks,) if isinstance(checks, str) else tuple(checks)
     unknown = set(checks) - set(CHECKS)
     if unknown:
         raise ValueError(f"opreg.opcheck: unknown checks {sorted(unknown)}; known: {CHECKS}")
+    given_samples = None if samples is None else list(samples)
+    if given_samples is not None:
+        given_samples = [_as_sample(op, s, i) for i, s in enumerate(given_samples)]
     rows = []
-    for device in _devices(devices):
-        if samples is None:
+    for device, unavailable in _devices(devices):
+        if not unavailable and not _takes_tensors(op) and torch.device(device).type != "cpu":
+            unavailable = "no tensor argument carries the device (the op is checked on cpu)"
+        if unavailable:
+            rows += [
+                CheckRow(check, name, device, "-", True, 0.0, f"{unavailable}: skipped", True)
+                for check in checks
+            ]
+            continue
+        if given_samples is None:
             device_samples = generate_samples(op, device)
         else:
-            device_samples = [
-                _to_device(s if isinstance(s, Sample) else Sample(tuple(s), {}, f"#{i}"), device)
-                for i, s in enumerate(samples)
-            ]
+            device_samples = [_to_device(s, device) for s in given_samples]
         for index, sample in enumerate(device_samples):
             label = sample.label or f"#{index}"
             for check in checks:
                 if progress:
                     progress(f"{name} {device} {label}: {check}")
+                skipped = False
                 try:
                     passed, error, message = _RUNNERS[check](op, sample, device)
+                except _Skipped as skip:
+                    passed, error, message, skipped = True, 0.0, f"{skip}: skipped", True
                 except Exception as failure:
                     passed, error, message = False, 0.0, f"{type(failure).__name__}: {failure}"
-                rows.append(CheckRow(check, name, device, label, passed, error, message))
+                rows.append(CheckRow(check, name, device, label, passed, error, message, skipped))
     report = OpcheckReport(rows)
     if raise_on_failure and report.failures:
         lines = [

@@ -221,4 +221,10 @@ PYBIND11_MODULE(_C, m) {
              return records;
            })
       .def("close", &TraceBlock::close);
+
+  // kernel_vs_fallback's (atol, rtol) for a dtype: opreg.opcheck applies the C++ rule.
+  m.def("testing_tolerance", [](at::ScalarType dtype) {
+    const auto tolerance = opreg::testing::tolerance(dtype);
+    return py::make_tuple(tolerance.atol, tolerance.rtol);
+  });
 }

@@ -1,11 +1,13 @@
 // src/triton/aot_launch.cpp: the kernel opreg::triton::aot(AotLaunch{...}) makes (see
 // include/opreg/aot_launch.h): expressions parsed against the schema at define time, evaluated
 // on the dispatcher's stack at call time, then one launch through opreg::triton::Kernel.
+#include <atomic>
 #include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 
@@ -339,20 +341,24 @@ class AotLaunchKernel final : public c10::OperatorKernel {
                         launch.outputs, "'");
       like_ = Parser(*runtime_, schema, "outputs").parse_tensor_argument(launch.outputs.substr(5));
     }
+    check_against_kernel();
   }
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                   torch::jit::Stack* stack) {
     const size_t num_args = schema_.arguments().size();
     auto first = stack->end() - static_cast<std::ptrdiff_t>(num_args);
-    // 1. Decline calls off CUDA before evaluating anything: out<i> has no tensor yet.
+    // 1. Check the arguments against the kernel's parameters once it is loaded (never launch
+    // unchecked); decline calls off CUDA before evaluating anything: out<i> has no tensor yet.
+    check_against_kernel();
     const at::Tensor* device_tensor = nullptr;
     for (size_t i = 0; i < num_args && device_tensor == nullptr; ++i) {
       if (first[i].isTensor() && first[i].toTensor().defined()) {
         device_tensor = &first[i].toTensor();
       }
     }
-    if (device_tensor == nullptr || !device_tensor->is_cuda()) {
+    if (!checked_.load(std::memory_order_acquire) || device_tensor == nullptr ||
+        !device_tensor->is_cuda()) {
       decline(op, keys, stack);
       return;
     }
@@ -363,11 +369,14 @@ class AotLaunchKernel final : public c10::OperatorKernel {
     std::vector<triton::Arg> args;
     values.reserve(arguments_.size());
     for (const auto& expr : arguments_) values.push_back(evaluate(*expr, first, outputs));
-    for (const auto& value : values) {
+    for (size_t i = 0; i < values.size(); ++i) {
+      const auto& value = values[i];
       if (value.tensor != nullptr) {
         args.emplace_back(*value.tensor);
       } else if (value.is_real) {
         args.emplace_back(value.real);
+      } else if (float_params_[i]) {
+        args.emplace_back(static_cast<double>(value.integer));
       } else {
         args.emplace_back(value.integer);
       }
@@ -389,6 +398,48 @@ class AotLaunchKernel final : public c10::OperatorKernel {
 
  private:
   using Iterator = torch::jit::Stack::iterator;
+
+  // Note [AotLaunch argument kinds]
+  // A tensor expression feeds a pointer parameter, a float expression a float parameter, an
+  // integer one an integer or (converted) a float parameter. Checked when the op is defined if
+  // the kernel is loaded then, else on the first call that finds it loaded; until it passes, the
+  // kernel never launches.
+  void check_against_kernel() {
+    if (checked_.load(std::memory_order_acquire)) return;
+    auto params = kernel_->parameters();
+    if (!params) return;
+    std::lock_guard<std::mutex> lock(check_mutex_);
+    if (checked_.load(std::memory_order_relaxed)) return;
+    const auto& kernel = kernel_->name();
+    if (params->size() != arguments_.size()) {
+      std::ostringstream names;
+      for (size_t i = 0; i < params->size(); ++i) {
+        names << (i ? ", " : "") << (*params)[i].name << ": " << (*params)[i].type;
+      }
+      TORCH_CHECK_VALUE(false, runtime_->name, ": aot_kernel '", kernel, "' takes ", params->size(),
+                        " arguments (", names.str(), "), the launch gives ", arguments_.size());
+    }
+    std::vector<bool> float_params;
+    for (size_t i = 0; i < params->size(); ++i) {
+      const auto& param = (*params)[i];
+      const bool is_float = param.type == "fp16" || param.type == "bf16" || param.type == "fp32" ||
+                            param.type == "fp64";
+      const auto type = arguments_[i]->type;
+      const bool fits = param.is_pointer()
+                            ? type == ValueType::kTensor
+                            : type == ValueType::kInt || (type == ValueType::kFloat && is_float);
+      TORCH_CHECK_VALUE(fits, runtime_->name, ": aot_kernel '", kernel, "': argument ", i, " ('",
+                        arguments_[i]->text, "') is ", type_name(type),
+                        ", the kernel's parameter '", param.name, "' is ",
+                        param.is_pointer() ? "a pointer ("
+                        : is_float         ? "a float ("
+                                           : "an integer (",
+                        param.type, ")");
+      float_params.push_back(is_float);
+    }
+    float_params_ = std::move(float_params);
+    checked_.store(true, std::memory_order_release);
+  }
 
   void decline(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                torch::jit::Stack* stack) const {
@@ -502,6 +553,9 @@ class AotLaunchKernel final : public c10::OperatorKernel {
   std::string label_;
   std::vector<std::unique_ptr<Expr>> grid_, arguments_;
   int64_t like_ = -1;
+  std::atomic<bool> checked_{false};
+  std::mutex check_mutex_;
+  std::vector<bool> float_params_;  // per argument, written once before checked_
 };
 
 }  // namespace

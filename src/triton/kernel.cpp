@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -102,7 +103,23 @@ std::optional<at::ScalarType> pointee_dtype(const std::string& type) {
   return found->second;
 }
 
+// What a pointer parameter may point to: the scalar types and Triton's fp8 types (the same list
+// as POINTEE_TYPES in python/opreg/aot/compile.py).
+bool is_pointee_type(const std::string& type) {
+  static const char* const fp8_types[] = {"fp8e4nv", "fp8e5", "fp8e4b15", "fp8e4b8", "fp8e5b16"};
+  const auto scalar = param_type_of(type);
+  return (scalar.has_value() && *scalar != ParamType::kPointer) ||
+         std::any_of(std::begin(fp8_types), std::end(fp8_types),
+                     [&](const char* fp8) { return type == fp8; });
+}
+
 ParamType parse_type(const std::string& kernel, const std::string& type) {
+  if (!type.empty() && type[0] == '*') {
+    TORCH_CHECK_VALUE(is_pointee_type(type.substr(1)), kernel, ": unsupported parameter type '",
+                      type, "' (expected a pointer to i1, i8, i16, i32, i64, u8, u16, u32, u64, ",
+                      "fp16, bf16, fp32, fp64 or an fp8 type such as '*fp8e4nv')");
+    return ParamType::kPointer;
+  }
   const auto parsed = param_type_of(type);
   TORCH_CHECK_VALUE(parsed.has_value(), kernel, ": unsupported parameter type '", type,
                     "' (expected a pointer '*...', i1, i8, i16, i32, i64, u8, u16, u32, u64, "
@@ -371,20 +388,38 @@ std::unique_ptr<KernelImpl> parse_fields(const nlohmann::json& manifest, Manifes
   return kernel;
 }
 
-void add_kernel(std::unique_ptr<KernelImpl> kernel) {
+// Whether two registrations are one kernel: the same bundle loaded twice (a library and a folder
+// of the same build) is harmless; two different kernels under one name are a mistake.
+bool same_kernel(const KernelImpl& a, const KernelImpl& b) {
+  return a.source == b.source && a.variants.size() == b.variants.size() &&
+         std::equal(a.params.begin(), a.params.end(), b.params.begin(), b.params.end(),
+                    [](const Param& p, const Param& q) {
+                      return p.name == q.name && p.type_name == q.type_name;
+                    });
+}
+
+// Registers every kernel or, when one clashes with a registered kernel or another of the batch,
+// none. `origins[i]` says where kernels[i] was read, for the error.
+void add_kernels(std::vector<std::unique_ptr<KernelImpl>> kernels,
+                 const std::vector<std::string>& origins) {
   auto& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mutex);
-  auto found = reg.kernels.find(kernel->name);
-  if (found != reg.kernels.end()) {
-    // The same bundle loaded twice (a library and a folder of the same build) is harmless; two
-    // different kernels under one name are a mistake.
-    TORCH_CHECK_VALUE(found->second->source == kernel->source &&
-                          found->second->variants.size() == kernel->variants.size(),
-                      "opreg: a Triton kernel named '", kernel->name,
-                      "' is already registered from another source (", found->second->source, ")");
-    return;
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    const auto& kernel = *kernels[i];
+    auto found = reg.kernels.find(kernel.name);
+    TORCH_CHECK_VALUE(found == reg.kernels.end() || same_kernel(*found->second, kernel),
+                      "opreg: ", origins[i], ": a Triton kernel named '", kernel.name,
+                      "' is already registered from another source (", found->second->source,
+                      ") or with other parameters");
+    for (size_t j = 0; j < i; ++j) {
+      TORCH_CHECK_VALUE(kernels[j]->name != kernel.name || same_kernel(*kernels[j], kernel),
+                        "opreg: ", origins[i], " and ", origins[j],
+                        " define two different Triton kernels named '", kernel.name, "'");
+    }
   }
-  reg.kernels.emplace(kernel->name, std::move(kernel));
+  for (auto& kernel : kernels) {
+    if (reg.kernels.count(kernel->name) == 0) reg.kernels.emplace(kernel->name, std::move(kernel));
+  }
 }
 
 int compute_capability(int device) {
@@ -439,8 +474,8 @@ Call inspect(const KernelImpl& kernel, c10::ArrayRef<Arg> args, std::string* why
     }
     // A float's bits are not an integer's: never pack one as the other.
     if (is_integer_type(param.type) && arg.kind() == Arg::Kind::kFloat) {
-      *why_not = "argument '" + param.name + "' must be an integer (" + param.type_name +
-                 "), got a float";
+      *why_not =
+          "argument '" + param.name + "' must be an integer (" + param.type_name + "), got a float";
       return call;
     }
   }
@@ -648,6 +683,14 @@ bool Kernel::available_on(int device, std::string* why_not) const {
   return available;
 }
 
+std::optional<std::vector<Parameter>> Kernel::parameters() const {
+  KernelImpl* kernel = find();
+  if (kernel == nullptr) return std::nullopt;
+  std::vector<Parameter> params;
+  for (const auto& param : kernel->params) params.push_back({param.name, param.type_name});
+  return params;
+}
+
 std::string Kernel::variant_for(c10::ArrayRef<Arg> args) const {
   std::string why;
   KernelImpl* kernel = find();
@@ -740,7 +783,8 @@ bool register_embedded_bundle(const char* manifest, size_t manifest_size, const 
                               size_t num_files) {
   const std::string text(manifest, manifest_size);
   try {
-    add_kernel(parse_manifest(text, "(embedded)", [&](const std::string& name) {
+    std::vector<std::unique_ptr<KernelImpl>> kernels;
+    kernels.push_back(parse_manifest(text, "(embedded)", [&](const std::string& name) {
       for (size_t i = 0; i < num_files; ++i) {
         if (name == files[i].name) {
           return std::string(reinterpret_cast<const char*>(files[i].data), files[i].size);
@@ -748,6 +792,7 @@ bool register_embedded_bundle(const char* manifest, size_t manifest_size, const 
       }
       TORCH_CHECK_VALUE(false, "opreg: embedded Triton bundle lacks the binary '", name, "'");
     }));
+    add_kernels(std::move(kernels), {"embedded Triton bundle"});
     return true;
   } catch (const std::exception& error) {
     std::string name;
@@ -767,26 +812,30 @@ bool register_embedded_bundle(const char* manifest, size_t manifest_size, const 
   }
 }
 
+// Reads and checks every manifest and binary of the folder before registering any: a folder with
+// one bad manifest registers nothing.
 std::vector<std::string> load_bundle_dir(const std::string& path) {
   auto read = [&](const std::string& name) {
     std::ifstream file(path + "/" + name, std::ios::binary);
     TORCH_CHECK_VALUE(file.good(), "opreg: cannot read ", path, "/", name);
     return std::string(std::istreambuf_iterator<char>(file), {});
   };
-  std::vector<std::string> names;
   std::ifstream index(path + "/index.txt");
   TORCH_CHECK_VALUE(index.good(), "opreg: ", path,
                     " has no index.txt; is it a folder written by python -m opreg.aot?");
+  std::vector<std::unique_ptr<KernelImpl>> kernels;
+  std::vector<std::string> origins, names;
   for (std::string manifest; std::getline(index, manifest);) {
     if (!manifest.empty() && manifest.back() == '\r') manifest.pop_back();
     if (manifest.empty()) continue;
     TORCH_CHECK_VALUE(is_plain_file_name(manifest), "opreg: ", path,
                       "/index.txt: expected the file name of a manifest beside it, got '", manifest,
                       "'");
-    auto kernel = parse_manifest(read(manifest), path + "/" + manifest, read);
-    names.push_back(kernel->name);
-    add_kernel(std::move(kernel));
+    origins.push_back("Triton manifest " + path + "/" + manifest);
+    kernels.push_back(parse_manifest(read(manifest), path + "/" + manifest, read));
+    names.push_back(kernels.back()->name);
   }
+  add_kernels(std::move(kernels), origins);
   return names;
 }
 

@@ -84,6 +84,7 @@ struct LaunchShape {
 // Launches on `stream` in the current context: cuLaunchKernel, or cuLaunchKernelEx with the
 // cluster, PDL and cooperative attributes when the shape needs any.
 OPREG_API cuda::CUresult launch_kernel(const cuda::Driver& d, cuda::CUfunction function,
-                             const LaunchShape& shape, cuda::CUstream stream, void** params);
+                                       const LaunchShape& shape, cuda::CUstream stream,
+                                       void** params);
 
 }  // namespace opreg::triton

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import opreg
-from conftest import DEVICES, TEST_OPS_LIBRARY
+from conftest import DEVICES, REPO, TEST_OPS_LIBRARY
 
 WELL_BEHAVED = [
     "opreg::fused_add",
@@ -251,3 +251,172 @@ def test_broken_cpp_test_ops_are_caught(name, check, message):
         opreg.opcheck(op_of(name), devices=["cpu"], checks=[check])
     assert f"{check} failed for {name} on cpu" in str(failure.value)
     assert message in str(failure.value)
+
+
+# ---- ops returning ints, ops without tensor arguments, devices, samples ----
+
+
+def test_ops_returning_int_compare_the_value_and_skip_vmap_and_compile_with_the_reason():
+    @opreg.register_vmap_op(fake_fn=lambda x: x.shape[0], name="opcheck_ok::length")
+    def op(x: torch.Tensor) -> int:
+        return x.shape[0]
+
+    report = opreg.opcheck(op, devices=["cpu"])
+    skipped = {(r.check, r.message) for r in report.rows if r.skipped}
+    assert skipped == {
+        ("vmap", "returns int: torch.vmap maps only functions of tensors: skipped"),
+        (
+            "compile",
+            "returns int: Dynamo cannot put a custom op's non-tensor outputs in a full graph: "
+            "skipped",
+        ),
+        ("gradients", "no floating outputs (nothing to differentiate): skipped"),
+    }
+    assert "skip" in str(report)
+
+
+def test_ops_returning_symint_are_checked_like_int():
+    @opreg.register_vmap_op(
+        fake_fn=lambda x: x.shape[0], name="opcheck_ok::sym_length", schema="(Tensor x) -> SymInt"
+    )
+    def op(x):
+        return x.shape[0]
+
+    report = opreg.opcheck(op, devices=["cpu"])
+    assert {r.check for r in report.rows if r.skipped} == {"vmap", "compile", "gradients"}
+
+
+def test_a_kernel_returning_another_int_than_the_fallback_fails():
+    if not opreg.has_triton():
+        pytest.skip("the Python front registers triton_fn only when Triton works")
+
+    @opreg.register_triton_op(
+        fake_fn=lambda x: x.shape[0],
+        triton_fn=lambda x: x.shape[0] + 1,
+        triton_device_types="cpu",
+        name="opcheck_bad::int_kernel",
+    )
+    def op(x: torch.Tensor) -> int:
+        return x.shape[0]
+
+    text = expect_failure(op, "kernel_vs_fallback", "size 0", checks=["kernel_vs_fallback"])
+    assert "output 0 is 1, the fallback's 0" in text
+
+
+def test_ops_without_tensor_arguments_get_one_sample_per_int_value():
+    @opreg.register_vmap_op(fake_fn=lambda n, scale: torch.empty(n), name="opcheck_ok::make")
+    def op(n: int, scale: float) -> torch.Tensor:
+        return torch.arange(n, dtype=torch.float32) * scale
+
+    report = opreg.opcheck(op, devices=["cpu"])
+    assert sorted({r.sample for r in report.rows}) == ["ints = 0", "ints = 1", "ints = 5"]
+    assert [s.args for s in opreg._opcheck.generate_samples(op, "cpu")] == [
+        (0, 0.75),
+        (1, 0.75),
+        (5, 0.75),
+    ]
+    on_cuda = opreg.opcheck(op, devices=["cuda:0"]).rows
+    assert on_cuda and all(r.skipped and r.sample == "-" for r in on_cuda)
+
+
+def test_devices_that_are_not_devices_are_value_errors():
+    with pytest.raises(ValueError, match=r"devices: 'bogus' is not a device \(expected names"):
+        opreg.opcheck(torch.ops.opreg.fused_add, devices=["bogus"])
+    with pytest.raises(ValueError, match="devices: 'cuda:x' is not a device"):
+        opreg.opcheck(torch.ops.opreg.fused_add, devices=["cuda:x"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the skip on machines without CUDA")
+def test_cuda_without_a_gpu_is_skipped_with_the_reason():
+    report = opreg.opcheck(torch.ops.opreg.fused_add, devices=["cpu", "cuda"])
+    cuda = [r for r in report.rows if r.device == "cuda"]
+    assert {r.check for r in cuda} == set(opreg._opcheck.CHECKS)
+    assert all(r.skipped and r.passed for r in cuda)
+    assert {r.message for r in cuda} == {
+        "no cuda device (torch.cuda.is_available() is False): skipped"
+    }
+    assert any(r.device == "cpu" and not r.skipped for r in report.rows)
+
+
+@pytest.mark.parametrize(
+    ("samples", "message"),
+    [
+        ([5], "samples[0] must be an opreg.Sample or a tuple of arguments, got int 5"),
+        ([(torch.ones(2),)], "samples[0] lacks arguments ['y']"),
+        ([(torch.ones(2),) * 3], "samples[0] gives 3 positional arguments, the op takes 2 (x, y)"),
+        ([opreg.Sample((torch.ones(2),), {"z": 1})], "samples[0] names no argument ['z']"),
+    ],
+)
+def test_samples_that_do_not_fit_the_schema_are_type_errors(samples, message):
+    with pytest.raises(TypeError) as error:
+        opreg.opcheck(torch.ops.opreg.fused_add, samples, devices=["cpu"])
+    assert f"opreg.opcheck: opreg::fused_add: {message}" in str(error.value)
+
+
+# ---- one tolerance rule, read from the C++ core ----
+
+TOLERANCES = {  # docs/opcheck.md and tests/cpp/test_testing.cpp state the same numbers
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (8e-3, 1.6e-2),
+    torch.float32: (1e-5, 1.3e-6),
+    torch.float64: (1e-7, 1e-7),
+    torch.int64: (0.0, 0.0),
+    torch.bool: (0.0, 0.0),
+}
+
+
+def test_python_reads_the_cpp_tolerance_table_and_the_docs_state_it():
+    from opreg import _C
+
+    docs = (REPO / "docs" / "opcheck.md").read_text()
+    row = re.compile(r"^\| (\w+) \| ([\d.e-]+) \| ([\d.e-]+) \|$", re.MULTILINE)
+    documented = {getattr(torch, n): (float(a), float(r)) for n, a, r in row.findall(docs)}
+    assert documented == {d: t for d, t in TOLERANCES.items() if d.is_floating_point}
+    for dtype, (atol, rtol) in TOLERANCES.items():
+        assert _C.testing_tolerance(dtype) == (atol, rtol)
+        assert opreg._opcheck._tolerance(dtype, bitwise=False) == (atol, rtol)
+        assert opreg._opcheck._tolerance(dtype, bitwise=True) == (0.0, 0.0)
+
+
+def test_kernel_vs_fallback_applies_the_tolerance_of_the_dtype():
+    # The same op and numbers as tests/cpp/test_testing.cpp: allowed for 200.0f is
+    # 1e-5 + 1.3e-6 * 200 = 2.7e-4.
+    if not opreg.has_triton():
+        pytest.skip("the Python front registers triton_fn only when Triton works")
+
+    @opreg.register_triton_op(
+        fake_fn=lambda x, offset: torch.empty_like(x),
+        triton_fn=lambda x, offset: x * 2 + offset,
+        triton_device_types="cpu",
+        name="opcheck_tol::offset",
+    )
+    def op(x: torch.Tensor, offset: float) -> torch.Tensor:
+        return x * 2
+
+    x = torch.full((5,), 100.0)
+    check = dict(devices=["cpu"], checks=["kernel_vs_fallback"])
+    assert not opreg.opcheck(op, [(x, 1e-4)], **check).failures
+    with pytest.raises(opreg.OpcheckError) as error:
+        opreg.opcheck(op, [(x, 5e-4)], **check)
+    assert "more than atol 1e-05 + rtol 1.3e-06 * |fallback| (torch.float32)" in str(error.value)
+    with pytest.raises(opreg.OpcheckError, match="has NaN at other positions than the fallback's"):
+        opreg.opcheck(op, [(x, float("nan"))], **check)
+
+
+def test_integer_outputs_must_equal_the_fallbacks():
+    if not opreg.has_triton():
+        pytest.skip("the Python front registers triton_fn only when Triton works")
+
+    @opreg.register_triton_op(
+        fake_fn=lambda x: torch.empty_like(x),
+        triton_fn=lambda x: x * 2 + 1,
+        triton_device_types="cpu",
+        name="opcheck_tol::off_by_one_int",
+    )
+    def op(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    x = torch.full((3,), 2**40, dtype=torch.int64)
+    with pytest.raises(opreg.OpcheckError) as error:
+        opreg.opcheck(op, [(x,)], devices=["cpu"], checks=["kernel_vs_fallback"])
+    assert "output 0 (torch.int64) is not equal to the fallback's" in str(error.value)

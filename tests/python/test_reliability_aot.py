@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import opreg
-from conftest import REPO, requires_cuda
+from conftest import DEVICES, REPO, requires_cuda
 from opreg.aot.compile import cubin_problem, emit_cpp
 
 KERNELS = REPO / "tests" / "kernel_sources"
@@ -92,7 +92,7 @@ def test_unsigned_8_and_16_bit_scalars_are_packed_at_their_width(tmp_path):
         kernel[(2,)](out, 0, -1, 300)
 
 
-@pytest.mark.parametrize("type_name", ["fp8e5", "u1", "i128", "*nope", "float"])
+@pytest.mark.parametrize("type_name", ["fp8e5", "u1", "i128", "*nope", "float", "*fp128", "**fp32"])
 def test_scalar_types_the_runtime_rejects_are_spec_errors(tmp_path, type_name):
     signature = f'{{ x_ptr = "*fp32", out_ptr = "*fp32", n = "{type_name}", factor = "fp32" }}'
     result = run_aot(scale_spec(signature=signature), tmp_path)
@@ -132,6 +132,53 @@ def test_duplicate_kernel_names_are_refused(tmp_path):
 )
 def test_targets_are_checked(tmp_path, targets, message):
     assert_one_line_error(run_aot(scale_spec(targets=targets), tmp_path), message)
+
+
+def test_a_target_ptxas_cannot_build_for_is_one_line(tmp_path):
+    result = run_aot(scale_spec(targets='["sm_999"]'), tmp_path)
+    assert_one_line_error(result, "GPU target 'sm_999' is not supported", "not sm_999")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("cuda:999", "--target 'cuda:999' is not supported"),
+        ("sm_12", "--target 'sm_12' is not supported"),
+        ("bogus", "--target 'bogus': GPU target 'bogus' is not of the form sm_90"),
+        ("sm_80,sm_80", "--target 'sm_80,sm_80': a target is repeated"),
+    ],
+)
+def test_unknown_target_option_is_one_line(tmp_path, target, message):
+    assert_one_line_error(run_aot(scale_spec(), tmp_path, "--target", target), message)
+    assert not (tmp_path / "out").exists()
+
+
+def test_target_option_replaces_the_spec_targets(tmp_path):
+    spec = scale_spec(do_not_specialize='["n"]')
+    result = run_aot(spec, tmp_path, "--cache", str(CACHE), "--target", "sm_90")
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((tmp_path / "out" / "opreg_rel_scale.json").read_text())
+    assert {v["arch"] for v in manifest["variants"]} == {90}
+
+
+@pytest.mark.parametrize(
+    ("option", "where", "message"),
+    [
+        ("--emit-cpp", "no_such_folder/k.cpp", "cannot write it: No such file or directory"),
+        ("--emit-cpp", ".", "cannot write it: Is a directory"),
+        ("--out", "spec.toml/out", "cannot write there"),
+        ("--cache", "spec.toml/cache", "cannot write there"),
+    ],
+)
+def test_unwritable_paths_are_one_line(tmp_path, option, where, message):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(scale_spec())
+    path = str(tmp_path / where)
+    command = [sys.executable, "-m", "opreg.aot", str(spec), "--out", str(tmp_path / "out")]
+    result = subprocess.run([*command, option, path], capture_output=True, text=True)
+    assert_one_line_error(result, f"{option} {path!r}: {message}")
+    assert not (tmp_path / "no_such_folder").exists()
 
 
 @pytest.mark.parametrize(
@@ -308,6 +355,83 @@ def test_manifest_fields_are_checked(aot_bundle, tmp_path, change, message):
     assert name not in {k["name"] for k in opreg.triton_kernels()}
 
 
+def test_pointer_types_the_launcher_cannot_pack_are_refused_by_the_loader(aot_bundle, tmp_path):
+    def fp128_pointer(m, _):
+        m["params"][0]["type"] = "*fp128"
+
+    folder = corrupted_bundle(aot_bundle, tmp_path, "opreg_rel_fp128", fp128_pointer)
+    with pytest.raises(ValueError) as error:
+        opreg.load_triton_bundle(folder)
+    assert (
+        f"Triton manifest {folder}/bad.json: kernel 'opreg_rel_fp128', parameter 'x_ptr': "
+        "unsupported parameter type '*fp128'" in str(error.value)
+    )
+    assert "opreg_rel_fp128" not in {k["name"] for k in opreg.triton_kernels()}
+
+
+def renamed_manifest(aot_bundle, folder, name, change=lambda m: None):
+    """opreg_test_scale's manifest under another kernel name, its cubins beside it."""
+    m = json.loads((aot_bundle / "opreg_test_scale.json").read_text())
+    m["kernel"] = name
+    for variant in m["variants"]:
+        shutil.copy(aot_bundle / variant["file"], folder / variant["file"])
+    change(m)
+    (folder / f"{name}.json").write_text(json.dumps(m))
+    return f"{name}.json"
+
+
+def registered_kernels() -> set[str]:
+    return {k["name"] for k in opreg.triton_kernels()}
+
+
+def test_a_bundle_folder_with_one_bad_manifest_registers_nothing(aot_bundle, tmp_path):
+    def bad_warps(m):
+        m["variants"][-1]["num_warps"] = 0
+
+    good = renamed_manifest(aot_bundle, tmp_path, "opreg_rel_atomic_good")
+    bad = renamed_manifest(aot_bundle, tmp_path, "opreg_rel_atomic_bad", bad_warps)
+    (tmp_path / "index.txt").write_text(f"{good}\n{bad}\n")
+    with pytest.raises(ValueError, match=f"Triton manifest {tmp_path}/{bad}: kernel "):
+        opreg.load_triton_bundle(tmp_path)
+    assert not {"opreg_rel_atomic_good", "opreg_rel_atomic_bad"} & registered_kernels()
+
+
+def test_a_bundle_folder_that_clashes_with_a_registered_kernel_registers_nothing(
+    aot_bundle, tmp_path
+):
+    def other_source(m):
+        m["source"] = "elsewhere.py:scale_kernel"
+
+    good = renamed_manifest(aot_bundle, tmp_path, "opreg_rel_clash_good")
+    clash = renamed_manifest(aot_bundle, tmp_path, "opreg_test_scale", other_source)
+    (tmp_path / "index.txt").write_text(f"{good}\n{clash}\n")
+    with pytest.raises(ValueError) as error:
+        opreg.load_triton_bundle(tmp_path)
+    assert (
+        f"opreg: Triton manifest {tmp_path}/{clash}: a Triton kernel named 'opreg_test_scale' is "
+        "already registered from another source" in str(error.value)
+    )
+    assert "opreg_rel_clash_good" not in registered_kernels()
+
+
+def test_two_manifests_of_one_name_in_a_folder_register_nothing(aot_bundle, tmp_path):
+    def fewer_params(m):
+        m["params"][-1]["name"] = "scale"
+
+    first = renamed_manifest(aot_bundle, tmp_path, "opreg_rel_twice")
+    (tmp_path / "sub").mkdir()
+    renamed_manifest(aot_bundle, tmp_path / "sub", "opreg_rel_twice", fewer_params)
+    shutil.copy(tmp_path / "sub" / first, tmp_path / "second.json")
+    (tmp_path / "index.txt").write_text(f"{first}\nsecond.json\n")
+    with pytest.raises(
+        ValueError, match=r"second\.json and Triton manifest .*define two different"
+    ):
+        opreg.load_triton_bundle(tmp_path)
+    assert "opreg_rel_twice" not in registered_kernels()
+    (tmp_path / "index.txt").write_text(f"{first}\n{first}\n")  # listed twice: harmless
+    assert opreg.load_triton_bundle(tmp_path) == ["opreg_rel_twice", "opreg_rel_twice"]
+
+
 def test_manifest_that_is_not_json_names_the_file(tmp_path):
     (tmp_path / "broken.json").write_text('{"format": "opreg-triton-aot/1", "kernel": ')
     (tmp_path / "index.txt").write_text("broken.json\n")
@@ -328,11 +452,11 @@ def test_manifest_with_wrongly_typed_params_names_the_field(tmp_path):
 # ---- 4. declared launch expressions ----
 
 
-def define_declared(name, grid, arguments, outputs="like:x"):
+def define_declared(name, grid, arguments, outputs="like:x", kernel="opreg_test_scale"):
     def fn(x: torch.Tensor, f: float, k: int) -> torch.Tensor:
         return x * f
 
-    launch = opreg.AotLaunch("opreg_test_scale", tuple(grid), tuple(arguments), outputs)
+    launch = opreg.AotLaunch(kernel, tuple(grid), tuple(arguments), outputs)
     return opreg.register_triton_op(
         fake_fn=lambda x, f, k: torch.empty_like(x),
         triton_fn=None,
@@ -384,6 +508,66 @@ def test_grid_expressions_must_be_integers():
         define_declared("tensor_cdiv", ["cdiv(x, 4)"], ["x", "out0", "numel(x)", "f"])
     with pytest.raises(ValueError, match="outputs: cannot read 'k': argument 'k' is int, not a"):
         define_declared("int_like", ["1"], ["x", "out0", "numel(x)", "f"], outputs="like:k")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (
+            ["x", "out0", "numel(x)"],
+            "aot_kernel 'opreg_test_scale' takes 4 arguments (x_ptr: *fp32, out_ptr: *fp32, "
+            "n: i64, factor: fp32), the launch gives 3",
+        ),
+        (
+            ["x", "out0", "f", "f"],
+            "aot_kernel 'opreg_test_scale': argument 2 ('f') is a float, the kernel's parameter "
+            "'n' is an integer (i64)",
+        ),
+        (
+            ["x", "k", "numel(x)", "f"],
+            "aot_kernel 'opreg_test_scale': argument 1 ('k') is an integer, the kernel's "
+            "parameter 'out_ptr' is a pointer (*fp32)",
+        ),
+        (
+            ["x", "out0", "numel(x)", "x"],
+            "aot_kernel 'opreg_test_scale': argument 3 ('x') is a tensor, the kernel's "
+            "parameter 'factor' is a float (fp32)",
+        ),
+    ],
+)
+def test_declared_arguments_must_fit_a_loaded_kernel_at_definition(aot_bundle, arguments, message):
+    name = f"mismatch_{abs(hash(message)) % 10**8}"
+    with pytest.raises(ValueError) as error:
+        define_declared(name, ["1"], arguments)
+    assert f"aot_rel::{name}: {message}" in str(error.value)
+    assert f"aot_rel::{name}" not in {r.name for r in opreg.describe_ops()}
+
+
+def test_an_integer_for_a_float_parameter_is_converted(aot_bundle):
+    op = define_declared("int_for_float", ["cdiv(numel(x), 512)"], ["x", "out0", "numel(x)", "k"])
+    x = torch.randn(700, device=DEVICES[-1])
+    torch.testing.assert_close(op(x, 2.0, 2), x * 2)  # on CUDA the kernel computes x * k
+
+
+def test_declared_arguments_are_checked_on_the_first_call_once_the_kernel_loads(
+    aot_bundle, tmp_path
+):
+    kernel = "opreg_rel_late_scale"
+    op = define_declared("late", ["1"], ["x", "out0", "f", "f"], kernel=kernel)  # f for n: i64
+    x = torch.randn(5)
+    with opreg.trace() as t:
+        torch.testing.assert_close(op(x, 2.0, 1), x * 2)  # not loaded: the fallback serves
+    assert t.impls()[0] == "fallback(declined by kernel:triton_aot)"
+    (tmp_path / "index.txt").write_text(renamed_manifest(aot_bundle, tmp_path, kernel) + "\n")
+    opreg.load_triton_bundle(tmp_path)
+    message = (
+        f"aot_rel::late: aot_kernel '{kernel}': argument 2 ('f') is a float, the kernel's "
+        "parameter 'n' is an integer (i64)"
+    )
+    for _ in range(2):  # every call, never a launch
+        with pytest.raises(ValueError) as error:
+            op(x, 2.0, 1)
+        assert message in str(error.value)
 
 
 def test_off_cuda_the_declared_kernel_declines_before_evaluating():

@@ -33,6 +33,7 @@ import itertools
 import json
 import os
 import re
+import subprocess
 import sys
 import tomllib
 from dataclasses import dataclass, field
@@ -202,6 +203,33 @@ def parse_arch(target: object, where: str = "") -> int:
         prefix = f"{where}: " if where else ""
         raise SpecError(f"{prefix}GPU target {target!r} is not of the form sm_90")
     return int(match.group(1))
+
+
+def unsupported_target(arch: int) -> str:
+    """Why the ptxas Triton uses for `arch` cannot build for it, or "" (also when it cannot be
+    asked: compiling then reports any problem)."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        ptxas = get_ptxas(arch).path
+        help_text = subprocess.run(
+            [ptxas, "--help"], capture_output=True, text=True, timeout=60
+        ).stdout
+    except Exception:
+        return ""
+    known = sorted({int(n) for n in re.findall(r"'sm_(\d+)a?'", help_text)})
+    if not known or arch in known:
+        return ""
+    listed = ", ".join(f"sm_{n}" for n in known)
+    return f"the ptxas Triton uses for it ({ptxas}) builds for {listed}, not sm_{arch}"
+
+
+def check_targets_supported(kernels: list[KernelSpec], override: str | None) -> None:
+    for arch in sorted({parse_arch(t) for k in kernels for t in k.targets}):
+        why = unsupported_target(arch)
+        if why:
+            where = f"--target {override!r}" if override else f"GPU target 'sm_{arch}'"
+            raise SpecError(f"{where} is not supported: {why}")
 
 
 def runtime_params(spec: KernelSpec, arg_names: list[str]) -> list[dict[str, str]]:
@@ -508,6 +536,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder for manifests and cubins")
     parser.add_argument("--cache", type=Path, help="content-hashed cache (default: OUT/.cache)")
     parser.add_argument("--emit-cpp", type=Path, help="also write a C++ source embedding them")
+    parser.add_argument(
+        "--target",
+        help="GPU targets to build for, comma-separated (sm_80,sm_90), instead of the spec's",
+    )
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     try:
@@ -517,14 +549,56 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def writable_folder(option: str, path: Path) -> Path:
+    """`path`, created if needed; SpecError naming the option when it cannot be written."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".opreg-write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise SpecError(f"{option} {str(path)!r}: cannot write there: {error.strerror}") from None
+    return path
+
+
+def write_file(option: str, path: Path, write) -> None:
+    try:
+        write(path)
+    except OSError as error:
+        raise SpecError(f"{option} {str(path)!r}: cannot write it: {error.strerror}") from None
+
+
+def probe_writable(path: Path) -> None:
+    existed = path.exists()
+    path.open("ab").close()
+    if not existed:
+        path.unlink()
+
+
+def targets_of(option: str | None) -> list[str] | None:
+    if option is None:
+        return None
+    targets = [t.strip() for t in option.split(",")]
+    for target in targets:
+        parse_arch(target, f"--target {option!r}")
+    if len({parse_arch(t) for t in targets}) != len(targets):
+        raise SpecError(f"--target {option!r}: a target is repeated")
+    return targets
+
+
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRITON_CACHE_DIR", str((args.cache or args.out / ".cache") / "triton"))
     # Compiling for GPUs: kernels must be JIT functions, not the interpreter's stand-ins.
     os.environ.pop("TRITON_INTERPRET", None)
+    override = targets_of(args.target)
     kernels, base = load_spec(args.spec)
-    args.out.mkdir(parents=True, exist_ok=True)
-    cache = args.cache or args.out / ".cache"
-    cache.mkdir(parents=True, exist_ok=True)
+    for kernel in kernels:
+        kernel.targets = override or kernel.targets
+    check_targets_supported(kernels, args.target)
+    if args.emit_cpp:
+        write_file("--emit-cpp", args.emit_cpp, probe_writable)
+    writable_folder("--out", args.out)
+    cache = writable_folder("--cache", args.cache or args.out / ".cache")
     counter = itertools.count(1)
 
     def progress(message: str) -> None:
@@ -532,9 +606,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"opreg.aot [{next(counter)}] {message}", flush=True)
 
     manifests = [build_kernel(k, base, args.out, cache, progress) for k in kernels]
-    (args.out / "index.txt").write_text("".join(f"{m.name}\n" for m in manifests))
+    index = "".join(f"{m.name}\n" for m in manifests)
+    write_file("--out", args.out / "index.txt", lambda p: p.write_text(index))
     if args.emit_cpp:
-        emit_cpp(manifests, args.emit_cpp, args.spec)
+        write_file("--emit-cpp", args.emit_cpp, lambda p: emit_cpp(manifests, p, args.spec))
     return 0
 
 

@@ -33,7 +33,7 @@ struct Tolerance {
   double atol = 0;
   double rtol = 0;
 };
-Tolerance tolerance(at::ScalarType dtype);
+OPREG_API Tolerance tolerance(at::ScalarType dtype);
 
 // Runs the op through the dispatcher and its fallback directly on each sample (arguments in
 // schema order), on the samples' own devices.

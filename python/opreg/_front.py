@@ -56,7 +56,22 @@ def _device_types(types: str | Sequence[str] | None) -> list[str] | None:
     return [types.strip().lower()] if isinstance(types, str) else [t.strip().lower() for t in types]
 
 
-def _check_callables(qualname: str, **pieces: Any) -> None:
+# The keywords that take functions.
+_CALLABLE_KEYWORDS = (
+    "fallback",
+    "fake_fn",
+    "triton_fn",
+    "triton_accepts",
+    "backward",
+    "setup_context",
+    "vmap",
+    "vmap_fn",
+    "fake_vmap_fn",
+    "vmap_wrap_inputs",
+)
+
+
+def _check_callables(qualname: str, pieces: Mapping[str, Any]) -> None:
     """Pieces that are called later (at a call, under compile, in a backward) are checked now."""
     for keyword, piece in pieces.items():
         if piece is not None and not callable(piece):
@@ -66,7 +81,7 @@ def _check_callables(qualname: str, **pieces: Any) -> None:
             )
 
 
-def _check_options(qualname: str, **options: Any) -> None:
+def _check_options(qualname: str, options: Mapping[str, Any]) -> None:
     """Keyword combinations and types that would only fail later, refused at definition."""
     where = f"opreg: op '{qualname}'"
     if options["vmap_fn"] is not None and options["fake_vmap_fn"] is None:
@@ -198,21 +213,7 @@ def register_triton_op(
     def decorator(fn: Callable[..., Any]) -> torch._ops.OpOverload:
         qualname = _qualified_name(name, fn)
         origin = _origin(2)
-        options = dict(
-            vmap_fn=vmap_fn,
-            fake_fn=fake_fn,
-            fake_vmap_fn=fake_vmap_fn,
-            vmap=vmap,
-            vmap_out_dims=vmap_out_dims,
-            mutates_args=mutates_args,
-            aot=aot,
-            autograd=autograd,
-            backward=backward,
-            dtypes=dtypes,
-        )
-        _check_options(qualname, **options)
-        op_flags = _flags(qualname, flags)
-        pieces = dict(
+        given = dict(
             fallback=fn,
             fake_fn=fake_fn,
             triton_fn=triton_fn,
@@ -223,12 +224,19 @@ def register_triton_op(
             vmap_fn=vmap_fn,
             fake_vmap_fn=fake_vmap_fn,
             vmap_wrap_inputs=vmap_wrap_inputs,
+            vmap_out_dims=vmap_out_dims,
+            mutates_args=mutates_args,
+            aot=aot,
+            autograd=autograd,
+            dtypes=dtypes,
         )
-        _check_callables(qualname, **pieces)
+        _check_options(qualname, given)
+        op_flags = _flags(qualname, flags)
+        _check_callables(qualname, {k: given[k] for k in _CALLABLE_KEYWORDS})
         full_schema = _schema(qualname, fn, schema, mutates_args)
         for keyword in ("fallback", "fake_fn", "triton_fn", "triton_accepts"):
-            if pieces[keyword] is not None:
-                check_signature(qualname, keyword, pieces[keyword], full_schema)
+            if given[keyword] is not None:
+                check_signature(qualname, keyword, given[keyword], full_schema)
 
         usable, why = triton_status()
         kernels = []
@@ -253,8 +261,8 @@ def register_triton_op(
         if vmap_fn is not None:
             signature = full_schema[len(qualname) :]
             for keyword in ("vmap_fn", "fake_vmap_fn"):
-                if pieces[keyword] is not None:
-                    check_signature(qualname, keyword, pieces[keyword], full_schema)
+                if given[keyword] is not None:
+                    check_signature(qualname, keyword, given[keyword], full_schema)
             rule, companion = vmap_fn_companion(
                 qualname,
                 signature,

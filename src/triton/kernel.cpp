@@ -631,15 +631,25 @@ KernelImpl& Kernel::impl() const {
   return *kernel;
 }
 
+namespace {
+
+// The variant a launch of `kernel` (null: not registered) with these arguments would use; null
+// with `why` set when none fits.
+Variant* variant_fitting(const std::string& name, KernelImpl* kernel, c10::ArrayRef<Arg> args,
+                         std::string* why) {
+  if (kernel == nullptr) {
+    *why = not_registered_reason(name);
+    return nullptr;
+  }
+  auto call = inspect(*kernel, args, why);
+  return call.device >= 0 ? select(*kernel, args, call.device, why) : nullptr;
+}
+
+}  // namespace
+
 bool Kernel::can_launch(c10::ArrayRef<Arg> args, std::string* why_not) const {
   std::string why;
-  KernelImpl* kernel = find();
-  if (kernel == nullptr) {
-    why = not_registered_reason(name_);
-  } else {
-    auto call = inspect(*kernel, args, &why);
-    if (call.device >= 0 && select(*kernel, args, call.device, &why) != nullptr) return true;
-  }
+  if (variant_fitting(name_, find(), args, &why) != nullptr) return true;
   if (why_not != nullptr) *why_not = why;
   return false;
 }
@@ -693,17 +703,9 @@ std::optional<std::vector<Parameter>> Kernel::parameters() const {
 
 std::string Kernel::variant_for(c10::ArrayRef<Arg> args) const {
   std::string why;
-  KernelImpl* kernel = find();
-  if (kernel == nullptr) {
-    why = not_registered_reason(name_);
-  } else {
-    auto call = inspect(*kernel, args, &why);
-    Variant* variant = call.device >= 0 ? select(*kernel, args, call.device, &why) : nullptr;
-    if (variant != nullptr) {
-      return "sm_" + std::to_string(variant->arch) + " [" + variant->assumptions_text + "]";
-    }
-  }
-  return "none: " + why;
+  const Variant* variant = variant_fitting(name_, find(), args, &why);
+  if (variant == nullptr) return "none: " + why;
+  return "sm_" + std::to_string(variant->arch) + " [" + variant->assumptions_text + "]";
 }
 
 void Kernel::launch(Grid grid, c10::ArrayRef<Arg> args) const {

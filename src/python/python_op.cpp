@@ -252,6 +252,13 @@ void add_vmap_rule(OpBuilder& builder, PyRef rule) {
 
 }  // namespace
 
+// Python pieces are called later, in a call or a backward: refuse what cannot be called now.
+void require_callable(const OpBuilder& builder, const std::string& what, const py::object& fn) {
+  TORCH_CHECK_TYPE(PyCallable_Check(fn.ptr()) != 0, "opreg: op '", builder.declared_name(),
+                   "': ", what, " must be callable, got ",
+                   py::str(fn.get_type()).cast<std::string>());
+}
+
 void bind_op_builder(py::module& m) {
   py::class_<KernelFactory>(m, "KernelFactory",
                             "A kernel made when the op is defined (e.g. _C.triton_aot(launch))");
@@ -265,6 +272,7 @@ void bind_op_builder(py::module& m) {
       .def(
           "fallback",
           [](OpBuilder& builder, const py::object& fn, const std::string& label) {
+            require_callable(builder, "the fallback", fn);
             builder.fallback(python_kernel(fn, py::none(), py::none(), label));
           },
           py::arg("fn"), py::arg("label") = "")
@@ -281,6 +289,12 @@ void bind_op_builder(py::module& m) {
           [](OpBuilder& builder, const py::object& fn, std::string name,
              std::optional<std::vector<std::string>> devices, const py::object& accepts,
              const py::object& fallback) {
+            require_callable(builder, "kernel '" + name + "'", fn);
+            if (!accepts.is_none()) {
+              require_callable(builder, "the accepts of kernel '" + name + "'", accepts);
+              require_callable(builder, "the fallback of kernel '" + name + "' (it declines)",
+                               fallback);
+            }
             builder.kernel(python_kernel(fn, accepts, fallback, ""), std::move(name),
                            std::move(devices));
           },
@@ -300,6 +314,8 @@ void bind_op_builder(py::module& m) {
           "backward",
           [](OpBuilder& builder, const py::object& backward, const py::object& setup_context,
              const py::object& make_context) {
+            require_callable(builder, "backward", backward);
+            require_callable(builder, "make_context", make_context);
             add_autograd(builder, ref(backward), ref(setup_context), ref(make_context));
           },
           py::arg("backward"), py::arg("setup_context"), py::arg("make_context"))
@@ -324,6 +340,9 @@ void bind_op_builder(py::module& m) {
       "define_all",
       [](const std::vector<OpBuilder*>& builders) {
         std::vector<OpBuilder> owned;
+        for (auto* builder : builders) {
+          TORCH_CHECK_TYPE(builder != nullptr, "opreg: define_all takes OpBuilders, got None");
+        }
         for (auto* builder : builders) owned.push_back(std::move(*builder));
         return define_all(std::move(owned));
       },

@@ -167,6 +167,14 @@ class Parser {
   }
 
   std::unique_ptr<Expr> expression(Reader& in) const {
+    // The parser recurses once per nested call: a bound keeps a hostile text off the stack's end.
+    struct Nesting {
+      int& depth;
+      explicit Nesting(int& d) : depth(++d) {}
+      ~Nesting() { --depth; }
+    } nesting(depth_);
+    fail(depth_ <= kMaxNesting, in.text,
+         "expressions nest at most " + std::to_string(kMaxNesting) + " calls deep");
     skip_space(in);
     fail(in.pos < in.text.size(), in.text,
          "expected an expression after '" + before(in) + "', found the end");
@@ -299,9 +307,11 @@ class Parser {
     return index;
   }
 
+  static constexpr int kMaxNesting = 64;
   const OpRuntime& runtime_;
   const c10::FunctionSchema& schema_;
   std::string what_;
+  mutable int depth_ = 0;
 };
 
 struct Value {

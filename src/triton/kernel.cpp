@@ -265,6 +265,31 @@ template <class ReadFile>
 std::unique_ptr<KernelImpl> parse_fields(const nlohmann::json& manifest, ManifestReader& in,
                                          ReadFile read_file);
 
+// How deeply arrays and objects nest in a JSON text (strings skipped). The JSON parser recurses
+// per level, so a manifest is measured before it is parsed.
+size_t json_nesting(const std::string& text) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+constexpr size_t kMaxManifestNesting = 16;
+
 // Parses a manifest read from `origin` (a path, or "embedded ..."); `read_file(name)` gives the
 // bytes of a binary it names. Every field is checked: a manifest is data, not trusted code.
 template <class ReadFile>
@@ -272,6 +297,9 @@ std::unique_ptr<KernelImpl> parse_manifest(const std::string& text, const std::s
                                            ReadFile read_file) {
   ManifestReader in(origin);
   nlohmann::json manifest;
+  TORCH_CHECK_VALUE(json_nesting(text) <= kMaxManifestNesting, in.where(),
+                    ": arrays and objects nest deeper than a manifest's ", kMaxManifestNesting,
+                    " levels; it is not a manifest of python3 -m opreg.aot");
   try {
     manifest = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& error) {
@@ -798,7 +826,9 @@ bool register_embedded_bundle(const char* manifest, size_t manifest_size, const 
     return true;
   } catch (const std::exception& error) {
     std::string name;
-    auto parsed = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    auto parsed = json_nesting(text) <= kMaxManifestNesting
+                      ? nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false)
+                      : nlohmann::json();
     if (parsed.is_object() && parsed.contains("kernel") && parsed["kernel"].is_string()) {
       name = parsed["kernel"].get<std::string>();
     }

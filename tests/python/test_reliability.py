@@ -776,3 +776,74 @@ def test_an_aten_error_inside_an_op_names_the_op():
         r"in the fallback of opreg::fused_add",
     ):
         torch.ops.opreg.fused_add(torch.ones(3), torch.ones(4))
+
+
+# ---- found by the independent sweep of 2026-12-01 (798 probes against 79bc8df) ----------------
+
+
+def test_a_python_fake_reached_with_mixed_devices_raises():
+    @opreg.register_vmap_op(fake_fn=lambda x, y: torch.empty_like(x), name="rel_sweep::mixed")
+    def mixed(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y
+
+    with pytest.raises(
+        RuntimeError, match="rel_sweep::mixed': its tensor arguments are on cpu and meta"
+    ):
+        mixed(torch.ones(2), torch.ones(2, device="meta"))
+
+
+@pytest.mark.parametrize(
+    "misuse",
+    [
+        "b.fallback(None)",
+        "b.kernel(None, 'k', ['cpu'], None, None)",
+        "b.kernel(lambda x: x * 3, 'k', ['cpu'], lambda x: False, None)",
+        "b.backward(lambda ctx, g: g, None, None)",
+        "_C.define_all([None])",
+    ],
+)
+def test_misuse_of_the_builder_binding_raises_instead_of_crashing(misuse):
+    result = run_probe(
+        f"""
+        import torch, opreg
+        from opreg import _C
+        b = _C.OpBuilder("rel_sweep::b(Tensor x) -> Tensor")
+        try:
+            {misuse}
+        except TypeError as error:
+            assert "must be callable" in str(error) or "takes OpBuilders" in str(error), error
+            print("refused")
+        """
+    )
+    assert_survived(result)
+    assert "refused" in result.stdout
+
+
+def test_deeply_nested_aot_expressions_and_manifests_are_refused(tmp_path):
+    result = run_probe(
+        f"""
+        import opreg, torch
+        try:
+            opreg.register_triton_op(
+                fake_fn=None, triton_fn=None, name="rel_sweep::deep",
+                schema="(Tensor x, Tensor y) -> Tensor",
+                aot=opreg.AotLaunch("opreg_fused_add_f32",
+                                    ("cdiv(" * 30000 + "1" + ", 2)" * 30000,),
+                                    ("x", "y", "out0", "numel(x)"), "like:x"),
+            )(lambda x, y: x + y)
+        except ValueError as error:
+            assert "nest at most 64 calls deep" in str(error), error
+            print("expression refused")
+        folder = {str(tmp_path)!r}
+        open(folder + "/deep.json", "w").write("[" * 100000 + "]" * 100000)
+        open(folder + "/index.txt", "w").write("deep.json\\n")
+        try:
+            opreg.load_triton_bundle(folder)
+        except ValueError as error:
+            assert "deep.json" in str(error) and "nest deeper" in str(error), error
+            print("manifest refused")
+        """
+    )
+    assert_survived(result)
+    assert "expression refused" in result.stdout and "manifest refused" in result.stdout
+

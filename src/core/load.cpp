@@ -14,7 +14,11 @@
 #include "opreg/registry.h"
 
 #include <dlfcn.h>
+#include <elf.h>
 
+#include <fstream>
+
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -44,6 +48,36 @@ std::map<void*, std::string>& failed_loads() {
   return *failed;
 }
 
+// Why a 64-bit ELF file cannot be mapped whole, or "" when it can (and for anything else, which
+// dlopen refuses by itself). dlopen maps each loadable segment at its file offset and reads it:
+// a segment past the end of a truncated file is a SIGBUS, not an error.
+std::string truncated_elf(const std::string& path) {
+  std::ifstream file(path, std::ios::binary | std::ios::ate);
+  if (!file) return "";
+  const auto size = static_cast<uint64_t>(file.tellg());
+  Elf64_Ehdr header{};
+  file.seekg(0);
+  if (!file.read(reinterpret_cast<char*>(&header), sizeof(header))) return "";
+  if (std::memcmp(header.e_ident, ELFMAG, SELFMAG) != 0 || header.e_ident[EI_CLASS] != ELFCLASS64) {
+    return "";
+  }
+  if (header.e_phentsize != sizeof(Elf64_Phdr) ||
+      header.e_phoff + uint64_t{header.e_phnum} * sizeof(Elf64_Phdr) > size) {
+    return "its program headers lie past its end";
+  }
+  for (uint16_t i = 0; i < header.e_phnum; ++i) {
+    Elf64_Phdr segment{};
+    file.seekg(static_cast<std::streamoff>(header.e_phoff + i * sizeof(Elf64_Phdr)));
+    if (!file.read(reinterpret_cast<char*>(&segment), sizeof(segment))) return "it cannot be read";
+    if (segment.p_type == PT_LOAD && segment.p_offset + segment.p_filesz > size) {
+      return "segment " + std::to_string(i) + " ends at byte " +
+             std::to_string(segment.p_offset + segment.p_filesz) + ", the file has " +
+             std::to_string(size);
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 namespace detail {
@@ -61,6 +95,9 @@ void record_loaded_definition(const std::string& qualified, std::shared_ptr<cons
 }  // namespace detail
 
 void load_library(const std::string& path) {
+  const std::string truncated = truncated_elf(path);
+  TORCH_CHECK_VALUE(truncated.empty(), "opreg::load_library: cannot load '", path,
+                    "': the file is a truncated shared library (", truncated, ")");
   LoadContext context;
   context.outer = t_load;
   t_load = &context;

@@ -847,3 +847,19 @@ def test_deeply_nested_aot_expressions_and_manifests_are_refused(tmp_path):
     assert_survived(result)
     assert "expression refused" in result.stdout and "manifest refused" in result.stdout
 
+
+def test_loading_a_truncated_library_raises(tmp_path):
+    truncated = tmp_path / "truncated.so"
+    truncated.write_bytes(opreg.example_library().read_bytes()[:2000])
+    result = run_probe(
+        f"""
+        import opreg
+        try:
+            opreg.load_library({str(truncated)!r})
+        except ValueError as error:
+            assert "truncated shared library" in str(error), error
+            print("refused")
+        """
+    )
+    assert_survived(result)
+    assert "refused" in result.stdout

@@ -1,6 +1,6 @@
-// src/core/registry.cpp: turns an OpSpec into an immutable definition and publishes it on the
-// dispatcher; keeps each op's dispatcher entry for the life of the process so that handles,
-// replaces and undefines stay safe; holds the registry of accelerated device types.
+// src/core/registry.cpp: turns an OpBuilder's declaration into an immutable definition and
+// publishes it on the dispatcher; keeps each op's dispatcher entry for the life of the process so
+// that handles, replaces and undefines stay safe; holds the registry of accelerated device types.
 //
 // Note [How an opreg op maps onto the dispatcher]
 // fallback -> CompositeExplicitAutograd: serves every backend key, Meta included, unless a more

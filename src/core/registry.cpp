@@ -15,13 +15,13 @@
 //
 // Note [Definitions are immutable]
 // What the dispatcher calls for an opreg op is a trampoline per dispatch key: a boxed kernel that
-// loads the op's current Definition (a shared_ptr, read atomically) and holds it for the whole
-// call. define() validates and builds a new Definition completely, then publishes it with one
-// atomic store: a call runs either the old definition or the new one, never a mix, and a failed
-// define() or replace changes nothing. Registrations with the dispatcher outlive definitions:
-// the schema stays registered while it is unchanged, and trampolines are only added or removed
-// when the set of dispatch keys changes; the functor of every trampoline ever registered is kept
-// alive (OpEntry::functors), so removing one while another thread runs it frees nothing. An
+// loads the op's current Definition (an atomic pointer, kept alive by a count of calls in flight)
+// for the whole call. define() validates and builds a new Definition completely, then publishes it
+// with one atomic store: a call runs either the old definition or the new one, never a mix, and a
+// failed define() or replace changes nothing. Registrations with the dispatcher outlive
+// definitions: the schema stays registered while it is unchanged, and trampolines are only added or
+// removed when the set of dispatch keys changes; the functor of every trampoline ever registered is
+// kept alive (OpEntry::functors), so removing one while another thread runs it frees nothing. An
 // op's dispatcher entry is never removed (undefine() empties the slot: calls then raise an error
 // naming the op), so OperatorHandles and Python OpOverloads taken earlier stay valid.
 #include "opreg/registry.h"

@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from opreg import _C
 from opreg._public import public
+from opreg._registry import op_name
 from opreg._triton import AotLaunch, decomposition, functional_tensor_mode
 
 
@@ -141,6 +143,22 @@ def check_signature(qualname: str, keyword: str, fn: Any, schema: str) -> None:
         ) from None
 
 
+def check_positional(qualname: str, keyword: str, fn: Any, arguments: Sequence[str]) -> None:
+    """A piece that opreg calls with fixed positional arguments (backward, setup_context, a vmap
+    rule) fails at definition if it cannot take them, not at its first call."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*arguments)
+    except TypeError as error:
+        raise TypeError(
+            f"opreg: op '{qualname}': {keyword} is called as {keyword}({', '.join(arguments)}), "
+            f"but its signature is {signature}: {error}"
+        ) from None
+
+
 # ---- defining ----------------------------------------------------------------------------------
 
 
@@ -172,7 +190,7 @@ def kernel_status(name: str) -> str:
     """What serves an op's calls: for Python-defined ops, why its Triton kernel is on or off and
     how its JIT launches went; for C++-defined ops, the kernel of each device type. A ValueError
     names an op that opreg did not define."""
-    status = python_kernel_status(name)
+    status = python_kernel_status(op_name(name, "kernel_status"))
     if status is not None:
         return status
     report = _C.describe_op(name)  # a ValueError naming the op when there is none
@@ -216,14 +234,30 @@ def _single_device(qualname: str, values: Sequence[Any]) -> torch.device | None:
     return devices.pop() if devices else None
 
 
+def _check_no_alias(qualname: str, index: int, output: Any, inputs: list[torch.Tensor]) -> None:
+    outputs = output if isinstance(output, (list, tuple)) else [output]
+    for tensor in outputs:
+        if isinstance(tensor, torch.Tensor) and any(
+            torch._C._is_alias_of(tensor, given) for given in inputs
+        ):
+            raise RuntimeError(
+                f"opreg: op '{qualname}': its fake returned output {index} sharing memory with "
+                "an input, but the schema declares no alias; return a new tensor "
+                "(e.g. torch.empty_like(x))"
+            )
+
+
 def _checked_fake(declaration: OpDeclaration) -> Callable[..., Any]:
     """The fake, with its outputs checked against the schema and the inputs' device (the C++
     core checks C++ fakes)."""
     qualname, fake_fn = declaration.qualname, declaration.fake
-    returns = [r.type for r in torch._C.parse_schema(declaration.schema).returns]
+    parsed = torch._C.parse_schema(declaration.schema)
+    returns = [r.type for r in parsed.returns]
+    declared_alias = [r.alias_info is not None for r in parsed.returns]
 
     def fake(*args: Any, **kwargs: Any) -> Any:
         result = fake_fn(*args, **kwargs)
+        inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         if not returns:
             values = [] if result is None or (isinstance(result, tuple) and not result) else None
         elif len(returns) == 1:
@@ -251,6 +285,8 @@ def _checked_fake(declaration: OpDeclaration) -> Callable[..., Any]:
                     f"opreg: op '{qualname}': its fake returned output {index} on "
                     f"{value.device}, expected {device} (the device of its inputs)"
                 )
+            if not declared_alias[index]:
+                _check_no_alias(qualname, index, value, inputs)
         return result
 
     return fake

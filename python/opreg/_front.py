@@ -12,10 +12,11 @@ from typing import Any
 
 import torch
 
-from opreg import _jit_cache
+from opreg import _C, _jit_cache
 from opreg._declaration import (
     KernelDeclaration,
     OpDeclaration,
+    check_positional,
     check_signature,
     define,
     flag_names,
@@ -32,12 +33,31 @@ _FLAG_ALIASES = {"vmap_loop": "vmap_per_example_loop"}
 
 def _qualified_name(name: str | None, fn: Callable[..., Any]) -> str:
     if name is None:
-        return f"{DEFAULT_NAMESPACE}::{fn.__name__}"
+        if not callable(fn):
+            raise TypeError(
+                f"opreg: the decorated fallback must be callable, got {type(fn).__name__}"
+            )
+        if not isinstance(getattr(fn, "__name__", None), str):
+            raise TypeError(
+                f"opreg: the fallback (a {type(fn).__name__}) has no __name__ to name the op "
+                "after; pass name='ns::op'"
+            )
+        name = fn.__name__
+    if not isinstance(name, str):
+        raise TypeError(f"opreg: name must be a string like 'ns::op', got {name!r}")
+    if not name.isascii():
+        raise ValueError(f"opreg: op name {name!r} has a non-ASCII character; names are ASCII")
     return name if "::" in name else f"{DEFAULT_NAMESPACE}::{name}"
 
 
 def _schema(qualname: str, fn: Callable[..., Any], schema: str | None, mutates_args: Any) -> str:
     if schema is None:
+        if not (inspect.isfunction(fn) or inspect.ismethod(fn)):
+            raise ValueError(
+                f"opreg: op '{qualname}': no schema= given, and none can be inferred from a "
+                f"{type(fn).__name__} object (only from a def with annotations); pass "
+                "schema='(Tensor x, ...) -> Tensor'"
+            )
         try:
             schema = torch.library.infer_schema(fn, mutates_args=mutates_args)
         except ValueError as error:
@@ -50,10 +70,31 @@ def _schema(qualname: str, fn: Callable[..., Any], schema: str | None, mutates_a
     return qualname + schema.strip()
 
 
-def _device_types(types: str | Sequence[str] | None) -> list[str] | None:
+def _device_types(
+    qualname: str, keyword: str, types: str | Sequence[str] | None
+) -> list[str] | None:
+    """Device types as the core takes them ('cuda', not 'cuda:0'), each one checked."""
     if types is None:
         return None
-    return [types.strip().lower()] if isinstance(types, str) else [t.strip().lower() for t in types]
+    where = f"opreg: op '{qualname}': {keyword}"
+    if isinstance(types, str):
+        types = [types]
+    elif not isinstance(types, (list, tuple, set, frozenset)):
+        raise TypeError(f"{where} must be a device type or a list of them, got {types!r}")
+    checked = []
+    for given in types:
+        if not isinstance(given, str):
+            raise TypeError(f"{where}: expected device type names like 'cuda', got {given!r}")
+        device_type = given.strip().lower()
+        if ":" in device_type:
+            raise ValueError(
+                f"{where}: {given!r} is a device; name its type "
+                f"({device_type.split(':')[0]!r}): a kernel serves every device of its type"
+            )
+        if not device_type.isidentifier():
+            raise ValueError(f"{where}: {given!r} is not a device type name like 'cuda'")
+        checked.append(device_type)
+    return checked
 
 
 # The keywords that take functions.
@@ -127,12 +168,21 @@ def _check_options(qualname: str, options: Mapping[str, Any]) -> None:
             f"{where}: autograd='error' refuses gradients, but a backward is given; "
             "leave one of them out"
         )
+    if options["setup_context"] is not None and options["backward"] is None:
+        raise ValueError(
+            f"{where}: setup_context is given without backward; it only prepares the backward's "
+            "ctx, so give both (as torch.library.register_autograd)"
+        )
+    if not isinstance(options["replace"], bool):
+        raise TypeError(f"{where}: replace must be True or False, got {options['replace']!r}")
     dtypes = options["dtypes"]
     if dtypes is not None and not (
         isinstance(dtypes, Mapping)
         and all(
-            isinstance(v, (tuple, list)) and all(isinstance(d, torch.dtype) for d in v)
-            for v in dtypes.values()
+            isinstance(k, str)
+            and isinstance(v, (tuple, list))
+            and all(isinstance(d, torch.dtype) for d in v)
+            for k, v in dtypes.items()
         )
     ):
         raise TypeError(
@@ -144,6 +194,11 @@ def _flags(qualname: str, options: dict[str, Any]) -> dict[str, bool]:
     """The core's flags among the keywords (OPREG_OP_FLAGS); anything else is refused."""
     known = flag_names()
     flags = {}
+    for alias, flag in _FLAG_ALIASES.items():
+        if alias in options and flag in options:
+            raise TypeError(
+                f"opreg: op '{qualname}': {alias} is another name for {flag}; give one of them"
+            )
     for keyword, value in options.items():
         flag = _FLAG_ALIASES.get(keyword, keyword)
         if flag not in known:
@@ -157,6 +212,27 @@ def _flags(qualname: str, options: dict[str, Any]) -> dict[str, bool]:
             )
         flags[flag] = value
     return flags
+
+
+def _check_autograd_and_vmap_signatures(
+    qualname: str, given: Mapping[str, Any], full_schema: str
+) -> None:
+    try:
+        parsed = torch._C.parse_schema(full_schema)
+    except RuntimeError:  # the core refuses the schema with a clearer message
+        return
+    positional = [a.name for a in parsed.arguments if not a.kwarg_only]
+    grads = [f"grad{i}" for i in range(len(parsed.returns))]
+    # backward gets one gradient per tensor output; the count is fixed when all outputs are.
+    plain_tensors = all(isinstance(r.type, torch._C.TensorType) for r in parsed.returns)
+    if given["backward"] is not None and plain_tensors:
+        check_positional(qualname, "backward", given["backward"], ["ctx", *grads])
+    if given["setup_context"] is not None:
+        check_positional(
+            qualname, "setup_context", given["setup_context"], ["ctx", "inputs", "output"]
+        )
+    if given["vmap"] is not None:
+        check_positional(qualname, "vmap", given["vmap"], ["info", "in_dims", *positional])
 
 
 def _origin(depth: int = 3) -> str:
@@ -204,9 +280,8 @@ def register_triton_op(
     traces the op); ``dtypes`` ({argument: [dtypes]}, checked on every call); ``traceable``
     (default: whether triton_fn uses opreg.wrap_triton) to let torch.compile see the Triton
     kernels; ``replace`` to redefine an existing op. The flags, each ``False`` by default, are
-    the core's (``opreg._C.op_flags()`` lists them with what they promise): ``bitwise``,
-    ``allow_mixed_devices``, ``batch_polymorphic``, ``vmap_per_example_loop`` (also spelled
-    ``vmap_loop``) and ``random``.
+    the core's (OPREG_OP_FLAGS in include/opreg/definition.h); ``vmap_loop`` is another
+    spelling of ``vmap_per_example_loop``. Each flag and what it promises:
     """
     del max_vmap_level, device_types  # see "Coming from EvoX": opreg needs neither
 
@@ -229,6 +304,7 @@ def register_triton_op(
             aot=aot,
             autograd=autograd,
             dtypes=dtypes,
+            replace=replace,
         )
         _check_options(qualname, given)
         op_flags = _flags(qualname, flags)
@@ -237,22 +313,22 @@ def register_triton_op(
         for keyword in ("fallback", "fake_fn", "triton_fn", "triton_accepts"):
             if given[keyword] is not None:
                 check_signature(qualname, keyword, given[keyword], full_schema)
+        _check_autograd_and_vmap_signatures(qualname, given, full_schema)
 
+        kernel_types = _device_types(qualname, "triton_device_types", triton_device_types)
         usable, why = triton_status()
         kernels = []
         status = "no triton_fn"
         if aot is not None:
-            kernels.append(
-                KernelDeclaration("triton_aot", _device_types(triton_device_types), aot=aot)
-            )
+            kernels.append(KernelDeclaration("triton_aot", kernel_types, aot=aot))
             status = f"AOT kernel {aot.kernel} (C++ launcher)"
         elif triton_fn is not None:
             if usable:
-                types = _device_types(triton_device_types)
                 kernels.append(
-                    KernelDeclaration("triton", types, fn=triton_fn, accepts=triton_accepts)
+                    KernelDeclaration("triton", kernel_types, fn=triton_fn, accepts=triton_accepts)
                 )
-                status = f"triton_fn serves {', '.join(types) if types else 'the Triton devices'}"
+                serves = ", ".join(kernel_types) if kernel_types else "the Triton devices"
+                status = f"triton_fn serves {serves}"
             else:
                 status = f"triton_fn is off: {why}"
 
@@ -280,7 +356,7 @@ def register_triton_op(
         wants_trace = uses_wrap_triton(triton_fn) if traceable is None else traceable
         decompose_with = None
         if wants_trace and triton_fn is not None and usable:
-            decompose_with = (triton_fn, _device_types(triton_device_types))
+            decompose_with = (triton_fn, kernel_types)
         declaration = OpDeclaration(
             schema=full_schema,
             fallback=fn,
@@ -301,6 +377,12 @@ def register_triton_op(
         return define(declaration, *companions)[0]
 
     return decorator
+
+
+if register_triton_op.__doc__:  # None under python -OO
+    register_triton_op.__doc__ += "".join(
+        f"\n    - ``{flag}=True``: {promise}." for flag, promise in _C.op_flags()
+    )
 
 
 @public

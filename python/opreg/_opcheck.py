@@ -325,6 +325,10 @@ def _differentiable(op) -> bool:
     return autograd not in (AutogradSupport.NONE, AutogradSupport.ERROR)
 
 
+def _cuda_devices_of(tensors: Sequence[torch.Tensor]) -> list[int]:
+    return sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
+
+
 def _check_gradients(op, sample, device):
     if not _differentiable(op) or not any(t.is_floating_point() for t in _tensors(sample.args)):
         raise _Skipped("not differentiable")
@@ -341,17 +345,27 @@ def _check_gradients(op, sample, device):
         raise _Skipped("no floating inputs")
     flat, spec = pytree.tree_flatten(double.args)
 
+    random = not _values_comparable(op)
+
     def fn(*diff):
         it = iter(diff)  # cloned: an op that mutates an input must not write into a leaf
         leaves = [
             next(it).clone() if isinstance(x, torch.Tensor) and x.requires_grad else x for x in flat
         ]
-        return op(*pytree.tree_unflatten(leaves, spec), **double.kwargs)
+        if not random:
+            return op(*pytree.tree_unflatten(leaves, spec), **double.kwargs)
+        # A random op is a function of its inputs once its draws are fixed: every evaluation of
+        # gradcheck starts from the same seed.
+        with torch.random.fork_rng(devices=_cuda_devices_of(inputs)):
+            torch.manual_seed(0)
+            return op(*pytree.tree_unflatten(leaves, spec), **double.kwargs)
 
     try:
         torch.autograd.gradcheck(fn, tuple(inputs), raise_exception=True, fast_mode=True)
     except Exception as error:
         return False, 0.0, f"gradcheck: {str(error).splitlines()[0]}"
+    if random:  # the kernel draws other numbers than the fallback: nothing to compare
+        return True, 0.0, "gradcheck with fixed draws; kernel vs fallback not comparable (random)"
     # The kernel path's gradients against the fallback's (PyTorch's autograd of its ATen ops).
     kernel_inputs = [
         t.detach().clone().requires_grad_(True)
@@ -599,6 +613,11 @@ def opcheck(
     if unknown:
         raise ValueError(f"opreg.opcheck: unknown checks {sorted(unknown)}; known: {CHECKS}")
     given_samples = None if samples is None else list(samples)
+    if given_samples == []:
+        raise ValueError(
+            f"opreg.opcheck: {name}: samples= is empty, so nothing would be checked; pass at "
+            "least one sample, or leave samples out to generate them from the schema"
+        )
     if given_samples is not None:
         given_samples = [_as_sample(op, s, i) for i, s in enumerate(given_samples)]
     rows = []

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import torch
 
@@ -112,7 +113,17 @@ def describe_ops() -> list[OpReport]:
 @public
 def describe_op(name: str) -> OpReport:
     """The report of one op, by its qualified name ``namespace::name``."""
-    return _report(_C.describe_op(name))
+    return _report(_C.describe_op(op_name(name, "describe_op")))
+
+
+def op_name(name: Any, function: str) -> str:
+    """A qualified op name given to a public function, type-checked with a message naming it."""
+    if not isinstance(name, str):
+        raise TypeError(
+            f"opreg.{function}: expected an op name like 'ns::op', got {type(name).__name__} "
+            f"{name!r}"
+        )
+    return name
 
 
 @public

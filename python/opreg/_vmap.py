@@ -54,6 +54,11 @@ def explicit_rule(qualname: str, vmap: Callable[..., Any]) -> Callable[..., Any]
             )
         outputs, out_dims = result
         outputs = _as_tuple(outputs)
+        if not (out_dims is None or isinstance(out_dims, (int, tuple, list))):
+            raise TypeError(
+                f"opreg: op '{qualname}': its vmap rule returned out_dims {out_dims!r}; expected "
+                "an int, None or one of them per output"
+            )
         return outputs, _out_dims(out_dims, len(outputs))
 
     return rule

@@ -73,7 +73,8 @@ struct Definition {
   std::vector<size_t> required_tensors;  // arguments that must be defined tensors
   std::vector<std::pair<size_t, std::vector<c10::ScalarType>>> dtype_rules;  // by argument index
   std::vector<size_t> plain_tensor_returns;
-  std::vector<bool> return_aliases;  // per return: declared as aliasing an input
+  std::vector<size_t> other_tensor_returns;  // Tensor? and Tensor[]
+  std::vector<bool> return_aliases;          // per return: declared as aliasing an input
   c10::KernelFunction fallback;
   // The fallback behind the checks of a call, for kernels that decline and for the autograd and
   // vmap kernels, which call it directly rather than through the dispatcher.
@@ -204,6 +205,10 @@ c10::FunctionSchema parse_schema(const OpBuilder::State& spec) {
     TORCH_CHECK_VALUE(static_cast<unsigned char>(text[i]) < 0x80, "opreg: op declaration '",
                       text.substr(0, text.find('(')), "': the schema has a non-ASCII character at ",
                       "position ", i, "; schemas are ASCII");
+    TORCH_CHECK_VALUE(text[i] != '\0', "opreg: op declaration '",
+                      text.substr(0, std::min(text.find('('), i)),
+                      "': the schema has a NUL character at position ", i,
+                      "; the text after it would be ignored");
   }
   auto paren = text.find('(');
   std::string qualified = text.substr(0, paren);
@@ -220,6 +225,9 @@ c10::FunctionSchema parse_schema(const OpBuilder::State& spec) {
   c10::FunctionSchema schema = [&] {
     try {
       return torch::schema(text.c_str());
+    } catch (const c10::Error& error) {
+      TORCH_CHECK_VALUE(false, "opreg: op '", qualified, "': cannot parse schema '", text,
+                        "': ", error.what_without_backtrace());
     } catch (const std::exception& error) {
       // The schema parser reports the position under the text, marked "<--- HERE".
       TORCH_CHECK_VALUE(false, "opreg: op '", qualified, "': cannot parse schema '", text,
@@ -231,6 +239,14 @@ c10::FunctionSchema parse_schema(const OpBuilder::State& spec) {
     TORCH_CHECK_VALUE(seen.insert(argument.name()).second, "opreg: op '", qualified,
                       "': the schema names argument '", argument.name(),
                       "' twice; give each argument its own name");
+    const auto& default_value = argument.default_value();
+    if (default_value && !default_value->type()->isSubtypeOf(*argument.type())) {
+      std::ostringstream shown;
+      shown << *default_value;
+      TORCH_CHECK_VALUE(false, "opreg: op '", qualified, "': argument '", argument.name(),
+                        "' has the default ", shown.str(), " (a ", default_value->type()->str(),
+                        "), expected a ", argument.real_type()->str(), " (schema '", text, "')");
+    }
   }
   if (spec.infer_schema) {
     auto inferred = spec.infer_schema();
@@ -266,6 +282,13 @@ std::vector<std::pair<size_t, std::vector<c10::ScalarType>>> resolve_dtype_rules
                       "', which is not a Tensor in the schema '", op.schema_text, "'");
     TORCH_CHECK_VALUE(!allowed.empty(), op.name, ": dtypes() for argument '", argument,
                       "' allows no dtype; list at least one");
+    TORCH_CHECK_VALUE(std::none_of(rules.begin(), rules.end(),
+                                   [&](const auto& rule) {
+                                     return rule.first ==
+                                            static_cast<size_t>(found - arguments.begin());
+                                   }),
+                      op.name, ": dtypes() is given twice for argument '", argument,
+                      "'; list every allowed dtype in one call");
     rules.emplace_back(found - arguments.begin(), allowed);
   }
   return rules;
@@ -351,6 +374,9 @@ DefinitionPtr build(OpBuilder::State spec, const std::vector<std::string>& devic
     const auto& ret = op.schema.returns()[i];
     if (ret.type()->kind() == c10::TypeKind::TensorType) {
       definition->plain_tensor_returns.push_back(i);
+    } else if (ret.type()->isSubtypeOf(*c10::OptionalType::ofTensor()) ||
+               ret.type()->isSubtypeOf(*c10::ListType::ofTensors())) {
+      definition->other_tensor_returns.push_back(i);
     }
     definition->return_aliases.push_back(ret.alias_info() != nullptr);
   }
@@ -424,11 +450,19 @@ CallInputs inputs_of(const Definition& definition, const torch::jit::Stack& stac
   CallInputs inputs;
   const size_t num_args = definition.schema().arguments().size();
   const c10::IValue* first = stack.data() + (stack.size() - num_args);
-  for (size_t i = 0; i < num_args; ++i) {
-    if (!first[i].isTensor() || !first[i].toTensor().defined()) continue;
-    const auto& tensor = first[i].toTensor();
-    inputs.push_back({i, tensor.has_storage() ? tensor.storage().unsafeGetStorageImpl() : nullptr,
+  auto add = [&](size_t index, const at::Tensor& tensor) {
+    inputs.push_back({index,
+                      tensor.has_storage() ? tensor.storage().unsafeGetStorageImpl() : nullptr,
                       tensor.device(), tensor.dim() == 0 && tensor.device().is_cpu()});
+  };
+  for (size_t i = 0; i < num_args; ++i) {
+    if (first[i].isTensor()) {
+      if (first[i].toTensor().defined()) add(i, first[i].toTensor());
+    } else if (first[i].isTensorList()) {
+      for (const at::Tensor element : first[i].toTensorList()) {
+        if (element.defined()) add(i, element);
+      }
+    }
   }
   return inputs;
 }
@@ -470,6 +504,23 @@ void check_dtypes(const Definition& definition, const torch::jit::Stack& stack) 
 
 // Call-time output checks that cost next to nothing: count, defined, device, no alias of an input
 // where the schema declares none.
+void check_output_tensor(const Definition& definition, const at::Tensor& output, size_t index,
+                         const CallInputs& inputs, const std::string& impl,
+                         std::optional<c10::Device> device) {
+  if (device && output.device() != *device) {
+    TORCH_CHECK(false, definition.name(), ": ", impl, " returned output ", index, " on ",
+                output.device(), ", expected ", *device, " (the device of its inputs)");
+  }
+  if (definition.return_aliases[index] || !output.has_storage()) return;
+  const c10::StorageImpl* storage = output.storage().unsafeGetStorageImpl();
+  for (const auto& input : inputs) {
+    if (input.storage != storage) continue;
+    TORCH_CHECK(false, definition.name(), ": ", impl, " returned output ", index,
+                " sharing memory with an input, but the schema '", definition.schema_text(),
+                "' declares no alias; return a new tensor (e.g. x.clone())");
+  }
+}
+
 void check_outputs(const Definition& definition, const torch::jit::Stack& stack, size_t base,
                    const CallInputs& inputs, const std::string& impl,
                    std::optional<c10::Device> device) {
@@ -483,18 +534,18 @@ void check_outputs(const Definition& definition, const torch::jit::Stack& stack,
                      " returned ", value.isTensor() || value.isNone() ? "None" : value.tagKind(),
                      " for output ", index, ", expected a Tensor (schema '",
                      definition.schema_text(), "')");
-    const auto& output = value.toTensor();
-    if (device && output.device() != *device) {
-      TORCH_CHECK(false, definition.name(), ": ", impl, " returned output ", index, " on ",
-                  output.device(), ", expected ", *device, " (the device of its inputs)");
-    }
-    if (definition.return_aliases[index] || !output.has_storage()) continue;
-    const c10::StorageImpl* storage = output.storage().unsafeGetStorageImpl();
-    for (const auto& input : inputs) {
-      if (input.storage != storage) continue;
-      TORCH_CHECK(false, definition.name(), ": ", impl, " returned output ", index,
-                  " sharing memory with an input, but the schema '", definition.schema_text(),
-                  "' declares no alias; return a new tensor (e.g. x.clone())");
+    check_output_tensor(definition, value.toTensor(), index, inputs, impl, device);
+  }
+  for (size_t index : definition.other_tensor_returns) {
+    const auto& value = stack[base + index];
+    if (value.isTensor()) {
+      if (value.toTensor().defined())
+        check_output_tensor(definition, value.toTensor(), index, inputs, impl, device);
+    } else if (value.isTensorList()) {
+      for (const at::Tensor element : value.toTensorList()) {
+        if (element.defined())
+          check_output_tensor(definition, element, index, inputs, impl, device);
+      }
     }
   }
 }

@@ -21,6 +21,7 @@
 #include <ATen/functorch/PlumbingHelper.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
+#include <c10/util/ScopeExit.h>
 #include <torch/library.h>
 
 #include <mutex>
@@ -101,7 +102,10 @@ class VmapKernel final : public c10::OperatorKernel {
     const size_t num_returns = op_->schema.returns().size();
     std::vector<c10::IValue> args(stack->end() - num_args, stack->end());
 
-    if (!rule_ && !batch_polymorphic_ && !per_example_loop_) {
+    // Without a rule, only the fallback's own random ops, run at this vmap level, can draw the
+    // same numbers for every example.
+    const bool same_draws = random_ && randomness == Randomness::kSame;
+    if (!rule_ && (same_draws || (!batch_polymorphic_ && !per_example_loop_))) {
       run_fallback(op, keys, stack);
       return;
     }
@@ -187,6 +191,13 @@ class VmapKernel final : public c10::OperatorKernel {
   void run_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                     torch::jit::Stack* stack) const {
     if (trace_enabled()) detail::record_trace(op_->name, "vmap:fallback", "-");
+    // The randomness kernel hid vmap mode from this op; the fallback's random ops must see it to
+    // apply vmap's randomness.
+    constexpr auto kVmapMode = c10::DispatchKey::FuncTorchVmapMode;
+    const bool hidden = c10::impl::tls_is_dispatch_key_excluded(kVmapMode);
+    if (random_) c10::impl::tls_set_dispatch_key_excluded(kVmapMode, false);
+    const auto restore = c10::make_scope_exit(
+        [hidden] { c10::impl::tls_set_dispatch_key_excluded(kVmapMode, hidden); });
     try {
       fallback_->callBoxed(op, keys, stack);
     } catch (const c10::Error& error) {

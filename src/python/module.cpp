@@ -1,5 +1,6 @@
 // src/python/module.cpp: the extension module opreg._C, which exposes the C++ core's registry,
 // device types, trace, the AOT Triton launcher and Python-defined ops to the Python package.
+#include <algorithm>
 #include <optional>
 
 #include <torch/csrc/autograd/python_variable.h>
@@ -187,13 +188,32 @@ PYBIND11_MODULE(_C, m) {
   // The fallback alone, bypassing kernels: for opreg.opcheck.
   m.def("call_fallback", [](const std::string& name, const py::list& args, const py::dict& kwargs) {
     const auto& schema = opreg::find_operator(name).schema();
+    const auto& arguments = schema.arguments();
+    TORCH_CHECK_TYPE(args.size() <= arguments.size(), name, ": ", args.size(),
+                     " positional arguments given, the schema takes ", arguments.size());
+    for (const auto& [key, value] : kwargs) {
+      const auto keyword = py::str(key).cast<std::string>();
+      TORCH_CHECK_TYPE(
+          std::any_of(arguments.begin() + args.size(), arguments.end(),
+                      [&](const auto& argument) { return argument.name() == keyword; }),
+          name, ": unexpected keyword argument '", keyword, "'");
+    }
     std::vector<c10::IValue> stack;
-    for (size_t i = 0; i < schema.arguments().size(); ++i) {
-      const auto& argument = schema.arguments()[i];
+    auto convert = [&](const py::handle& value, const c10::Argument& argument) {
+      try {
+        return torch::jit::toIValue(value, argument.type());
+      } catch (const std::exception&) {
+        TORCH_CHECK_TYPE(false, name, ": argument '", argument.name(), "' is a ",
+                         py::str(value.get_type()).cast<std::string>(), ", expected ",
+                         argument.real_type()->str());
+      }
+    };
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      const auto& argument = arguments[i];
       if (i < args.size()) {
-        stack.push_back(torch::jit::toIValue(args[i], argument.type()));
+        stack.push_back(convert(args[i], argument));
       } else if (kwargs.contains(argument.name())) {
-        stack.push_back(torch::jit::toIValue(kwargs[py::str(argument.name())], argument.type()));
+        stack.push_back(convert(kwargs[py::str(argument.name())], argument));
       } else {
         TORCH_CHECK_VALUE(argument.default_value().has_value(), name, ": argument '",
                           argument.name(), "' is missing");

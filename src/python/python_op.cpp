@@ -4,8 +4,10 @@
 // kernels are the core's own.
 #include "python_op.h"
 
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
 
 #include "jit_cache/jit_cache.h"
 #include "opreg/definition.h"
@@ -40,6 +42,31 @@ py::object call(const py::object& fn, const PyArgs& arguments) {
   return py::reinterpret_steal<py::object>(result);
 }
 
+// An argument as Python sees it in torch.library's kernels: a ScalarType, Layout or MemoryFormat
+// is on the stack as an int, and Python wants torch.float64, not 7.
+py::object to_python_argument(c10::IValue value, const c10::Argument& argument) {
+  if (value.isInt()) {
+    const c10::Type* type = argument.real_type().get();
+    if (const auto* optional = type->castRaw<c10::OptionalType>()) {
+      type = optional->getElementType().get();
+    }
+    switch (type->kind()) {
+      case c10::TypeKind::ScalarTypeType:
+        return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(
+            torch::getTHPDtype(static_cast<at::ScalarType>(value.toInt()))));
+      case c10::TypeKind::LayoutType:
+        return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(
+            torch::getTHPLayout(static_cast<at::Layout>(value.toInt()))));
+      case c10::TypeKind::MemoryFormatType:
+        return py::reinterpret_borrow<py::object>(
+            torch::utils::getTHPMemoryFormat(static_cast<at::MemoryFormat>(value.toInt())));
+      default:
+        break;
+    }
+  }
+  return torch::jit::toPyObject(std::move(value));
+}
+
 // Pops the op's arguments from the stack as Python values; keyword-only ones as kwargs.
 PyArgs pop_arguments(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
   const auto& arguments = schema.arguments();
@@ -49,7 +76,7 @@ PyArgs pop_arguments(const c10::FunctionSchema& schema, torch::jit::Stack* stack
   if (positional < arguments.size()) result.kwargs = py::dict();
   auto first = stack->end() - arguments.size();
   for (size_t i = 0; i < arguments.size(); ++i) {
-    auto value = torch::jit::toPyObject(std::move(first[i]));
+    auto value = to_python_argument(std::move(first[i]), arguments[i]);
     if (arguments[i].kwarg_only()) {
       if (PyDict_SetItemString(result.kwargs.ptr(), arguments[i].name().c_str(), value.ptr()) !=
           0) {
@@ -77,7 +104,12 @@ c10::IValue to_output(const std::string& op, const std::string& impl, const py::
 void push_result(const std::string& op, const std::string& impl, const c10::FunctionSchema& schema,
                  const py::object& result, torch::jit::Stack* stack) {
   const auto& returns = schema.returns();
-  if (returns.empty()) return;
+  if (returns.empty()) {
+    TORCH_CHECK_TYPE(result.is_none(), op, ": ", impl, " returned ",
+                     py::str(result.get_type()).cast<std::string>(),
+                     ", expected None (the schema returns nothing: '", schema, "')");
+    return;
+  }
   if (returns.size() == 1) {
     stack->push_back(to_output(op, impl, result, returns[0], 0));
     return;
@@ -128,7 +160,7 @@ class PythonKernel final : public c10::OperatorKernel {
     auto arguments = pop_arguments(schema_, stack);
     const py::object* fn = fn_.get();
     std::string impl = label_;
-    if (accepts_ && !call(*accepts_, arguments).cast<bool>()) {
+    if (accepts_ && !accepted(call(*accepts_, arguments))) {
       fn = fallback_.get();
       impl = "fallback(declined by " + label_ + ")";
     }
@@ -138,6 +170,13 @@ class PythonKernel final : public c10::OperatorKernel {
   }
 
  private:
+  bool accepted(const py::object& answer) const {
+    TORCH_CHECK_TYPE(PyBool_Check(answer.ptr()), op_, ": the accepts of ", in_words(label_),
+                     " returned ", py::str(answer.get_type()).cast<std::string>(),
+                     ", expected True or False");
+    return answer.ptr() == Py_True;
+  }
+
   std::string op_;
   c10::FunctionSchema schema_;  // this definition's: a replace may change the op's schema
   std::string label_;
@@ -214,39 +253,60 @@ void add_autograd(OpBuilder& builder, PyRef backward, PyRef setup_context, PyRef
   builder.backward(std::move(run_backward), std::move(setup));
 }
 
-c10::IValue output_to_ivalue(const py::handle& value) {
+std::string type_name(const py::handle& value) {
+  return py::str(value.get_type()).cast<std::string>();
+}
+
+c10::IValue output_to_ivalue(const std::string& op, const py::handle& value) {
   if (value.is_none()) return c10::IValue();
   if (THPVariable_Check(value.ptr())) return THPVariable_Unpack(value.ptr());
   if (py::isinstance<py::bool_>(value)) return value.cast<bool>();
   if (py::isinstance<py::int_>(value)) return value.cast<int64_t>();
   if (py::isinstance<py::float_>(value)) return value.cast<double>();
-  TORCH_CHECK_TYPE(false, "opreg: a vmap rule returned a ",
-                   py::str(value.get_type()).cast<std::string>(),
-                   "; expected tensors, numbers or None");
+  TORCH_CHECK_TYPE(false, op, ": the vmap rule returned a ", type_name(value),
+                   " among its outputs; expected tensors, numbers or None");
+}
+
+// A vmap rule's (outputs, out_dims), each a tuple or list, converted; anything else is the rule's
+// mistake and says so.
+VmapResult vmap_result(const std::string& op, const py::object& result) {
+  auto is_sequence = [](const py::handle& value) {
+    return py::isinstance<py::tuple>(value) || py::isinstance<py::list>(value);
+  };
+  TORCH_CHECK_TYPE(is_sequence(result) && py::len(result) == 2, op, ": the vmap rule returned a ",
+                   type_name(result), ", expected a pair (outputs, out_dims)");
+  py::sequence pair = result.cast<py::sequence>();
+  py::object outputs = pair[0], out_dims = pair[1];
+  // One output may come bare, as torch.library's vmap rules return it.
+  if (!py::isinstance<py::tuple>(outputs)) outputs = py::make_tuple(outputs);
+  if (!is_sequence(out_dims)) out_dims = py::make_tuple(out_dims);
+  VmapResult converted;
+  for (const auto& value : outputs) converted.outputs.push_back(output_to_ivalue(op, value));
+  for (const auto& dim : out_dims) {
+    if (dim.is_none()) {
+      converted.out_dims.emplace_back(std::nullopt);
+      continue;
+    }
+    TORCH_CHECK_TYPE(py::isinstance<py::int_>(dim) && !py::isinstance<py::bool_>(dim), op,
+                     ": the vmap rule's out_dims holds a ", type_name(dim),
+                     ", expected an int or None per output");
+    converted.out_dims.emplace_back(dim.cast<int64_t>());
+  }
+  return converted;
 }
 
 void add_vmap_rule(OpBuilder& builder, PyRef rule) {
   if (!rule) return;
-  builder.vmap([rule](const VmapInfo& info, const std::vector<std::optional<int64_t>>& in_dims,
-                      const std::vector<c10::IValue>& args) {
+  builder.vmap([rule, op = builder.declared_name()](
+                   const VmapInfo& info, const std::vector<std::optional<int64_t>>& in_dims,
+                   const std::vector<c10::IValue>& args) {
     py::gil_scoped_acquire gil;
     InsideOp inside;
     static const char* kRandomness[] = {"error", "same", "different"};
     py::list dims;
     for (const auto& dim : in_dims) dims.append(dim ? py::cast(*dim) : py::none());
-    py::object result = (*rule)(info.batch_size, kRandomness[static_cast<int>(info.randomness)],
-                                dims, to_python(args, false));
-    auto pair = result.cast<py::tuple>();
-    TORCH_CHECK(pair.size() == 2, "opreg: a vmap rule returns (outputs, out_dims)");
-    VmapResult converted;
-    for (const auto& value : pair[0].cast<py::tuple>()) {
-      converted.outputs.push_back(output_to_ivalue(value));
-    }
-    for (const auto& dim : pair[1].cast<py::tuple>()) {
-      converted.out_dims.push_back(dim.is_none() ? std::nullopt
-                                                 : std::optional<int64_t>(dim.cast<int64_t>()));
-    }
-    return converted;
+    return vmap_result(op, (*rule)(info.batch_size, kRandomness[static_cast<int>(info.randomness)],
+                                   dims, to_python(args, false)));
   });
 }
 

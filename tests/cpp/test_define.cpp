@@ -160,6 +160,17 @@ TEST(Define, OneBuilderTakesBoxedFactoriesAndFlagsByName) {
                   "allow_mixed_devices batch_polymorphic vmap_per_example_loop random");
 }
 
+// Adding a flag to OPREG_OP_FLAGS gives the typed builder its method and the report its field.
+#define OPREG_TEST_FLAG(flag, promise)                                                          \
+  TEST(DefineFlag, flag) {                                                                      \
+    opreg::op("opreg_cpp::flag_" #flag "(Tensor x) -> Tensor").fallback(twice).flag().define(); \
+    const auto report = opreg::describe_op("opreg_cpp::flag_" #flag);                           \
+    EXPECT_TRUE(report.flags.flag);                                                             \
+    EXPECT_CONTAINS(opreg::describe(report), #flag);                                            \
+  }
+OPREG_OP_FLAGS(OPREG_TEST_FLAG)
+#undef OPREG_TEST_FLAG
+
 TEST(Define, TheTypedBuilderTakesAFactoryAsAKernel) {
   auto op = opreg::op("opreg_cpp::factory_kernel(Tensor x) -> Tensor")
                 .fallback(twice)

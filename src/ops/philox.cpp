@@ -18,7 +18,8 @@ namespace {
 constexpr int64_t kMask32 = 0xFFFFFFFF;
 constexpr int64_t kMultiplier0 = 0xD2511F53, kMultiplier1 = 0xCD9E8D57;
 constexpr int64_t kWeyl0 = 0x9E3779B9, kWeyl1 = 0xBB67AE85;
-constexpr int64_t kCallsPerProgram = 512;  // BLOCK in python/opreg/kernels/kernels.toml
+// Philox calls per program: each kernel's BLOCK in python/opreg/kernels/kernels.toml.
+constexpr int64_t kUniformBlock = 1024, kNormalBlock = 512;
 
 at::Tensor shl(const at::Tensor& x, int64_t bits) { return at::bitwise_left_shift(x, bits); }
 at::Tensor shr(const at::Tensor& x, int64_t bits) { return at::bitwise_right_shift(x, bits); }
@@ -188,18 +189,18 @@ const opreg::triton::Kernel& normal_kernel() {
   return kernel;
 }
 
-bool fits_grid(const at::Tensor& seeds, int64_t n) {
+bool fits_grid(const at::Tensor& seeds, int64_t n, int64_t block) {
   if (n < 0) return false;  // the fallback names the error
-  const int64_t programs = opreg::triton::cdiv(opreg::triton::cdiv(n, 4), kCallsPerProgram);
+  const int64_t programs = opreg::triton::cdiv(opreg::triton::cdiv(n, 4), block);
   return seeds.numel() < (int64_t{1} << 31) && programs < 65536;
 }
 
-at::Tensor launch(const opreg::triton::Kernel& kernel, const char* op, const at::Tensor& seeds,
-                  int64_t n, int64_t counter) {
+at::Tensor launch(const opreg::triton::Kernel& kernel, int64_t block, const char* op,
+                  const at::Tensor& seeds, int64_t n, int64_t counter) {
   check_n(op, seeds, n);
   auto flat = seeds.contiguous().reshape({-1});
   auto out = at::empty({flat.numel(), n}, seeds.options().dtype(at::kFloat));
-  kernel.launch({flat.numel(), opreg::triton::cdiv(opreg::triton::cdiv(n, 4), kCallsPerProgram)},
+  kernel.launch({flat.numel(), opreg::triton::cdiv(opreg::triton::cdiv(n, 4), block)},
                 {flat, out, n, counter});
   return out.reshape(output_shape(seeds, n));
 }
@@ -209,12 +210,12 @@ const auto philox_uniform_op =
         .fallback(philox_uniform_reference)
         .kernel(
             [](const at::Tensor& s, int64_t n, int64_t c) {
-              return launch(uniform_kernel(), "opreg::philox_uniform", s, n, c);
+              return launch(uniform_kernel(), kUniformBlock, "opreg::philox_uniform", s, n, c);
             },
             opreg::on({"cuda"})
                 .name("triton_aot")
                 .accepts([](const at::Tensor& seeds, int64_t n, int64_t) {
-                  return fits_grid(seeds, n) && uniform_kernel().available_on(seeds.get_device());
+                  return fits_grid(seeds, n, kUniformBlock) && uniform_kernel().available_on(seeds.get_device());
                 }))
         .fake(philox_fake)
         .dtypes("seeds", {at::kLong})
@@ -227,11 +228,11 @@ const auto philox_normal_op =
     opreg::op("opreg::philox_normal(Tensor seeds, int n, int counter=0) -> Tensor")
         .fallback(philox_normal_reference)
         .kernel([](const at::Tensor& s, int64_t n,
-                   int64_t c) { return launch(normal_kernel(), "opreg::philox_normal", s, n, c); },
+                   int64_t c) { return launch(normal_kernel(), kNormalBlock, "opreg::philox_normal", s, n, c); },
                 opreg::on({"cuda"})
                     .name("triton_aot")
                     .accepts([](const at::Tensor& seeds, int64_t n, int64_t) {
-                      return fits_grid(seeds, n) &&
+                      return fits_grid(seeds, n, kNormalBlock) &&
                              normal_kernel().available_on(seeds.get_device());
                     }))
         .fake(philox_fake)

@@ -23,10 +23,10 @@ import opreg  # noqa: F401  (loads the shipped ops)
 
 __all__ = [
     "MASK",
-    "PHILOX_M4x32_0",
-    "PHILOX_M4x32_1",
     "PHILOX_W32_0",
     "PHILOX_W32_1",
+    "PHILOX_M4x32_0",
+    "PHILOX_M4x32_1",
     "philox_normal",
     "philox_uniform",
 ]

@@ -19,7 +19,7 @@ constexpr int64_t kMask32 = 0xFFFFFFFF;
 constexpr int64_t kMultiplier0 = 0xD2511F53, kMultiplier1 = 0xCD9E8D57;
 constexpr int64_t kWeyl0 = 0x9E3779B9, kWeyl1 = 0xBB67AE85;
 // Philox calls per program: each kernel's BLOCK in python/opreg/kernels/kernels.toml.
-constexpr int64_t kUniformBlock = 1024, kNormalBlock = 512;
+constexpr int64_t kUniformBlock = 2048, kNormalBlock = 512;
 
 at::Tensor shl(const at::Tensor& x, int64_t bits) { return at::bitwise_left_shift(x, bits); }
 at::Tensor shr(const at::Tensor& x, int64_t bits) { return at::bitwise_right_shift(x, bits); }
@@ -100,9 +100,9 @@ at::Tensor philox_uniform_reference(const at::Tensor& seeds, int64_t n, int64_t 
 // P, S and C are fitted on those intervals; every constant is a float32 number. This fallback and
 // the kernel (python/opreg/kernels/philox.py) perform the same operations in the same order with
 // the same constants: change both together. Agreement and accuracy: docs/ops/philox.md.
-constexpr double kLogP[] = {-0.07634492963552475, 0.12761574983596802, -0.13160182535648346,
-                            0.14201758801937103, -0.16623356938362122, 0.20001226663589478,
-                            -0.2500081956386566, 0.3333333134651184};
+constexpr double kLogP[] = {-0.07634492963552475, 0.12761574983596802,  -0.13160182535648346,
+                            0.14201758801937103,  -0.16623356938362122, 0.20001226663589478,
+                            -0.2500081956386566,  0.3333333134651184};
 constexpr double kLn2Hi = 0.693359375, kLn2Lo = -0.00021219444170128554;
 constexpr int64_t kSqrtHalfBits = 0x3F3504F3;
 constexpr double kU1Floor = 1.0000000133514320e-10;  // float32(1e-10)
@@ -215,7 +215,8 @@ const auto philox_uniform_op =
             opreg::on({"cuda"})
                 .name("triton_aot")
                 .accepts([](const at::Tensor& seeds, int64_t n, int64_t) {
-                  return fits_grid(seeds, n, kUniformBlock) && uniform_kernel().available_on(seeds.get_device());
+                  return fits_grid(seeds, n, kUniformBlock) &&
+                         uniform_kernel().available_on(seeds.get_device());
                 }))
         .fake(philox_fake)
         .dtypes("seeds", {at::kLong})
@@ -227,14 +228,16 @@ const auto philox_uniform_op =
 const auto philox_normal_op =
     opreg::op("opreg::philox_normal(Tensor seeds, int n, int counter=0) -> Tensor")
         .fallback(philox_normal_reference)
-        .kernel([](const at::Tensor& s, int64_t n,
-                   int64_t c) { return launch(normal_kernel(), kNormalBlock, "opreg::philox_normal", s, n, c); },
-                opreg::on({"cuda"})
-                    .name("triton_aot")
-                    .accepts([](const at::Tensor& seeds, int64_t n, int64_t) {
-                      return fits_grid(seeds, n, kNormalBlock) &&
-                             normal_kernel().available_on(seeds.get_device());
-                    }))
+        .kernel(
+            [](const at::Tensor& s, int64_t n, int64_t c) {
+              return launch(normal_kernel(), kNormalBlock, "opreg::philox_normal", s, n, c);
+            },
+            opreg::on({"cuda"})
+                .name("triton_aot")
+                .accepts([](const at::Tensor& seeds, int64_t n, int64_t) {
+                  return fits_grid(seeds, n, kNormalBlock) &&
+                         normal_kernel().available_on(seeds.get_device());
+                }))
         .fake(philox_fake)
         .dtypes("seeds", {at::kLong})
         .autograd(opreg::AutogradPolicy::kNone)

@@ -14,10 +14,10 @@ import torch
 from conftest import DEVICES
 from opreg.philox import (
     MASK,
-    PHILOX_M4x32_0,
-    PHILOX_M4x32_1,
     PHILOX_W32_0,
     PHILOX_W32_1,
+    PHILOX_M4x32_0,
+    PHILOX_M4x32_1,
     philox_normal,
     philox_uniform,
 )

@@ -1,7 +1,12 @@
 """Philox4x32-10 (Salmon et al., SC'11) in Triton: the kernels of opreg::philox_uniform and
 opreg::philox_normal. Row r of the output uses the key (low 32 bits, high 32 bits) of seeds[r];
 Philox call j uses the counter words (low32(counter + j), high32(counter + j), 0, 0) and yields
-the 4 words at positions 4j..4j+3."""
+the 4 words at positions 4j..4j+3.
+
+The normals are float32 Box-Muller computed from +, -, *, a correctly rounded sqrt, integer and
+bit operations only, each float operation rounded on its own (see Note [Float32 Box-Muller] in
+src/ops/philox.cpp, whose fallback performs the same operations in the same order with the same
+constants: change both together)."""
 
 import triton.language as tl
 
@@ -12,22 +17,42 @@ PHILOX_M1 = tl.constexpr(0xCD9E8D57)
 PHILOX_W0 = tl.constexpr(0x9E3779B9)
 PHILOX_W1 = tl.constexpr(0xBB67AE85)
 
+# float32 values written exactly (each is a float32 number), as in src/ops/philox.cpp.
+# log(1 + f) = f - f^2/2 + f^3 * P(f), f in [sqrt(1/2) - 1, sqrt(2) - 1]; P highest degree first.
+LOG_P7 = tl.constexpr(-0.07634492963552475)
+LOG_P6 = tl.constexpr(0.12761574983596802)
+LOG_P5 = tl.constexpr(-0.13160182535648346)
+LOG_P4 = tl.constexpr(0.14201758801937103)
+LOG_P3 = tl.constexpr(-0.16623356938362122)
+LOG_P2 = tl.constexpr(0.20001226663589478)
+LOG_P1 = tl.constexpr(-0.2500081956386566)
+LOG_P0 = tl.constexpr(0.3333333134651184)
+LN2_HI = tl.constexpr(0.693359375)  # 9 significant bits: k * LN2_HI is exact
+LN2_LO = tl.constexpr(-0.00021219444170128554)
+SQRT_HALF_BITS = tl.constexpr(0x3F3504F3)
+U1_FLOOR = tl.constexpr(1.0000000133514320e-10)  # float32(1e-10)
+# sin(pi/2 f) = f * S(f^2), cos(pi/2 f) = C(f^2), f in [-1/2, 1/2].
+SIN_S3 = tl.constexpr(-0.004602177068591118)
+SIN_S2 = tl.constexpr(0.07968022674322128)
+SIN_S1 = tl.constexpr(-0.6459634900093079)
+SIN_S0 = tl.constexpr(1.5707963705062866)
+COS_C4 = tl.constexpr(0.0009036316769197583)
+COS_C3 = tl.constexpr(-0.02086007222533226)
+COS_C2 = tl.constexpr(0.25366920232772827)
+COS_C1 = tl.constexpr(-1.2337005138397217)
+
 
 @triton.jit
 def _philox4x32_10(c0, c1, c2, c3, k0, k1):
-    # uint32 constants built from int64 literals: 0xD2511F53 does not fit int32.
-    m0 = tl.full(c0.shape, PHILOX_M0, tl.uint64).to(tl.uint32)
-    m1 = tl.full(c0.shape, PHILOX_M1, tl.uint64).to(tl.uint32)
-    w0 = tl.full(c0.shape, PHILOX_W0, tl.uint64).to(tl.uint32)
-    w1 = tl.full(c0.shape, PHILOX_W1, tl.uint64).to(tl.uint32)
     for r in tl.static_range(10):
         if r > 0:
-            k0 = k0 + w0
-            k1 = k1 + w1
-        hi0 = tl.umulhi(m0, c0)
-        lo0 = m0 * c0
-        hi1 = tl.umulhi(m1, c2)
-        lo1 = m1 * c2
+            k0 = k0 + PHILOX_W0
+            k1 = k1 + PHILOX_W1
+        # One 32x32 -> 64-bit product gives both halves (a single wide multiply on the GPU).
+        p0 = c0.to(tl.uint64) * PHILOX_M0
+        p1 = c2.to(tl.uint64) * PHILOX_M1
+        hi0, lo0 = (p0 >> 32).to(tl.uint32), p0.to(tl.uint32)
+        hi1, lo1 = (p1 >> 32).to(tl.uint32), p1.to(tl.uint32)
         c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
     return c0, c1, c2, c3
 
@@ -66,18 +91,84 @@ def philox_uniform_kernel(seeds_ptr, out_ptr, n, counter, BLOCK: tl.constexpr):
     _store4(out_ptr, n, _to_unit(u0), _to_unit(u1), _to_unit(u2), _to_unit(u3), BLOCK)
 
 
+# Rounded float32 operations that the compiler may not contract into an FMA (PTX: an instruction
+# with an explicit rounding modifier is never fused), so each rounds as ATen's separate op does.
 @triton.jit
-def _box_muller(u1, u2):
-    # float64, rounded to float32 at the end, as the fallback does: agreement to rounding.
-    u1 = tl.maximum(u1.to(tl.float64), 1e-10)
-    theta = u2.to(tl.float64) * 6.283185307179586
-    r = tl.sqrt(-2.0 * tl.log(u1))
-    return (r * tl.cos(theta)).to(tl.float32), (r * tl.sin(theta)).to(tl.float32)
+def _mul(a, b):
+    return tl.inline_asm_elementwise(
+        "mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _add(a, b):
+    return tl.inline_asm_elementwise(
+        "add.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _sub(a, b):
+    return tl.inline_asm_elementwise(
+        "sub.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _log(x):
+    # x = 2^k * m with m in [sqrt(1/2), sqrt(2)), read from the bits; then log(m) = log1p(m - 1).
+    bits = x.to(tl.int32, bitcast=True)
+    k = (bits - SQRT_HALF_BITS) >> 23
+    f = _sub((bits - (k << 23)).to(tl.float32, bitcast=True), 1.0)  # exact
+    z = _mul(f, f)
+    p = _add(_mul(LOG_P7, f), LOG_P6)
+    p = _add(_mul(p, f), LOG_P5)
+    p = _add(_mul(p, f), LOG_P4)
+    p = _add(_mul(p, f), LOG_P3)
+    p = _add(_mul(p, f), LOG_P2)
+    p = _add(_mul(p, f), LOG_P1)
+    p = _add(_mul(p, f), LOG_P0)
+    t = _mul(_mul(p, f), z)
+    kf = k.to(tl.float32)
+    t = _add(t, _mul(kf, LN2_LO))
+    t = _sub(t, _mul(z, 0.5))
+    return _add(_add(f, t), _mul(kf, LN2_HI))
+
+
+@triton.jit
+def _sincos_turn(word):
+    # sin and cos of 2 pi (word >> 8) 2^-24: quadrant q and f in [-1/2, 1/2] from the integer,
+    # exactly, so the angle is (pi/2)(q + f) with no rounding.
+    k = (word >> 8).to(tl.int32)
+    q = (k + (1 << 21)) >> 22
+    f = _mul((k - (q << 22)).to(tl.float32), 2.384185791015625e-07)  # 2^-22
+    z = _mul(f, f)
+    s = _add(_mul(SIN_S3, z), SIN_S2)
+    s = _add(_mul(s, z), SIN_S1)
+    s = _mul(_add(_mul(s, z), SIN_S0), f)
+    c = _add(_mul(COS_C4, z), COS_C3)
+    c = _add(_mul(c, z), COS_C2)
+    c = _add(_mul(c, z), COS_C1)
+    c = _add(_mul(c, z), 1.0)
+    swap = (q & 1) != 0
+    sin = tl.where(swap, c, s)
+    cos = tl.where(swap, s, c)
+    sin = tl.where((q & 2) != 0, -sin, sin)
+    cos = tl.where(((q + 1) & 2) != 0, -cos, cos)
+    return sin, cos
+
+
+@triton.jit
+def _box_muller(word1, word2):
+    u1 = tl.maximum(_to_unit(word1), U1_FLOOR)
+    r = tl.sqrt_rn(_mul(_log(u1), -2.0))
+    sin, cos = _sincos_turn(word2)
+    return _mul(r, cos), _mul(r, sin)
 
 
 @triton.jit
 def philox_normal_kernel(seeds_ptr, out_ptr, n, counter, BLOCK: tl.constexpr):
-    u0, u1, u2, u3 = _words(seeds_ptr, counter, BLOCK)
-    z0, z1 = _box_muller(_to_unit(u0), _to_unit(u1))
-    z2, z3 = _box_muller(_to_unit(u2), _to_unit(u3))
+    w0, w1, w2, w3 = _words(seeds_ptr, counter, BLOCK)
+    z0, z1 = _box_muller(w0, w1)
+    z2, z3 = _box_muller(w2, w3)
     _store4(out_ptr, n, z0, z1, z2, z3, BLOCK)

@@ -36,6 +36,7 @@ from opreg._triton import (
     has_triton,
     register_triton_device_type,
     triton_device_types,
+    triton_supports_device,
     wrap_triton,
 )
 from opreg._vmap import VmapInfo, default_vmap_wrap_inputs
@@ -76,6 +77,7 @@ __all__ = [
     "trace",
     "triton_device_types",
     "triton_kernels",
+    "triton_supports_device",
     "wrap_triton",
 ]
 

@@ -43,15 +43,49 @@ def triton_status() -> tuple[bool, str]:
 
 
 @public
-def triton_device_types() -> list[str]:
-    """Device types that Triton kernels serve by default (initially ``["cuda"]``)."""
-    return accelerated_device_types()
+def triton_device_types() -> frozenset[str]:
+    """The device types whose calls Triton kernels serve by default, as EvoX's
+    ``evox.triton_kernels.triton_device_types``: a frozenset, initially ``{"cuda"}``.
+    :func:`opreg.accelerated_device_types` gives them in registration order."""
+    return frozenset(accelerated_device_types())
 
 
 @public
-def register_triton_device_type(name: str) -> str:
-    """Add a device type for Triton kernels (stripped, lower-cased); reaches ops defined earlier."""
-    return register_accelerated_device_type(name)
+def register_triton_device_type(device_type: str) -> None:
+    """Add a device type for Triton kernels, as EvoX's
+    ``evox.triton_kernels.backend.register_triton_device_type``: stripped and lower-cased, an
+    empty name ignored, None returned. Ops defined earlier serve it too; a type this PyTorch
+    build does not know is kept, and each op's report (``python3 -m opreg info``) says why its
+    kernel skips it. :func:`opreg.register_accelerated_device_type` returns the normalised name
+    and refuses an empty one."""
+    if not isinstance(device_type, str):
+        raise TypeError(
+            "opreg.register_triton_device_type: device_type must be a str such as 'npu', got "
+            f"{type(device_type).__name__}"
+        )
+    if device_type.strip():
+        register_accelerated_device_type(device_type)
+
+
+@public
+def triton_supports_device(device: torch.device | str) -> bool:
+    """Whether a Triton kernel can run on ``device`` (a ``torch.device`` or a device string), as
+    EvoX's ``evox.triton_kernels.triton_supports_device``: Triton works, the device's type (the
+    string before ``:``, stripped, case kept) is one of :func:`triton_device_types`, and for
+    ``cuda`` a CUDA device is available. Any string is answered, unknown ones with False;
+    anything else is a TypeError."""
+    if isinstance(device, torch.device):
+        device_type = device.type
+    elif isinstance(device, str):
+        device_type = device.split(":", 1)[0].strip()
+    else:
+        raise TypeError(
+            "opreg.triton_supports_device: device must be a torch.device or a str such as "
+            f"'cuda:0', got {type(device).__name__}"
+        )
+    if not has_triton() or device_type not in triton_device_types():
+        return False
+    return torch.cuda.is_available() if device_type == "cuda" else True
 
 
 # ---- traceable Triton launches ------------------------------------------------------------------

@@ -123,7 +123,7 @@ def test_a_registered_type_is_normalised_supported_and_reaches_earlier_ops():
 
         assert opreg.register_triton_device_type(" NPU ") is None
         assert opreg.register_triton_device_type("npu") is None  # twice: no change
-        assert opreg.triton_device_types() == frozenset({"cuda", "npu"}), opreg.triton_device_types()
+        assert opreg.triton_device_types() == frozenset({"cuda", "npu"})
         with mock.patch.object(_triton, "has_triton", return_value=True):
             assert opreg.triton_supports_device("npu") is True
             assert opreg.triton_supports_device("npu:1") is True

@@ -12,7 +12,19 @@ from opreg import _C, _registry
 from opreg._aot import AotKernel, load_triton_bundle, triton_kernels
 from opreg._declaration import AutogradContext, kernel_status
 from opreg._front import register_triton_op, register_vmap_op
-from opreg._opcheck import CheckRow, OpcheckError, OpcheckReport, Sample, opcheck
+from opreg._library import (
+    CustomOpDef,
+    capture_triton,
+    custom_op,
+    opcheck,
+    register_autograd,
+    register_fake,
+    register_kernel,
+    register_torch_dispatch,
+    register_vmap,
+    triton_op,
+)
+from opreg._opcheck import CheckRow, OpcheckError, OpcheckReport, Sample
 from opreg._registry import (
     AutogradSupport,
     DeviceServing,
@@ -36,6 +48,7 @@ from opreg._triton import (
     has_triton,
     register_triton_device_type,
     triton_device_types,
+    triton_supports_device,
     wrap_triton,
 )
 from opreg._vmap import VmapInfo, default_vmap_wrap_inputs
@@ -46,6 +59,7 @@ __all__ = [
     "AutogradContext",
     "AutogradSupport",
     "CheckRow",
+    "CustomOpDef",
     "DeviceServing",
     "FakeSource",
     "OpReport",
@@ -58,7 +72,9 @@ __all__ = [
     "VmapInfo",
     "VmapSupport",
     "accelerated_device_types",
+    "capture_triton",
     "cmake_dir",
+    "custom_op",
     "default_vmap_wrap_inputs",
     "describe_op",
     "describe_ops",
@@ -70,12 +86,19 @@ __all__ = [
     "load_triton_bundle",
     "opcheck",
     "register_accelerated_device_type",
+    "register_autograd",
+    "register_fake",
+    "register_kernel",
+    "register_torch_dispatch",
     "register_triton_device_type",
     "register_triton_op",
+    "register_vmap",
     "register_vmap_op",
     "trace",
     "triton_device_types",
     "triton_kernels",
+    "triton_op",
+    "triton_supports_device",
     "wrap_triton",
 ]
 

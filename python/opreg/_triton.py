@@ -4,9 +4,10 @@ kernel attached by declaration and launched from C++)."""
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -43,15 +44,49 @@ def triton_status() -> tuple[bool, str]:
 
 
 @public
-def triton_device_types() -> list[str]:
-    """Device types that Triton kernels serve by default (initially ``["cuda"]``)."""
-    return accelerated_device_types()
+def triton_device_types() -> frozenset[str]:
+    """The device types whose calls Triton kernels serve by default, as EvoX's
+    ``evox.triton_kernels.triton_device_types``: a frozenset, initially ``{"cuda"}``.
+    :func:`opreg.accelerated_device_types` gives them in registration order."""
+    return frozenset(accelerated_device_types())
 
 
 @public
-def register_triton_device_type(name: str) -> str:
-    """Add a device type for Triton kernels (stripped, lower-cased); reaches ops defined earlier."""
-    return register_accelerated_device_type(name)
+def register_triton_device_type(device_type: str) -> None:
+    """Add a device type for Triton kernels, as EvoX's
+    ``evox.triton_kernels.backend.register_triton_device_type``: stripped and lower-cased, an
+    empty name ignored, None returned. Ops defined earlier serve it too; a type this PyTorch
+    build does not know is kept, and each op's report (``python3 -m opreg info``) says why its
+    kernel skips it. :func:`opreg.register_accelerated_device_type` returns the normalised name
+    and refuses an empty one."""
+    if not isinstance(device_type, str):
+        raise TypeError(
+            "opreg.register_triton_device_type: device_type must be a str such as 'npu', got "
+            f"{type(device_type).__name__}"
+        )
+    if device_type.strip():
+        register_accelerated_device_type(device_type)
+
+
+@public
+def triton_supports_device(device: torch.device | str) -> bool:
+    """Whether a Triton kernel can run on ``device`` (a ``torch.device`` or a device string), as
+    EvoX's ``evox.triton_kernels.triton_supports_device``: Triton works, the device's type (the
+    string before ``:``, stripped, case kept) is one of :func:`triton_device_types`, and for
+    ``cuda`` a CUDA device is available. Any string is answered, unknown ones with False;
+    anything else is a TypeError."""
+    if isinstance(device, torch.device):
+        device_type = device.type
+    elif isinstance(device, str):
+        device_type = device.split(":", 1)[0].strip()
+    else:
+        raise TypeError(
+            "opreg.triton_supports_device: device must be a torch.device or a str such as "
+            f"'cuda:0', got {type(device).__name__}"
+        )
+    if not has_triton() or device_type not in triton_device_types():
+        return False
+    return torch.cuda.is_available() if device_type == "cuda" else True
 
 
 # ---- traceable Triton launches ------------------------------------------------------------------
@@ -59,6 +94,18 @@ def register_triton_device_type(name: str) -> str:
 _decomposing: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "opreg_decomposing", default=False
 )
+_faking: contextvars.ContextVar[bool] = contextvars.ContextVar("opreg_faking", default=False)
+
+
+@contextlib.contextmanager
+def faking_launches() -> Iterator[None]:
+    """Within: opreg.wrap_triton launches do nothing (a fake computes no values; torch's fake
+    of its launch higher-order op does nothing either)."""
+    token = _faking.set(True)
+    try:
+        yield
+    finally:
+        _faking.reset(token)
 
 
 @public
@@ -71,26 +118,71 @@ class TritonKernelLike(Protocol):
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
+def _skip_launch(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _traced() -> bool:
+    """Whether this launch is being traced: inside an op's decomposition under torch.compile, or
+    under a dispatch mode (make_fx, export, fake tensors) outside torch's and opreg's kernels,
+    which turn torch.library.wrap_triton's tracing off."""
+    if _decomposing.get():
+        return True
+    from torch._library.triton import is_wrap_triton_enabled
+
+    return is_wrap_triton_enabled() and torch._C._len_torch_dispatch_stack() > 0
+
+
 class _WrappedTriton:
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
 
     def __getitem__(self, grid: Any) -> Callable[..., Any]:
-        if _decomposing.get():
+        if _faking.get():
+            return _skip_launch
+        if _traced():
             return torch.library.wrap_triton(self.kernel)[grid]
         return self.kernel[grid]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _decomposing.get():
+        if _faking.get():
+            return None
+        if _traced():
             return torch.library.wrap_triton(self.kernel)(*args, **kwargs)
         return self.kernel(*args, **kwargs)
 
 
+def _is_triton_kernel(kernel: Any) -> bool:
+    """What torch.library.wrap_triton accepts: @triton.jit, @triton.autotune, and either under
+    Triton's interpreter."""
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:
+        InterpretedFunction = JITFunction
+    return isinstance(kernel, (JITFunction, Autotuner, InterpretedFunction))
+
+
 @public
-def wrap_triton(kernel: Any) -> TritonKernelLike:
-    """Launch ``kernel`` so that torch.compile and torch.export see it when they trace an opreg
-    op (as ``torch.library.wrap_triton`` inside ``triton_op``); in eager, launch it directly."""
-    return _WrappedTriton(kernel)
+def wrap_triton(triton_kernel: Any, /) -> TritonKernelLike:
+    """Launch a ``@triton.jit`` or ``@triton.autotune`` kernel, as ``torch.library.wrap_triton``:
+    ``wrap_triton(kernel)[grid](*args)``. Traced launches (an opreg op under torch.compile or
+    torch.export, make_fx, a dispatch mode) are torch's launch higher-order op, which the
+    compiler sees; a fake skips the launch; an eager call launches the kernel directly, with no
+    tracing machinery. Anything else is a RuntimeError, as in torch."""
+    usable, why = triton_status()
+    if not usable:
+        raise RuntimeError(f"opreg.wrap_triton: {why}")
+    if not _is_triton_kernel(triton_kernel):
+        raise RuntimeError(
+            "opreg.wrap_triton only works on functions annotated with triton.jit or "
+            f"triton.autotune, got {type(triton_kernel).__name__}"
+        )
+    if torch.compiler.is_compiling() and not _faking.get():
+        return torch.library.wrap_triton(triton_kernel)  # dynamo knows torch's wrapper
+    return _WrappedTriton(triton_kernel)
 
 
 def uses_wrap_triton(triton_fn: Callable[..., Any] | None) -> bool:

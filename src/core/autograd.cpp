@@ -262,6 +262,9 @@ class AutogradKernel final : public c10::OperatorKernel {
     node->set_next_edges(torch::autograd::collect_next_edges(edge_tensors));
 
     {
+      // As torch.autograd.Function.forward: the backward is the gradient, so the forward runs
+      // without recording (and may use what refuses tensors that require grad, e.g. numpy()).
+      c10::NoGradGuard no_grad;
       at::AutoDispatchBelowADInplaceOrView guard;
       op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
     }

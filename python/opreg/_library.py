@@ -1,0 +1,589 @@
+"""torch.library's custom-op API from opreg, so that ``import opreg as library`` can stand in for
+``torch.library``: ``triton_op``, ``custom_op``, ``wrap_triton``/``capture_triton``, the
+``CustomOpDef`` methods and their function forms, and ``opcheck`` in torch's call form. Each op
+is one :class:`~opreg._declaration.OpDeclaration`; a method that adds a piece re-defines the op
+with it (the core replaces a definition atomically, and a refused one leaves the op as it was).
+docs/python-front.md, "Coming from torch.library", lists the differences from torch."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+from opreg import _C, _jit_cache
+from opreg._declaration import KernelDeclaration, OpDeclaration, define
+from opreg._front import _schema
+from opreg._opcheck import opcheck as _opreg_opcheck
+from opreg._public import public
+from opreg._triton import faking_launches, triton_status, wrap_triton
+from opreg._vmap import explicit_rule
+
+_DeviceTypes = str | Sequence[str] | None
+
+# The ops defined here, by qualified name (a later custom_op/triton_op of a name replaces the op,
+# as torch.library.custom_op does).
+_defined: dict[str, CustomOpDef] = {}
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _without_hop(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with torch.library.wrap_triton launching kernels directly (no higher-order op), as
+    torch's triton_op runs its function on real tensors."""
+    from torch._library.triton import set_wrap_triton_enabled
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with set_wrap_triton_enabled(False):
+            return fn(*args, **kwargs)
+
+    return run
+
+
+def _fake_from(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A triton_op's fake: its function on fake tensors, kernel launches skipped (torch's fake
+    of the launch higher-order op does nothing)."""
+
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        with faking_launches():
+            return fn(*args, **kwargs)
+
+    return fake
+
+
+def _device_type_of(args: Iterable[Any]) -> str:
+    for value in args:
+        if isinstance(value, torch.Tensor):
+            return value.device.type
+        if isinstance(value, (list, tuple)):
+            found = _device_type_of(value)
+            if found != "cpu":
+                return found
+        if isinstance(value, torch.device):
+            return value.type
+    return "cpu"
+
+
+def _device_list(where: str, device_types: _DeviceTypes) -> list[str | None]:
+    if device_types is None:
+        return [None]
+    if isinstance(device_types, str):
+        return [device_types]
+    if isinstance(device_types, Iterable) and all(isinstance(t, str) for t in device_types):
+        return list(device_types)
+    raise TypeError(
+        f"{where}: device_types must be a str such as 'cpu', a sequence of them, or None, got "
+        f"{device_types!r}"
+    )
+
+
+@public
+class CustomOpDef:
+    """What :func:`opreg.triton_op` and :func:`opreg.custom_op` return: called like the op, with
+    torch.library.CustomOpDef's methods. Each method that adds a piece (fake, kernel, backward,
+    vmap rule) re-defines the op with it; ``torch.ops.<ns>.<name>`` stays the same op."""
+
+    def __init__(
+        self,
+        qualname: str,
+        schema: str,
+        *,
+        triton_fn: Callable[..., Any] | None,
+        origin: str,
+    ) -> None:
+        self._qualname = qualname
+        self._schema = schema
+        self._triton_fn = triton_fn
+        self._origin = origin
+        self._kernels: dict[str, Callable[..., Any]] = {}  # device type -> kernel
+        self._reference: Callable[..., Any] | None = None  # register_kernel(None or "cpu")
+        self._fake: Callable[..., Any] | None = None
+        self._backward: Callable[..., Any] | None = None
+        self._setup_context: Callable[..., Any] | None = None
+        self._vmap: Callable[..., Any] | None = None
+        self._dispatch_library: torch.library.Library | None = None
+        self._opoverload: torch._ops.OpOverload | None = None
+        parsed = torch._C.parse_schema(qualname + schema)
+        self._keyword_only = [a.name for a in parsed.arguments if a.kwarg_only]
+
+    @property
+    def __name__(self) -> str:  # functools and torch read it
+        return self._qualname.split("::")[1]
+
+    def __repr__(self) -> str:
+        return f"<opreg.CustomOpDef({self._qualname})>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._opoverload(*args, **kwargs)
+
+    # ---- the declaration ----------------------------------------------------------------------
+
+    def _missing_reference(self) -> Callable[..., Any]:
+        qualname, short = self._qualname, self._qualname.split("::")[1]
+        triton = ["the Triton device types"] if self._triton_fn is not None else []
+        serving = ", ".join([*triton, *sorted(self._kernels)]) or "no device type"
+
+        def missing(*args: Any, **kwargs: Any) -> Any:
+            device = _device_type_of([*args, *kwargs.values()])
+            if device == "meta":
+                raise NotImplementedError(
+                    f"opreg: op '{qualname}' has no fake and no reference to run on meta "
+                    f"tensors; register one with {short}.register_fake(fn)"
+                )
+            raise NotImplementedError(
+                f"opreg: op '{qualname}' has no implementation for device type '{device}': its "
+                f"kernels serve {serving}. Register one with {short}.register_kernel('{device}', "
+                "fn) (a 'cpu' or None kernel is the reference, which serves every other device), "
+                "or give triton_op(..., fallback=fn)"
+            )
+
+        return missing
+
+    def _declaration(self) -> OpDeclaration:
+        reference = self._reference
+        # Under Triton's interpreter the function runs on CPU tensors, as with torch, and stays
+        # opaque to torch.compile (interpreted launches cannot be traced).
+        decompose = self._triton_fn is not None and not (_interpreted() and reference is None)
+        if reference is None and self._triton_fn is not None and _interpreted():
+            reference = _without_hop(self._triton_fn)
+        usable, why = triton_status()
+        kernels = [
+            KernelDeclaration("register_kernel", [device], fn=fn)
+            for device, fn in self._kernels.items()
+        ]
+        status = "no triton_op function"
+        if self._triton_fn is not None:
+            if usable:
+                kernels.append(KernelDeclaration("triton", None, fn=_without_hop(self._triton_fn)))
+                status = "the triton_op function serves the Triton devices"
+            else:
+                status = f"the triton_op function is off: {why}"
+        fake = self._fake
+        if fake is None and self._triton_fn is not None:
+            fake = _fake_from(self._triton_fn)
+        return OpDeclaration(
+            schema=self._qualname + self._schema,
+            fallback=reference or self._missing_reference(),
+            fallback_label="" if reference is not None else "no reference",
+            fake=fake,
+            kernels=kernels,
+            autograd="fallback" if reference is not None else "error",
+            backward=self._adapted_backward(),
+            setup_context=self._adapted_setup_context(),
+            vmap=None
+            if self._vmap is None
+            else explicit_rule(self._qualname, self._adapted_vmap()),
+            vmap_per_example_loop=reference is None and self._vmap is None,
+            replace=True,
+            origin=self._origin,
+            decompose_with=(self._triton_fn, None) if decompose and usable else None,
+            kernel_status=status,
+            jit_kernels=_jit_cache.adopt_kernels_reached_by(self._triton_fn, None)
+            if usable and self._triton_fn is not None
+            else [],
+        )
+
+    def _define(self) -> None:
+        (self._opoverload,) = define(self._declaration())
+
+    def _with(self, **pieces: Any) -> None:
+        """Sets pieces and re-defines the op; a refused definition restores them."""
+        before = {name: getattr(self, name) for name in pieces}
+        for name, value in pieces.items():
+            setattr(self, name, value)
+        try:
+            self._define()
+        except BaseException:
+            for name, value in before.items():
+                setattr(self, name, value)
+            raise
+
+    # ---- keyword-only arguments, as torch passes them -----------------------------------------
+
+    def _split(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        count = len(inputs) - len(self._keyword_only)
+        return tuple(inputs[:count]), dict(zip(self._keyword_only, inputs[count:], strict=True))
+
+    def _adapted_setup_context(self) -> Callable[..., Any] | None:
+        setup = self._setup_context
+        if setup is None or not self._keyword_only:
+            return setup
+
+        def setup_context(ctx: Any, inputs: Sequence[Any], output: Any) -> Any:
+            positional, keyword_only = self._split(inputs)
+            return setup(ctx, positional, keyword_only, output)
+
+        return setup_context
+
+    def _adapted_backward(self) -> Callable[..., Any] | None:
+        backward = self._backward
+        if backward is None or not self._keyword_only:
+            return backward
+
+        def backward_with_keyword_only(ctx: Any, *grads: Any) -> Any:
+            result = backward(ctx, *grads)
+            result = tuple(result) if isinstance(result, (tuple, list)) else (result,)
+            return (*result, *([None] * len(self._keyword_only)))
+
+        return backward_with_keyword_only
+
+    def _adapted_vmap(self) -> Callable[..., Any]:
+        rule = self._vmap
+        if not self._keyword_only:
+            return rule
+
+        def vmap(info: Any, in_dims: Sequence[int | None], *inputs: Any) -> Any:
+            positional, keyword_only = self._split(inputs)
+            return rule(info, tuple(in_dims[: len(positional)]), *positional, **keyword_only)
+
+        return vmap
+
+    # ---- torch.library.CustomOpDef's methods --------------------------------------------------
+
+    def _where(self, method: str) -> str:
+        return f"opreg: op '{self._qualname}': {method}"
+
+    def _check_callable(self, method: str, fn: Any, what: str = "fn") -> None:
+        if not callable(fn):
+            raise TypeError(
+                f"{self._where(method)}: {what} must be callable, got {type(fn).__name__}"
+            )
+
+    def register_fake(self, fn: Callable[..., Any], /) -> Callable[..., Any]:
+        """The op's fake (abstract evaluation for torch.compile, torch.export and meta tensors);
+        usable as a decorator. Replaces a triton_op's fake (its function on fake tensors)."""
+        self._check_callable("register_fake", fn)
+        self._with(_fake=fn)
+        return fn
+
+    def register_kernel(
+        self, device_types: _DeviceTypes, fn: Callable[..., Any] | None = None, /
+    ) -> Callable[..., Any]:
+        """An implementation for ``device_types``; usable as a decorator. ``"cpu"`` or None
+        gives the reference (opreg's fallback): it serves every device without a kernel."""
+        types = _device_list(self._where("register_kernel"), device_types)
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self._check_callable("register_kernel", fn)
+            reference = self._reference
+            kernels = dict(self._kernels)
+            for device in types:
+                if device is None or device.strip().lower() == "cpu":
+                    reference = fn
+                else:
+                    kernels[device.strip().lower()] = fn
+            self._with(_reference=reference, _kernels=kernels)
+            return fn
+
+        return register if fn is None else register(fn)
+
+    def register_autograd(
+        self, backward: Callable[..., Any], /, *, setup_context: Callable[..., Any] | None = None
+    ) -> None:
+        """A backward formula, as torch.library.register_autograd: ``backward(ctx, *grads)``
+        returns one gradient per positional input; ``setup_context(ctx, inputs, output)`` (with
+        ``keyword_only_inputs`` before ``output`` when the op has keyword-only arguments)."""
+        self._check_callable("register_autograd", backward, "backward")
+        if setup_context is not None:
+            self._check_callable("register_autograd", setup_context, "setup_context")
+        self._with(_backward=backward, _setup_context=setup_context)
+
+    def register_vmap(self, func: Callable[..., Any] | None = None) -> Callable[..., Any]:
+        """A vmap rule ``func(info, in_dims, *args, **kwargs) -> (output, out_dims)``, as
+        torch.library.register_vmap; usable as a decorator."""
+
+        def register(func: Callable[..., Any]) -> Callable[..., Any]:
+            self._check_callable("register_vmap", func, "func")
+            self._with(_vmap=func)
+            return func
+
+        return register if func is None else register(func)
+
+    def register_torch_dispatch(
+        self, torch_dispatch_class: Any, fn: Callable[..., Any] | None = None, /
+    ) -> Callable[..., Any]:
+        """A rule for a Tensor subclass or TorchDispatchMode, as
+        torch.library.register_torch_dispatch; usable as a decorator."""
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self._check_callable("register_torch_dispatch", fn)
+            if self._dispatch_library is None:
+                self._dispatch_library = torch.library.Library(
+                    self._qualname.split("::")[0], "FRAGMENT"
+                )
+            torch.library.register_torch_dispatch(
+                self._qualname, torch_dispatch_class, fn, lib=self._dispatch_library
+            )
+            return fn
+
+        return register if fn is None else register(fn)
+
+
+def _origin() -> str:
+    for frame in inspect.stack()[2:]:
+        if frame.filename != __file__:
+            return f"{frame.filename}:{frame.lineno}"
+    return ""
+
+
+def _new_op(
+    api: str,
+    name: str,
+    fn: Callable[..., Any],
+    *,
+    mutates_args: Any,
+    schema: str | None,
+    triton_fn: Callable[..., Any] | None,
+) -> CustomOpDef:
+    if not isinstance(name, str) or name.count("::") != 1 or "" in name.split("::"):
+        raise ValueError(f"opreg.{api}: name must look like 'namespace::name', got {name!r}")
+    if not callable(fn):
+        raise TypeError(f"opreg.{api}: op '{name}': fn must be callable, got {type(fn).__name__}")
+    signature = _schema(name, fn, schema, mutates_args)[len(name) :]
+    if name not in _defined:
+        try:
+            _C.describe_op(name)
+        except ValueError:
+            pass
+        else:  # defined by register_triton_op or C++: the core refuses it, naming the origin
+            raise ValueError(
+                f"opreg.{api}: op '{name}' is already defined by opreg outside opreg.{api}; "
+                "choose another name"
+            )
+    return CustomOpDef(name, signature, triton_fn=triton_fn, origin=_origin())
+
+
+def _publish(op: CustomOpDef) -> CustomOpDef:
+    previous = _defined.get(op._qualname)
+    op._define()
+    if previous is not None and previous._dispatch_library is not None:
+        previous._dispatch_library._destroy()
+    _defined[op._qualname] = op
+    return op
+
+
+@public
+def triton_op(
+    name: str,
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    mutates_args: str | Iterable[str],
+    schema: str | None = None,
+    fallback: Callable[..., Any] | None = None,
+) -> Any:
+    """torch.library.triton_op: an op whose ``fn`` launches Triton kernels through
+    :func:`opreg.wrap_triton` (or torch's); usable as a decorator. ``fn`` is the kernel for the
+    Triton device types (:func:`opreg.triton_device_types`), the op's fake (run on fake tensors,
+    launches skipped) and what torch.compile decomposes the op into. ``fallback=`` (or
+    ``register_kernel("cpu", fn)``) gives the reference, which serves every other device; without
+    one such calls raise NotImplementedError naming the op. Re-using a name replaces the op."""
+
+    def define_op(fn: Callable[..., Any]) -> CustomOpDef:
+        op = _new_op("triton_op", name, fn, mutates_args=mutates_args, schema=schema, triton_fn=fn)
+        if fallback is not None:
+            op._check_callable("triton_op", fallback, "fallback")
+            op._reference = fallback
+        _publish(op)
+        try:
+            from torch._library.triton import get_inner_triton_kernels, triton_ops_to_kernels
+
+            triton_ops_to_kernels[name] = get_inner_triton_kernels(fn)
+        except Exception:  # best effort, as in torch: AOTInductor reads it
+            pass
+        return op
+
+    return define_op if fn is None else define_op(fn)
+
+
+@public
+def custom_op(
+    name: str,
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    mutates_args: str | Iterable[str],
+    device_types: _DeviceTypes = None,
+    schema: str | None = None,
+    tags: Any = None,
+) -> Any:
+    """torch.library.custom_op: ``fn`` implements the op on ``device_types`` (None: every device,
+    as opreg's reference; ``"cpu"`` also gives the reference); usable as a decorator. ``tags``
+    are accepted and not applied. Re-using a name replaces the op."""
+    del tags
+
+    def define_op(fn: Callable[..., Any]) -> CustomOpDef:
+        op = _new_op(
+            "custom_op", name, fn, mutates_args=mutates_args, schema=schema, triton_fn=None
+        )
+        for device in _device_list(f"opreg.custom_op: op '{name}'", device_types):
+            if device is None or device.strip().lower() == "cpu":
+                op._reference = fn
+            else:
+                op._kernels[device.strip().lower()] = fn
+        return _publish(op)
+
+    return define_op if fn is None else define_op(fn)
+
+
+@public
+def capture_triton(triton_kernel: Any, /) -> Any:
+    """The older name of :func:`opreg.wrap_triton`, as torch.library.capture_triton."""
+    return wrap_triton(triton_kernel)
+
+
+# ---- the function forms -------------------------------------------------------------------------
+
+
+def _find(api: str, op: Any) -> CustomOpDef | None:
+    """The op defined here that ``op`` names; None for ops opreg does not define (torch.library
+    then registers the piece). Ops that opreg defines otherwise take their pieces as keywords."""
+    if isinstance(op, CustomOpDef):
+        return op
+    if isinstance(op, torch._ops.OpOverload):
+        name = op._schema.name
+    elif isinstance(op, torch._ops.OpOverloadPacket):
+        name = op._qualified_op_name
+    elif isinstance(op, str):
+        name = op.split(".")[0]
+    else:
+        raise TypeError(
+            f"opreg.{api}: op must be a CustomOpDef, an op of torch.ops or a 'namespace::name' "
+            f"string, got {type(op).__name__}"
+        )
+    if name in _defined:
+        return _defined[name]
+    try:
+        _C.describe_op(name)
+    except ValueError:
+        return None
+    raise ValueError(
+        f"opreg.{api}: op '{name}' was defined by opreg.register_triton_op, "
+        "register_vmap_op or C++; give this piece where it is defined (fake_fn=, backward=/"
+        "setup_context=, vmap=, a kernel) instead"
+    )
+
+
+@public
+def register_fake(
+    op: Any, func: Callable[..., Any] | None = None, /, *, lib: Any = None, **options: Any
+) -> Any:
+    """torch.library.register_fake: for ops defined by :func:`custom_op` or :func:`triton_op`,
+    their ``register_fake``; for other ops, torch.library's."""
+    found = _find("register_fake", op)
+    if found is None:
+        return torch.library.register_fake(op, func, lib=lib, **options)
+    return found.register_fake if func is None else found.register_fake(func)
+
+
+@public
+def register_kernel(
+    op: Any,
+    device_types: _DeviceTypes,
+    func: Callable[..., Any] | None = None,
+    /,
+    *,
+    lib: Any = None,
+) -> Any:
+    """torch.library.register_kernel; see :meth:`CustomOpDef.register_kernel`."""
+    found = _find("register_kernel", op)
+    if found is None:
+        return torch.library.register_kernel(op, device_types, func, lib=lib)
+    return found.register_kernel(device_types, func)
+
+
+@public
+def register_autograd(
+    op: Any,
+    backward: Callable[..., Any],
+    /,
+    *,
+    setup_context: Callable[..., Any] | None = None,
+    lib: Any = None,
+) -> None:
+    """torch.library.register_autograd; see :meth:`CustomOpDef.register_autograd`."""
+    found = _find("register_autograd", op)
+    if found is None:
+        torch.library.register_autograd(op, backward, setup_context=setup_context, lib=lib)
+    else:
+        found.register_autograd(backward, setup_context=setup_context)
+
+
+@public
+def register_vmap(op: Any, func: Callable[..., Any] | None = None, /, *, lib: Any = None) -> Any:
+    """torch.library.register_vmap; see :meth:`CustomOpDef.register_vmap`."""
+    found = _find("register_vmap", op)
+    if found is None:
+        return torch.library.register_vmap(op, func, lib=lib)
+    return found.register_vmap(func)
+
+
+@public
+def register_torch_dispatch(
+    op: Any,
+    torch_dispatch_class: Any,
+    func: Callable[..., Any] | None = None,
+    /,
+    *,
+    lib: Any = None,
+) -> Any:
+    """torch.library.register_torch_dispatch; see :meth:`CustomOpDef.register_torch_dispatch`."""
+    found = _find("register_torch_dispatch", op)
+    if found is None:
+        return torch.library.register_torch_dispatch(op, torch_dispatch_class, func, lib=lib)
+    return found.register_torch_dispatch(torch_dispatch_class, func)
+
+
+# ---- opcheck in both call forms -----------------------------------------------------------------
+
+_TORCH_OPCHECK_KEYWORDS = ("test_utils", "raise_exception", "atol", "rtol")
+
+
+def _is_argument_tuple(samples: Any) -> bool:
+    """torch's ``opcheck(op, args)``: one tuple of the op's arguments, not a list of samples."""
+    from opreg._opcheck import Sample
+
+    return isinstance(samples, tuple) and (
+        not samples or not all(isinstance(s, (Sample, tuple, list)) for s in samples)
+    )
+
+
+@public
+def opcheck(
+    op: Any, samples: Any = None, kwargs: dict[str, Any] | None = None, **options: Any
+) -> Any:
+    """Check an op. Two call forms:
+
+    - torch.library.opcheck's, ``opcheck(op, args, kwargs=None, *, test_utils=...,
+      raise_exception=True, atol=None, rtol=None)`` with ``args`` one tuple of arguments:
+      torch's checks, its result (a dict) and its errors.
+    - opreg's, ``opcheck(op, samples=None, *, devices=None, checks=..., raise_on_failure=True,
+      progress=None)``: every check of docs/opcheck.md on each sample and device, an
+      :class:`opreg.OpcheckReport`.
+    """
+    if isinstance(op, CustomOpDef):
+        op = op._opoverload
+    torch_form = (
+        kwargs is not None
+        or any(k in options for k in _TORCH_OPCHECK_KEYWORDS)
+        or _is_argument_tuple(samples)
+    )
+    if torch_form:
+        unknown = set(options) - set(_TORCH_OPCHECK_KEYWORDS)
+        if unknown:
+            raise TypeError(
+                f"opreg.opcheck: torch's call form (op, args, kwargs) takes "
+                f"{', '.join(_TORCH_OPCHECK_KEYWORDS)}; got {', '.join(sorted(unknown))}"
+            )
+        if not isinstance(samples, tuple):
+            raise TypeError(
+                f"opreg.opcheck: args must be a tuple of the op's arguments, got "
+                f"{type(samples).__name__}"
+            )
+        return torch.library.opcheck(op, samples, kwargs, **options)
+    return _opreg_opcheck(op, samples, **options)

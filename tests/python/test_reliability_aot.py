@@ -185,7 +185,8 @@ def test_unwritable_paths_are_one_line(tmp_path, option, where, message):
     ("configs", "message"),
     [
         ("[]", "'configs' must be a non-empty list"),
-        ("[{ num_warps = 64 }]", "'configs.num_warps' must be from 1 to 32, got 64"),
+        ("[{ num_warps = 64 }]", "'configs.num_warps' must be a power of two from 1 to 32, got 64"),
+        ("[{ num_warps = 3 }]", "'configs.num_warps' must be a power of two from 1 to 32, got 3"),
         ('[{ num_warps = "4" }]', "'configs' must be tables of integers"),
     ],
 )
@@ -217,6 +218,90 @@ def test_missing_spec_file_is_one_line(tmp_path):
         text=True,
     )
     assert_one_line_error(result, "none.toml: cannot read the spec")
+
+
+def test_a_spec_that_is_not_utf8_is_one_line(tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_bytes(b"\xff\xfe\x00garbage")
+    command = [sys.executable, "-m", "opreg.aot", str(spec), "--out", str(tmp_path / "out")]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert_one_line_error(
+        result, f"{spec}: cannot read the spec: it is not UTF-8 text (byte 0xff at offset 0)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("configs", "unknown"),
+    [
+        ("[{ bogus_option = 4 }]", "['bogus_option']"),
+        ("[{ num_warps = 4, numstages = 2 }]", "['numstages']"),
+    ],
+)
+def test_unknown_config_keys_are_refused(tmp_path, configs, unknown):
+    # Triton ignores options it does not know: a misspelled key would compile with the default.
+    result = run_aot(scale_spec(configs=configs), tmp_path)
+    assert_one_line_error(
+        result,
+        f"{tmp_path / 'spec.toml'}: kernel opreg_rel_scale: 'configs' entry",
+        f"has unknown keys {unknown}; a config takes num_warps, num_stages, num_ctas, maxnreg",
+    )
+    assert not (tmp_path / "out").exists()
+
+
+SOURCE_FILES = {
+    "syntax_error.py": "def k(:\n",
+    "plain.py": "def k(x_ptr, out_ptr, n, factor, BLOCK):\n    pass\n",
+    "raises.py": "import os\n\nraise RuntimeError('import-time boom')\n",
+    "imports_missing.py": "import opreg_no_such_dependency\n",
+}
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (":scale_kernel", "source ':scale_kernel' must be 'file.py:function' or 'module:function'"),
+        ("plain.py:", "source 'plain.py:' must be 'file.py:function' or 'module:function'"),
+        ("syntax_error.py:k", "importing {dir}/syntax_error.py failed: {dir}/syntax_error.py:1: "
+         "SyntaxError: invalid syntax"),
+        ("raises.py:k", "importing {dir}/raises.py failed: {dir}/raises.py:3: RuntimeError: "
+         "import-time boom"),
+        ("imports_missing.py:k", "{dir}/imports_missing.py:1: ModuleNotFoundError: No module "
+         "named 'opreg_no_such_dependency'"),
+        ("plain.py:k", "source 'plain.py:k': 'k' is a function, not a @triton.jit kernel"),
+        ("os:getcwd", "'getcwd' is a builtin_function_or_method, not a @triton.jit kernel"),
+    ],
+)  # fmt: skip
+def test_kernel_sources_that_do_not_import_are_one_line(tmp_path, source, message):
+    for name, text in SOURCE_FILES.items():
+        (tmp_path / name).write_text(text)
+    result = run_aot(scale_spec(source=f'"{source}"'), tmp_path)
+    where = f"{tmp_path / 'spec.toml'}: kernel opreg_rel_scale: "
+    assert_one_line_error(result, where, message.format(dir=tmp_path))
+
+
+SCALE_LINE = "offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"constexprs": '{ BLOCK = "big" }'},
+         f"triton_kernels.py:20:15: AttributeError(\"'str' object has no attribute 'type'\") "
+         f"(in `{SCALE_LINE}`)"),
+        ({"constexprs": "{ BLOCK = 500 }"},
+         f"triton_kernels.py:20:42: arange's range must be a power of 2 (in `{SCALE_LINE}`)"),
+        ({"signature": '{ x_ptr = "*fp8e4nv", out_ptr = "*fp32", n = "i64", factor = "fp32" }'},
+         "triton_kernels.py:19:1: ValueError(\"type fp8e4nv not supported in this architecture."),
+    ],
+)  # fmt: skip
+def test_what_triton_cannot_compile_is_one_line_naming_the_variant(tmp_path, fields, message):
+    result = run_aot(scale_spec(**fields), tmp_path)
+    assert_one_line_error(
+        result,
+        f"{tmp_path / 'spec.toml'}: kernel opreg_rel_scale (sm_80, [x_ptr:aligned16, "
+        f"out_ptr:aligned16] {{'num_warps': 4}}): Triton cannot compile it: {KERNELS}/",
+        message,
+    )
 
 
 def test_cubin_check():

@@ -7,6 +7,7 @@ process run in a subprocess, so a crash is a test failure."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -412,6 +413,7 @@ def missing_field(m, _):
         (set_field("num_warps", -1), "field 'num_warps' must be an integer from 1 to 32, got -1"),
         (set_field("num_warps", 2**40), "field 'num_warps' must be an integer from 1 to 32"),
         (set_field("num_warps", 4.5), "field 'num_warps' must be an integer from 1 to 32, got 4.5"),
+        (set_field("num_warps", 3), "field 'num_warps' must be a power of two, got 3"),
         (set_field("num_ctas", 0), "field 'num_ctas' must be an integer from 1 to 16, got 0"),
         (set_field("shared", -4), "field 'shared' must be an integer from 0 to 2147483647"),
         (set_field("global_scratch_align", 0), "field 'global_scratch_align' must be an integer"),
@@ -440,18 +442,24 @@ def test_manifest_fields_are_checked(aot_bundle, tmp_path, change, message):
     assert name not in {k["name"] for k in opreg.triton_kernels()}
 
 
-def test_pointer_types_the_launcher_cannot_pack_are_refused_by_the_loader(aot_bundle, tmp_path):
-    def fp128_pointer(m, _):
-        m["params"][0]["type"] = "*fp128"
+@pytest.mark.parametrize(
+    ("param", "type_name"), [(0, "*fp128"), (2, "u1"), (3, "f32"), (0, "*u1"), (0, "*f32")]
+)
+def test_types_the_compiler_refuses_are_refused_by_the_loader(
+    aot_bundle, tmp_path, param, type_name
+):
+    def retype(m, _):
+        m["params"][param]["type"] = type_name
 
-    folder = corrupted_bundle(aot_bundle, tmp_path, "opreg_rel_fp128", fp128_pointer)
+    folder = corrupted_bundle(aot_bundle, tmp_path, "opreg_rel_type", retype)
     with pytest.raises(ValueError) as error:
         opreg.load_triton_bundle(folder)
+    name = ["x_ptr", "out_ptr", "n", "factor"][param]
     assert (
-        f"Triton manifest {folder}/bad.json: kernel 'opreg_rel_fp128', parameter 'x_ptr': "
-        "unsupported parameter type '*fp128'" in str(error.value)
+        f"Triton manifest {folder}/bad.json: kernel 'opreg_rel_type', parameter '{name}': "
+        f"unsupported parameter type '{type_name}'" in str(error.value)
     )
-    assert "opreg_rel_fp128" not in {k["name"] for k in opreg.triton_kernels()}
+    assert "opreg_rel_type" not in {k["name"] for k in opreg.triton_kernels()}
 
 
 def renamed_manifest(aot_bundle, folder, name, change=lambda m: None):
@@ -532,6 +540,70 @@ def test_manifest_with_wrongly_typed_params_names_the_field(tmp_path):
     (tmp_path / "index.txt").write_text("k.json\n")
     with pytest.raises(ValueError, match=r"k.json: kernel 'k': field 'params' must be a list"):
         opreg.load_triton_bundle(tmp_path)
+
+
+def test_index_with_crlf_blank_lines_spaces_and_a_bom_loads(aot_bundle, tmp_path):
+    manifest = renamed_manifest(aot_bundle, tmp_path, "opreg_rel_crlf")
+    (tmp_path / "index.txt").write_bytes(f"\ufeff\r\n  \n\t{manifest} \r\n\n".encode())
+    assert opreg.load_triton_bundle(tmp_path) == ["opreg_rel_crlf"]
+
+
+def load_error(folder) -> str:
+    """The message of the ValueError that loading `folder` raises (not a UnicodeDecodeError of a
+    message holding bytes from a file)."""
+    with pytest.raises(ValueError) as error:
+        opreg.load_triton_bundle(folder)
+    return str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\x89PNG\r\n\x1a\x00\xa2", "opreg: {dir}/index.txt line 2 has the control byte \\x1a"),
+        (b"ok.json\n\x00\x01\xff", "opreg: {dir}/index.txt line 2 has the control byte \\x00"),
+        (b"\xa2\xffname.json\n", "opreg: cannot read {dir}/\\xa2\\xffname.json (listed in "
+         "index.txt line 1): no such file"),
+        ("é.json\n".encode(), "opreg: cannot read {dir}/é.json (listed in index.txt line 1)"),
+        (b"../k.json\n", "opreg: {dir}/index.txt line 1: expected the file name of a manifest "
+         "beside it, got '../k.json'"),
+    ],
+)  # fmt: skip
+def test_an_index_that_is_not_text_names_the_index_and_line(tmp_path, content, message):
+    (tmp_path / "index.txt").write_bytes(content)
+    assert message.format(dir=tmp_path) in load_error(tmp_path)
+
+
+def test_directories_and_fifos_where_files_belong_name_the_file(aot_bundle, tmp_path):
+    # A directory made reading throw from inside the stream; a FIFO would block the reader.
+    manifest = renamed_manifest(aot_bundle, tmp_path, "opreg_rel_dirs")
+    (tmp_path / "index.txt").write_text(f"{manifest}\n")
+    cubin = json.loads((tmp_path / manifest).read_text())["variants"][0]["file"]
+    (tmp_path / cubin).unlink()
+    (tmp_path / cubin).mkdir()
+    assert (
+        f"opreg: cannot read {tmp_path}/{cubin} (named by {tmp_path}/{manifest}): it is a "
+        "directory, not a file" in load_error(tmp_path)
+    )
+    (tmp_path / manifest).unlink()
+    (tmp_path / manifest).mkdir()
+    assert (
+        f"opreg: cannot read {tmp_path}/{manifest} (listed in index.txt line 1): it is a "
+        "directory, not a file" in load_error(tmp_path)
+    )
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "index.txt").write_text("fifo.json\n")
+    probe = f"import opreg; opreg.load_triton_bundle({str(tmp_path)!r})"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    assert (
+        f"opreg: cannot read {tmp_path}/fifo.json (listed in index.txt line 1): it is not a "
+        "regular file" in result.stderr
+    )
+    (tmp_path / "index.txt").unlink()
+    (tmp_path / "index.txt").mkdir()
+    assert f"cannot read {tmp_path}/index.txt: it is a directory" in load_error(tmp_path)
+    assert "opreg_rel_dirs" not in registered_kernels()
 
 
 # ---- 4. declared launch expressions ----

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import torch
 
 import opreg
 from conftest import DEVICES, REPO, requires_cuda
+from opreg import _C
 from opreg.aot.compile import cubin_problem, emit_cpp
 
 KERNELS = REPO / "tests" / "kernel_sources"
@@ -606,14 +608,77 @@ def test_directories_and_fifos_where_files_belong_name_the_file(aot_bundle, tmp_
     assert "opreg_rel_dirs" not in registered_kernels()
 
 
-# ---- 4. declared launch expressions ----
+@pytest.mark.parametrize("path", [None, 5, b"/tmp"])
+def test_load_functions_refuse_paths_that_are_not_paths(path):
+    with pytest.raises(TypeError, match=r"opreg.load_library: 'path' must be a str or os.PathLike"):
+        opreg.load_library(path)
+    with pytest.raises(TypeError, match=r"opreg.load_triton_bundle: 'path' must be a str or os"):
+        opreg.load_triton_bundle(path)
+
+
+# ---- 4. AotKernel: launches from Python with wrong arguments ----
+
+
+def test_aot_kernel_name_must_be_a_str():
+    with pytest.raises(TypeError, match=r"opreg.AotKernel: 'name' must be a str .*, got int 5"):
+        opreg.AotKernel(5)
+
+
+@pytest.mark.parametrize(
+    ("grid", "error", "message"),
+    [
+        ((1.5,), TypeError, "the grid must be an int or a tuple of 1 to 3 ints, got (1.5,)"),
+        ("abc", TypeError, "the grid must be an int or a tuple of 1 to 3 ints, got 'abc'"),
+        ((True,), TypeError, "the grid must be an int or a tuple of 1 to 3 ints, got (True,)"),
+        ((), ValueError, "the grid has 1 to 3 dimensions, got 0"),
+        ((1, 1, 1, 1), ValueError, "the grid has 1 to 3 dimensions, got 4"),
+        ((2**70,), ValueError, "grid (1180591620717411303424,) is outside CUDA's limits"),
+    ],
+)
+def test_aot_kernel_grids_are_checked(aot_bundle, grid, error, message):
+    kernel = opreg.AotKernel("opreg_test_scale")
+    x = torch.ones(4)
+    with pytest.raises(error) as raised:
+        kernel[grid](x, x, 4, 1.0)
+    assert str(raised.value).startswith(f"opreg.AotKernel 'opreg_test_scale': {message}")
+    with pytest.raises(error):
+        kernel.launch(grid, x, x, 4, 1.0)
+
+
+def test_aot_kernel_arguments_beyond_64_bits_name_the_parameter(aot_bundle):
+    kernel = opreg.AotKernel("opreg_test_scale")
+    x = torch.ones(4)
+    with pytest.raises(ValueError) as error:
+        kernel.variant_for(x, x, 2**70, 1.0)
+    assert str(error.value).startswith(
+        "opreg.AotKernel 'opreg_test_scale': argument 'n' (i64) = 1180591620717411303424 does "
+        "not fit i64 (an integer parameter is at most 64 bits: -2^63 to 2^63 - 1)"
+    )
+    with pytest.raises(
+        TypeError,
+        match=r"argument 'factor' \(fp32\) is a str; expected a tensor, an int or a float",
+    ):
+        kernel.variant_for(x, x, 4, "1.0")
+    # A large int for a float parameter converts, as Triton's launcher converts it; these CPU
+    # tensors are why no variant fits.
+    assert kernel.variant_for(x, x, 4, 2**70) == "none: argument 'x_ptr' is on cpu, not CUDA"
+    with pytest.raises(
+        ValueError, match=r"'opreg_rel_absent': argument 0 = \d+ does not fit 64 bits"
+    ):
+        opreg.AotKernel("opreg_rel_absent").variant_for(2**70)
+
+
+# ---- 5. declared launch expressions ----
 
 
 def define_declared(name, grid, arguments, outputs="like:x", kernel="opreg_test_scale"):
     def fn(x: torch.Tensor, f: float, k: int) -> torch.Tensor:
         return x * f
 
-    launch = opreg.AotLaunch(kernel, tuple(grid), tuple(arguments), outputs)
+    sequence = (list, tuple)
+    grid = tuple(grid) if isinstance(grid, sequence) else grid
+    arguments = tuple(arguments) if isinstance(arguments, sequence) else arguments
+    launch = opreg.AotLaunch(kernel, grid, arguments, outputs)
     return opreg.register_triton_op(
         fake_fn=lambda x, f, k: torch.empty_like(x),
         triton_fn=None,
@@ -665,6 +730,30 @@ def test_grid_expressions_must_be_integers():
         define_declared("tensor_cdiv", ["cdiv(x, 4)"], ["x", "out0", "numel(x)", "f"])
     with pytest.raises(ValueError, match="outputs: cannot read 'k': argument 'k' is int, not a"):
         define_declared("int_like", ["1"], ["x", "out0", "numel(x)", "f"], outputs="like:k")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("kernel", 5, "'kernel' must be a str, the name of an AOT Triton kernel, got int 5"),
+        ("grid", (1,), "'grid' must be a tuple of str expressions over the op's arguments, got"),
+        ("arguments", ("x", 2), "'arguments' must be a tuple of str expressions over the op's"),
+        ("outputs", None, "'outputs' must be 'fake' or 'like:<argument>', got NoneType None"),
+    ],
+)
+def test_aot_launch_fields_of_the_wrong_type_are_type_errors(field, value, message):
+    fields = {
+        "kernel": "opreg_test_scale",
+        "grid": ("1",),
+        "arguments": ("x", "out0", "numel(x)", "f"),
+    }
+    fields |= {"outputs": "like:x", field: value}
+    with pytest.raises(TypeError, match=re.escape(f"opreg.AotLaunch: {message}")):
+        _C.AotLaunch(**fields)
+    name = f"wrong_{field}_{type(value).__name__}"
+    with pytest.raises(TypeError, match=re.escape(f"opreg.AotLaunch: {message}")):
+        define_declared(name, **fields)
+    assert not hasattr(torch.ops.aot_rel, name)
 
 
 @pytest.mark.parametrize(
@@ -756,7 +845,7 @@ def test_dims_out_of_range_at_call_time_are_value_errors(aot_bundle):
         op(torch.randn(8, device="cuda"))
 
 
-# ---- 5. philox sizes that cannot be allocated ----
+# ---- 6. philox sizes that cannot be allocated ----
 
 PHILOX_PROBE = """
 import json, torch, opreg

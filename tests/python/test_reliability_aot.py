@@ -157,6 +157,15 @@ def test_unknown_target_option_is_one_line(tmp_path, target, message):
     assert not (tmp_path / "out").exists()
 
 
+def test_emit_cpp_may_go_into_the_out_folder_before_it_exists(tmp_path):
+    # opreg_add_triton_kernels passes OUT/<spec>_embedded.cpp; Make, unlike Ninja, does not
+    # create OUT first.
+    generated = tmp_path / "out" / "spec_embedded.cpp"
+    result = run_aot(scale_spec(), tmp_path, "--cache", str(CACHE), "--emit-cpp", str(generated))
+    assert result.returncode == 0, result.stderr
+    assert "opreg::triton::register_embedded_bundle" in generated.read_text()
+
+
 def test_target_option_replaces_the_spec_targets(tmp_path):
     spec = scale_spec(do_not_specialize='["n"]')
     result = run_aot(spec, tmp_path, "--cache", str(CACHE), "--target", "sm_90")

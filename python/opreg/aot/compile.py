@@ -669,10 +669,10 @@ def run(args: argparse.Namespace) -> int:
     for kernel in kernels:
         kernel.targets = override or kernel.targets
     check_targets_supported(kernels, args.target)
-    if args.emit_cpp:
-        write_file("--emit-cpp", args.emit_cpp, probe_writable)
     writable_folder("--out", args.out)
     cache = writable_folder("--cache", args.cache or args.out / ".cache")
+    if args.emit_cpp:  # after --out: CMake writes it there, and only Ninja makes the folder
+        write_file("--emit-cpp", args.emit_cpp, probe_writable)
     counter = itertools.count(1)
 
     def progress(message: str) -> None:

@@ -13,6 +13,7 @@ import torch
 
 from opreg import _C
 from opreg._public import public
+from opreg._registry import path_argument
 
 Grid = int | Sequence[int] | Callable[[dict[str, object]], Sequence[int]]
 
@@ -26,23 +27,37 @@ class AotKernel:
     """
 
     def __init__(self, name: str) -> None:
+        if not isinstance(name, str):
+            raise TypeError(
+                "opreg.AotKernel: 'name' must be a str (the kernel's name in its manifest), got "
+                f"{type(name).__name__} {name!r:.80}"
+            )
         self._kernel = _C.TritonKernel(name)
 
     @property
     def name(self) -> str:
         return self._kernel.name
 
-    def available_on(self, device: torch.device | int) -> tuple[bool, str]:
+    def available_on(self, device: torch.device | str | int) -> tuple[bool, str]:
         """Whether a binary fits this CUDA device, and if not, why."""
-        index = device if isinstance(device, int) else (device.index or 0)
-        return self._kernel.available_on(index)
+        if isinstance(device, bool) or not isinstance(device, torch.device | str | int):
+            raise TypeError(
+                f"opreg.AotKernel '{self.name}': available_on takes a CUDA device (an index, "
+                f"'cuda:1' or a torch.device), got {type(device).__name__} {device!r:.80}"
+            )
+        if isinstance(device, int):
+            return self._kernel.available_on(device)
+        device = torch.device(device)
+        if device.type != "cuda":
+            return False, f"{device} is not a CUDA device"
+        return self._kernel.available_on(device.index or 0)
 
     def variant_for(self, *args: object) -> str:
         """The binary a launch with these arguments would use, or why none fits."""
         return self._kernel.variant_for(*args)
 
-    def launch(self, grid: Sequence[int], *args: object) -> None:
-        self._kernel.launch(list(grid), *args)
+    def launch(self, grid: int | Sequence[int], *args: object) -> None:
+        self._kernel.launch(grid, *args)
 
     def __getitem__(self, grid: Grid) -> Callable[..., None]:
         if callable(grid):
@@ -50,15 +65,14 @@ class AotKernel:
                 f"opreg.AotKernel '{self.name}': give the grid as numbers; an AOT "
                 "kernel's constexprs are fixed, so a meta-parameter grid has no meta"
             )
-        dims = [grid] if isinstance(grid, int) else list(grid)
         launch = self._kernel.launch
-        return lambda *args: launch(dims, *args)
+        return lambda *args: launch(grid, *args)
 
 
 @public
 def load_triton_bundle(path: str | Path) -> list[str]:
     """Register the kernels of a folder written by ``python -m opreg.aot``; returns their names."""
-    return list(_C.triton_load_bundle_dir(str(path)))
+    return list(_C.triton_load_bundle_dir(str(path_argument("opreg.load_triton_bundle", path))))
 
 
 @public

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,15 +143,26 @@ def register_accelerated_device_type(name: str) -> str:
     return _C.register_accelerated_device_type(name)
 
 
+def path_argument(function: str, value: object) -> Path:
+    """`value` (a str or os.PathLike) as a Path; a TypeError naming the function otherwise."""
+    if not isinstance(value, str | os.PathLike):
+        raise TypeError(
+            f"{function}: 'path' must be a str or os.PathLike, got {type(value).__name__} "
+            f"{value!r:.80}"
+        )
+    return Path(value)
+
+
 @public
 def load_library(path: str | Path) -> None:
     """Load a C++ library whose opreg ops then become ``torch.ops.<ns>.<name>``.
 
     If any of its definitions fails, none of its ops stays defined (ops it replaced get their
     earlier definition back) and a ValueError names the library and each failing op; the
-    process survives. A missing file raises FileNotFoundError.
+    process survives. A missing file raises FileNotFoundError; a path that is not a str or
+    os.PathLike, TypeError.
     """
-    path = Path(path)
+    path = path_argument("opreg.load_library", path)
     if not path.is_file():
         raise FileNotFoundError(f"opreg.load_library: no library at {path}")
     _C.load_library(str(path.resolve()))

@@ -32,12 +32,17 @@ class TraceBlock {
   std::vector<opreg::TraceRecord> frozen_;
 };
 
-// Python arguments of a kernel launch; keeps the tensors alive while the Args point at them.
+std::string type_name(const py::handle& value) {
+  return py::str(py::type::handle_of(value).attr("__name__")).cast<std::string>();
+}
+
+// Python arguments of a kernel launch (opreg.AotKernel); keeps the tensors alive while the Args
+// point at them.
 struct LaunchArgs {
   std::vector<at::Tensor> tensors;
   std::vector<opreg::triton::Arg> args;
 
-  LaunchArgs(const std::string& kernel, const py::args& values) {
+  LaunchArgs(const opreg::triton::Kernel& kernel, const py::args& values) {
     tensors.reserve(values.size());
     args.reserve(values.size());
     for (const auto& value : values) {
@@ -45,17 +50,92 @@ struct LaunchArgs {
         tensors.push_back(THPVariable_Unpack(value.ptr()));
         args.emplace_back(tensors.back());
       } else if (py::isinstance<py::bool_>(value) || py::isinstance<py::int_>(value)) {
-        args.emplace_back(value.cast<int64_t>());
+        add_integer(kernel, value);
       } else if (py::isinstance<py::float_>(value)) {
         args.emplace_back(value.cast<double>());
       } else {
-        TORCH_CHECK_TYPE(false, "opreg: kernel '", kernel, "': argument ", args.size(), " is a ",
-                         py::str(value.get_type()).cast<std::string>(),
-                         "; expected a tensor, an int or a float");
+        TORCH_CHECK_TYPE(false, "opreg.AotKernel '", kernel.name(), "': ", described(kernel),
+                         " is a ", type_name(value), "; expected a tensor, an int or a float");
       }
     }
   }
+
+ private:
+  // An int beyond 64 bits converts for a float parameter, as Triton's launcher converts it; for
+  // any other it is refused with the parameter's type.
+  void add_integer(const opreg::triton::Kernel& kernel, const py::handle& value) {
+    int overflow = 0;
+    const long long integer = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+    if (overflow == 0) {
+      args.emplace_back(static_cast<int64_t>(integer));
+      return;
+    }
+    const auto params = kernel.parameters();
+    const auto type = params && args.size() < params->size() ? (*params)[args.size()].type : "";
+    if (type == "fp16" || type == "bf16" || type == "fp32" || type == "fp64") {
+      args.emplace_back(PyLong_AsDouble(value.ptr()));
+      return;
+    }
+    TORCH_CHECK_VALUE(false, "opreg.AotKernel '", kernel.name(), "': ", described(kernel), " = ",
+                      py::str(value).cast<std::string>(), " does not fit ",
+                      type.empty() ? "64 bits" : type,
+                      " (an integer parameter is at most 64 bits: -2^63 to 2^63 - 1)");
+  }
+
+  // "argument 'n' (i64)" for the next argument, or "argument 3" when the kernel is not loaded.
+  std::string described(const opreg::triton::Kernel& kernel) const {
+    const auto params = kernel.parameters();
+    if (!params || args.size() >= params->size()) return "argument " + std::to_string(args.size());
+    const auto& param = (*params)[args.size()];
+    return "argument '" + param.name + "' (" + param.type + ")";
+  }
 };
+
+// A launch grid: an int or a tuple or list of 1 to 3 ints (or objects with __index__), each
+// within 64 bits (the launcher checks CUDA's limits).
+opreg::triton::Grid grid_of(const opreg::triton::Kernel& kernel, const py::handle& grid) {
+  const bool sequence = py::isinstance<py::tuple>(grid) || py::isinstance<py::list>(grid);
+  const auto dims =
+      sequence ? py::reinterpret_borrow<py::sequence>(grid) : py::sequence(py::make_tuple(grid));
+  TORCH_CHECK_VALUE(!dims.empty() && dims.size() <= 3, "opreg.AotKernel '", kernel.name(),
+                    "': the grid has 1 to 3 dimensions, got ", dims.size());
+  std::vector<int64_t> sizes;
+  for (const auto& dim : dims) {
+    TORCH_CHECK_TYPE(PyIndex_Check(dim.ptr()) && !py::isinstance<py::bool_>(dim),
+                     "opreg.AotKernel '", kernel.name(),
+                     "': the grid must be an int or a tuple of 1 to 3 ints, got ",
+                     py::repr(grid).cast<std::string>());
+    int overflow = 0;
+    const auto index = py::reinterpret_steal<py::object>(PyNumber_Index(dim.ptr()));
+    if (!index) throw py::error_already_set();
+    sizes.push_back(PyLong_AsLongLongAndOverflow(index.ptr(), &overflow));
+    TORCH_CHECK_VALUE(overflow == 0, "opreg.AotKernel '", kernel.name(), "': grid ",
+                      py::repr(grid).cast<std::string>(),
+                      " is outside CUDA's limits (x < 2^31, y and z < 65536)");
+  }
+  sizes.resize(3, 1);
+  return opreg::triton::Grid(sizes[0], sizes[1], sizes[2]);
+}
+
+// A field of opreg.AotLaunch that is one str; a TypeError naming the field otherwise.
+std::string aot_launch_text(const py::handle& value, const char* field, const char* expected) {
+  TORCH_CHECK_TYPE(py::isinstance<py::str>(value), "opreg.AotLaunch: '", field, "' must be ",
+                   expected, ", got ", type_name(value), " ", py::repr(value).cast<std::string>());
+  return value.cast<std::string>();
+}
+
+// A field of opreg.AotLaunch that is a tuple or list of str expressions.
+std::vector<std::string> aot_launch_texts(const py::handle& value, const char* field) {
+  const bool sequence = py::isinstance<py::tuple>(value) || py::isinstance<py::list>(value);
+  bool all_text = sequence;
+  for (size_t i = 0; all_text && i < py::len(value); ++i) {
+    all_text = py::isinstance<py::str>(value[py::int_(i)]);
+  }
+  TORCH_CHECK_TYPE(all_text, "opreg.AotLaunch: '", field,
+                   "' must be a tuple of str expressions over the op's arguments, got ",
+                   type_name(value), " ", py::repr(value).cast<std::string>());
+  return value.cast<std::vector<std::string>>();
+}
 
 }  // namespace
 
@@ -127,18 +207,15 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("variant_for",
            [](const opreg::triton::Kernel& kernel, const py::args& args) {
-             LaunchArgs launch_args(kernel.name(), args);
+             LaunchArgs launch_args(kernel, args);
              return kernel.variant_for(launch_args.args);
            })
-      .def("launch", [](const opreg::triton::Kernel& kernel, const std::vector<int64_t>& grid,
-                        const py::args& args) {
-        TORCH_CHECK_VALUE(!grid.empty() && grid.size() <= 3, "opreg: kernel '", kernel.name(),
-                          "': the grid has 1 to 3 dimensions, got ", grid.size());
-        LaunchArgs launch_args(kernel.name(), args);
-        opreg::triton::Grid g(grid[0], grid.size() > 1 ? grid[1] : 1,
-                              grid.size() > 2 ? grid[2] : 1);
-        kernel.launch(g, launch_args.args);
-      });
+      .def("launch",
+           [](const opreg::triton::Kernel& kernel, const py::handle& grid, const py::args& args) {
+             const auto dims = grid_of(kernel, grid);
+             LaunchArgs launch_args(kernel, args);
+             kernel.launch(dims, launch_args.args);
+           });
   m.def("triton_load_bundle_dir", &opreg::triton::load_bundle_dir, py::arg("path"));
   m.def("triton_driver_available", [] {
     std::string why;
@@ -169,10 +246,12 @@ PYBIND11_MODULE(_C, m) {
       .def("needs_input_grad", &opreg::AutogradContext::needs_input_grad)
       .def_property_readonly("num_inputs", &opreg::AutogradContext::num_inputs);
   py::class_<opreg::AotLaunch>(m, "AotLaunch")
-      .def(py::init([](std::string kernel, std::vector<std::string> grid,
-                       std::vector<std::string> arguments, std::string outputs) {
-             return opreg::AotLaunch{std::move(kernel), std::move(grid), std::move(arguments),
-                                     std::move(outputs)};
+      .def(py::init([](const py::handle& kernel, const py::handle& grid,
+                       const py::handle& arguments, const py::handle& outputs) {
+             return opreg::AotLaunch{
+                 aot_launch_text(kernel, "kernel", "a str, the name of an AOT Triton kernel"),
+                 aot_launch_texts(grid, "grid"), aot_launch_texts(arguments, "arguments"),
+                 aot_launch_text(outputs, "outputs", "'fake' or 'like:<argument>'")};
            }),
            py::arg("kernel"), py::arg("grid"), py::arg("arguments"), py::arg("outputs") = "fake")
       .def_readonly("kernel", &opreg::AotLaunch::kernel)

@@ -5,7 +5,9 @@
 #include <array>
 #include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -184,6 +186,75 @@ bool is_plain_file_name(const std::string& name) {
          name.find_first_of("/\\") == std::string::npos && name.find('\0') == std::string::npos;
 }
 
+// How many bytes the valid UTF-8 sequence at text[i] (a byte above 0x7f) has, or 0.
+size_t utf8_sequence_length(const std::string& text, size_t i) {
+  auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char lead = byte(i);
+  size_t length = 0;
+  unsigned char low = 0x80, high = 0xbf;  // the second byte's range (no overlongs, surrogates)
+  if (lead >= 0xc2 && lead <= 0xdf) {
+    length = 2;
+  } else if (lead >= 0xe0 && lead <= 0xef) {
+    length = 3;
+    low = lead == 0xe0 ? 0xa0 : low;
+    high = lead == 0xed ? 0x9f : high;
+  } else if (lead >= 0xf0 && lead <= 0xf4) {
+    length = 4;
+    low = lead == 0xf0 ? 0x90 : low;
+    high = lead == 0xf4 ? 0x8f : high;
+  } else {
+    return 0;
+  }
+  if (i + length > text.size() || byte(i + 1) < low || byte(i + 1) > high) return 0;
+  for (size_t k = i + 2; k < i + length; ++k) {
+    if (byte(k) < 0x80 || byte(k) > 0xbf) return 0;
+  }
+  return length;
+}
+
+// `text` with control bytes and bytes that are not UTF-8 written \xNN: a name read from a file,
+// safe to put in an error message (Python decodes messages as UTF-8).
+std::string escaped(const std::string& text) {
+  static const char digits[] = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    const size_t length = byte >= 0x80 ? utf8_sequence_length(text, i) : 0;
+    if (byte >= 0x20 && byte < 0x7f) {
+      out += text[i++];
+    } else if (length > 0) {
+      out.append(text, i, length);
+      i += length;
+    } else {
+      out += {'\\', 'x', digits[byte >> 4], digits[byte & 15]};
+      ++i;
+    }
+  }
+  return out;
+}
+
+// The bytes of the file at `path`; a ValueError naming it (and `named_by`: where its name was
+// read) when it is missing, unreadable, a directory or not a regular file (a FIFO would block).
+std::string read_bundle_file(const std::string& path, const std::string& named_by) {
+  const auto where = escaped(path) + (named_by.empty() ? "" : " (" + named_by + ")");
+  std::error_code error;
+  const auto type = std::filesystem::status(path, error).type();
+  TORCH_CHECK_VALUE(type != std::filesystem::file_type::not_found, "opreg: cannot read ", where,
+                    ": no such file");
+  TORCH_CHECK_VALUE(!error, "opreg: cannot read ", where, ": ", error.message());
+  TORCH_CHECK_VALUE(type != std::filesystem::file_type::directory, "opreg: cannot read ", where,
+                    ": it is a directory, not a file");
+  TORCH_CHECK_VALUE(type == std::filesystem::file_type::regular, "opreg: cannot read ", where,
+                    ": it is not a regular file");
+  std::ifstream file(path, std::ios::binary);
+  TORCH_CHECK_VALUE(file.good(), "opreg: cannot read ", where, ": ", std::strerror(errno));
+  try {
+    return std::string(std::istreambuf_iterator<char>(file), {});
+  } catch (const std::exception& failure) {
+    TORCH_CHECK_VALUE(false, "opreg: cannot read ", where, ": ", failure.what());
+  }
+}
+
 bool is_identifier(const std::string& name) {
   if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) return false;
   return std::all_of(name.begin(), name.end(), [](char c) {
@@ -241,7 +312,7 @@ class ManifestReader {
     return value;
   }
   // A power of two from 1 to `high`.
-  int64_t alignment(const nlohmann::json& object, const char* name, int64_t high) const {
+  int64_t power_of_two(const nlohmann::json& object, const char* name, int64_t high) const {
     const int64_t value = integer(object, name, 1, high);
     TORCH_CHECK_VALUE((value & (value - 1)) == 0, context(), ": field '", name,
                       "' must be a power of two, got ", value);
@@ -346,13 +417,14 @@ std::unique_ptr<KernelImpl> parse_fields(const nlohmann::json& manifest, Manifes
     auto variant = std::make_unique<Variant>();
     variant->arch = static_cast<int>(in.integer(raw, "arch", 10, 9999));
     variant->entry = in.string(raw, "entry");
-    variant->num_warps = static_cast<int>(in.integer(raw, "num_warps", 1, kMaxWarps));
+    // Triton compiles only a power of two of warps (CUDAOptions.__post_init__).
+    variant->num_warps = static_cast<int>(in.power_of_two(raw, "num_warps", kMaxWarps));
     variant->num_ctas = static_cast<int>(in.integer(raw, "num_ctas", 1, kMaxCtas));
     variant->shared = in.integer(raw, "shared", 0, kMaxInt32);
     variant->global_scratch_size = in.integer(raw, "global_scratch_size", 0, kMaxInt32);
-    variant->global_scratch_align = in.alignment(raw, "global_scratch_align", 1 << 16);
+    variant->global_scratch_align = in.power_of_two(raw, "global_scratch_align", 1 << 16);
     variant->profile_scratch_size = in.integer(raw, "profile_scratch_size", 0, kMaxInt32);
-    variant->profile_scratch_align = in.alignment(raw, "profile_scratch_align", 1 << 16);
+    variant->profile_scratch_align = in.power_of_two(raw, "profile_scratch_align", 1 << 16);
     variant->launch_pdl = in.boolean(raw, "launch_pdl");
     variant->launch_cooperative_grid = in.boolean(raw, "launch_cooperative_grid");
     variant->dropped.assign(kernel->params.size(), false);
@@ -844,27 +916,54 @@ bool register_embedded_bundle(const char* manifest, size_t manifest_size, const 
   }
 }
 
+// The manifest file names index.txt lists, one a line: blank lines, surrounding spaces, CRLF
+// line ends and a UTF-8 byte order mark are tolerated (an editor may add them); a control byte
+// means the file is not a text list, and the error says where.
+std::vector<std::pair<std::string, size_t>> index_entries(const std::string& text,
+                                                          const std::string& index_path) {
+  std::vector<std::pair<std::string, size_t>> entries;
+  const size_t bom = text.compare(0, 3, "\xef\xbb\xbf") == 0 ? 3 : 0;
+  std::istringstream lines(text.substr(bom));
+  size_t number = 0;
+  for (std::string line; std::getline(lines, line);) {
+    ++number;
+    const auto first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos) continue;
+    line = line.substr(first, line.find_last_not_of(" \t\r") - first + 1);
+    const auto control = std::find_if(line.begin(), line.end(), [](char c) {
+      const auto byte = static_cast<unsigned char>(c);
+      return byte < 0x20 || byte == 0x7f;
+    });
+    TORCH_CHECK_VALUE(control == line.end(), "opreg: ", escaped(index_path), " line ", number,
+                      " has the control byte ", escaped(std::string(1, *control)),
+                      ": index.txt must list the file names of the manifests beside it, one a "
+                      "line; is it the index.txt written by python -m opreg.aot?");
+    TORCH_CHECK_VALUE(is_plain_file_name(line), "opreg: ", escaped(index_path), " line ", number,
+                      ": expected the file name of a manifest beside it, got '", escaped(line),
+                      "'");
+    entries.emplace_back(line, number);
+  }
+  return entries;
+}
+
 // Reads and checks every manifest and binary of the folder before registering any: a folder with
 // one bad manifest registers nothing.
 std::vector<std::string> load_bundle_dir(const std::string& path) {
-  auto read = [&](const std::string& name) {
-    std::ifstream file(path + "/" + name, std::ios::binary);
-    TORCH_CHECK_VALUE(file.good(), "opreg: cannot read ", path, "/", name);
-    return std::string(std::istreambuf_iterator<char>(file), {});
-  };
-  std::ifstream index(path + "/index.txt");
-  TORCH_CHECK_VALUE(index.good(), "opreg: ", path,
+  const auto index_path = path + "/index.txt";
+  std::error_code error;
+  TORCH_CHECK_VALUE(std::filesystem::exists(index_path, error), "opreg: ", escaped(path),
                     " has no index.txt; is it a folder written by python -m opreg.aot?");
   std::vector<std::unique_ptr<KernelImpl>> kernels;
   std::vector<std::string> origins, names;
-  for (std::string manifest; std::getline(index, manifest);) {
-    if (!manifest.empty() && manifest.back() == '\r') manifest.pop_back();
-    if (manifest.empty()) continue;
-    TORCH_CHECK_VALUE(is_plain_file_name(manifest), "opreg: ", path,
-                      "/index.txt: expected the file name of a manifest beside it, got '", manifest,
-                      "'");
-    origins.push_back("Triton manifest " + path + "/" + manifest);
-    kernels.push_back(parse_manifest(read(manifest), path + "/" + manifest, read));
+  for (const auto& [manifest, line] : index_entries(read_bundle_file(index_path, ""), index_path)) {
+    const auto manifest_path = path + "/" + manifest;
+    const auto text =
+        read_bundle_file(manifest_path, "listed in index.txt line " + std::to_string(line));
+    auto read_binary = [&](const std::string& name) {
+      return read_bundle_file(path + "/" + name, "named by " + escaped(manifest_path));
+    };
+    origins.push_back("Triton manifest " + escaped(manifest_path));
+    kernels.push_back(parse_manifest(text, escaped(manifest_path), read_binary));
     names.push_back(kernels.back()->name);
   }
   add_kernels(std::move(kernels), origins);

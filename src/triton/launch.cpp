@@ -12,11 +12,11 @@ namespace opreg::triton {
 std::optional<ParamType> param_type_of(const std::string& type) {
   if (!type.empty() && type[0] == '*') return ParamType::kPointer;
   static const std::unordered_map<std::string, ParamType> types = {
-      {"i1", ParamType::kI1},    {"u1", ParamType::kI1},    {"i8", ParamType::kI8},
-      {"i16", ParamType::kI16},  {"i32", ParamType::kI32},  {"i64", ParamType::kI64},
-      {"u8", ParamType::kU8},    {"u16", ParamType::kU16},  {"u32", ParamType::kU32},
-      {"u64", ParamType::kU64},  {"fp16", ParamType::kF16}, {"bf16", ParamType::kBF16},
-      {"fp32", ParamType::kF32}, {"f32", ParamType::kF32},  {"fp64", ParamType::kF64}};
+      {"i1", ParamType::kI1},    {"i8", ParamType::kI8},     {"i16", ParamType::kI16},
+      {"i32", ParamType::kI32},  {"i64", ParamType::kI64},   {"u8", ParamType::kU8},
+      {"u16", ParamType::kU16},  {"u32", ParamType::kU32},   {"u64", ParamType::kU64},
+      {"fp16", ParamType::kF16}, {"bf16", ParamType::kBF16}, {"fp32", ParamType::kF32},
+      {"fp64", ParamType::kF64}};
   auto found = types.find(type);
   if (found == types.end()) return std::nullopt;
   return found->second;

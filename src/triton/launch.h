@@ -32,7 +32,9 @@ enum class ParamType : uint8_t {
   kF64
 };
 
-// The type a signature names; nullopt for anything else ("constexpr", tuples, descriptors).
+// The type a signature names; nullopt for anything else ("constexpr", tuples, descriptors, and
+// spellings python -m opreg.aot refuses, such as "u1"): the list is SCALAR_SIZES in
+// python/opreg/aot/compile.py, plus pointers.
 std::optional<ParamType> param_type_of(const std::string& type);
 bool is_integer_type(ParamType type);
 bool is_float_type(ParamType type);

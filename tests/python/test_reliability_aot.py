@@ -7,6 +7,8 @@ process run in a subprocess, so a crash is a test failure."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import torch
 
 import opreg
 from conftest import DEVICES, REPO, requires_cuda
+from opreg import _C
 from opreg.aot.compile import cubin_problem, emit_cpp
 
 KERNELS = REPO / "tests" / "kernel_sources"
@@ -154,6 +157,15 @@ def test_unknown_target_option_is_one_line(tmp_path, target, message):
     assert not (tmp_path / "out").exists()
 
 
+def test_emit_cpp_may_go_into_the_out_folder_before_it_exists(tmp_path):
+    # opreg_add_triton_kernels passes OUT/<spec>_embedded.cpp; Make, unlike Ninja, does not
+    # create OUT first.
+    generated = tmp_path / "out" / "spec_embedded.cpp"
+    result = run_aot(scale_spec(), tmp_path, "--cache", str(CACHE), "--emit-cpp", str(generated))
+    assert result.returncode == 0, result.stderr
+    assert "opreg::triton::register_embedded_bundle" in generated.read_text()
+
+
 def test_target_option_replaces_the_spec_targets(tmp_path):
     spec = scale_spec(do_not_specialize='["n"]')
     result = run_aot(spec, tmp_path, "--cache", str(CACHE), "--target", "sm_90")
@@ -185,7 +197,8 @@ def test_unwritable_paths_are_one_line(tmp_path, option, where, message):
     ("configs", "message"),
     [
         ("[]", "'configs' must be a non-empty list"),
-        ("[{ num_warps = 64 }]", "'configs.num_warps' must be from 1 to 32, got 64"),
+        ("[{ num_warps = 64 }]", "'configs.num_warps' must be a power of two from 1 to 32, got 64"),
+        ("[{ num_warps = 3 }]", "'configs.num_warps' must be a power of two from 1 to 32, got 3"),
         ('[{ num_warps = "4" }]', "'configs' must be tables of integers"),
     ],
 )
@@ -217,6 +230,90 @@ def test_missing_spec_file_is_one_line(tmp_path):
         text=True,
     )
     assert_one_line_error(result, "none.toml: cannot read the spec")
+
+
+def test_a_spec_that_is_not_utf8_is_one_line(tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_bytes(b"\xff\xfe\x00garbage")
+    command = [sys.executable, "-m", "opreg.aot", str(spec), "--out", str(tmp_path / "out")]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert_one_line_error(
+        result, f"{spec}: cannot read the spec: it is not UTF-8 text (byte 0xff at offset 0)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("configs", "unknown"),
+    [
+        ("[{ bogus_option = 4 }]", "['bogus_option']"),
+        ("[{ num_warps = 4, numstages = 2 }]", "['numstages']"),
+    ],
+)
+def test_unknown_config_keys_are_refused(tmp_path, configs, unknown):
+    # Triton ignores options it does not know: a misspelled key would compile with the default.
+    result = run_aot(scale_spec(configs=configs), tmp_path)
+    assert_one_line_error(
+        result,
+        f"{tmp_path / 'spec.toml'}: kernel opreg_rel_scale: 'configs' entry",
+        f"has unknown keys {unknown}; a config takes num_warps, num_stages, num_ctas, maxnreg",
+    )
+    assert not (tmp_path / "out").exists()
+
+
+SOURCE_FILES = {
+    "syntax_error.py": "def k(:\n",
+    "plain.py": "def k(x_ptr, out_ptr, n, factor, BLOCK):\n    pass\n",
+    "raises.py": "import os\n\nraise RuntimeError('import-time boom')\n",
+    "imports_missing.py": "import opreg_no_such_dependency\n",
+}
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (":scale_kernel", "source ':scale_kernel' must be 'file.py:function' or 'module:function'"),
+        ("plain.py:", "source 'plain.py:' must be 'file.py:function' or 'module:function'"),
+        ("syntax_error.py:k", "importing {dir}/syntax_error.py failed: {dir}/syntax_error.py:1: "
+         "SyntaxError: invalid syntax"),
+        ("raises.py:k", "importing {dir}/raises.py failed: {dir}/raises.py:3: RuntimeError: "
+         "import-time boom"),
+        ("imports_missing.py:k", "{dir}/imports_missing.py:1: ModuleNotFoundError: No module "
+         "named 'opreg_no_such_dependency'"),
+        ("plain.py:k", "source 'plain.py:k': 'k' is a function, not a @triton.jit kernel"),
+        ("os:getcwd", "'getcwd' is a builtin_function_or_method, not a @triton.jit kernel"),
+    ],
+)  # fmt: skip
+def test_kernel_sources_that_do_not_import_are_one_line(tmp_path, source, message):
+    for name, text in SOURCE_FILES.items():
+        (tmp_path / name).write_text(text)
+    result = run_aot(scale_spec(source=f'"{source}"'), tmp_path)
+    where = f"{tmp_path / 'spec.toml'}: kernel opreg_rel_scale: "
+    assert_one_line_error(result, where, message.format(dir=tmp_path))
+
+
+SCALE_LINE = "offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"constexprs": '{ BLOCK = "big" }'},
+         f"triton_kernels.py:20:15: AttributeError(\"'str' object has no attribute 'type'\") "
+         f"(in `{SCALE_LINE}`)"),
+        ({"constexprs": "{ BLOCK = 500 }"},
+         f"triton_kernels.py:20:42: arange's range must be a power of 2 (in `{SCALE_LINE}`)"),
+        ({"signature": '{ x_ptr = "*fp8e4nv", out_ptr = "*fp32", n = "i64", factor = "fp32" }'},
+         "triton_kernels.py:19:1: ValueError(\"type fp8e4nv not supported in this architecture."),
+    ],
+)  # fmt: skip
+def test_what_triton_cannot_compile_is_one_line_naming_the_variant(tmp_path, fields, message):
+    result = run_aot(scale_spec(**fields), tmp_path)
+    assert_one_line_error(
+        result,
+        f"{tmp_path / 'spec.toml'}: kernel opreg_rel_scale (sm_80, [x_ptr:aligned16, "
+        f"out_ptr:aligned16] {{'num_warps': 4}}): Triton cannot compile it: {KERNELS}/",
+        message,
+    )
 
 
 def test_cubin_check():
@@ -327,6 +424,7 @@ def missing_field(m, _):
         (set_field("num_warps", -1), "field 'num_warps' must be an integer from 1 to 32, got -1"),
         (set_field("num_warps", 2**40), "field 'num_warps' must be an integer from 1 to 32"),
         (set_field("num_warps", 4.5), "field 'num_warps' must be an integer from 1 to 32, got 4.5"),
+        (set_field("num_warps", 3), "field 'num_warps' must be a power of two, got 3"),
         (set_field("num_ctas", 0), "field 'num_ctas' must be an integer from 1 to 16, got 0"),
         (set_field("shared", -4), "field 'shared' must be an integer from 0 to 2147483647"),
         (set_field("global_scratch_align", 0), "field 'global_scratch_align' must be an integer"),
@@ -355,18 +453,24 @@ def test_manifest_fields_are_checked(aot_bundle, tmp_path, change, message):
     assert name not in {k["name"] for k in opreg.triton_kernels()}
 
 
-def test_pointer_types_the_launcher_cannot_pack_are_refused_by_the_loader(aot_bundle, tmp_path):
-    def fp128_pointer(m, _):
-        m["params"][0]["type"] = "*fp128"
+@pytest.mark.parametrize(
+    ("param", "type_name"), [(0, "*fp128"), (2, "u1"), (3, "f32"), (0, "*u1"), (0, "*f32")]
+)
+def test_types_the_compiler_refuses_are_refused_by_the_loader(
+    aot_bundle, tmp_path, param, type_name
+):
+    def retype(m, _):
+        m["params"][param]["type"] = type_name
 
-    folder = corrupted_bundle(aot_bundle, tmp_path, "opreg_rel_fp128", fp128_pointer)
+    folder = corrupted_bundle(aot_bundle, tmp_path, "opreg_rel_type", retype)
     with pytest.raises(ValueError) as error:
         opreg.load_triton_bundle(folder)
+    name = ["x_ptr", "out_ptr", "n", "factor"][param]
     assert (
-        f"Triton manifest {folder}/bad.json: kernel 'opreg_rel_fp128', parameter 'x_ptr': "
-        "unsupported parameter type '*fp128'" in str(error.value)
+        f"Triton manifest {folder}/bad.json: kernel 'opreg_rel_type', parameter '{name}': "
+        f"unsupported parameter type '{type_name}'" in str(error.value)
     )
-    assert "opreg_rel_fp128" not in {k["name"] for k in opreg.triton_kernels()}
+    assert "opreg_rel_type" not in {k["name"] for k in opreg.triton_kernels()}
 
 
 def renamed_manifest(aot_bundle, folder, name, change=lambda m: None):
@@ -449,14 +553,141 @@ def test_manifest_with_wrongly_typed_params_names_the_field(tmp_path):
         opreg.load_triton_bundle(tmp_path)
 
 
-# ---- 4. declared launch expressions ----
+def test_index_with_crlf_blank_lines_spaces_and_a_bom_loads(aot_bundle, tmp_path):
+    manifest = renamed_manifest(aot_bundle, tmp_path, "opreg_rel_crlf")
+    (tmp_path / "index.txt").write_bytes(f"\ufeff\r\n  \n\t{manifest} \r\n\n".encode())
+    assert opreg.load_triton_bundle(tmp_path) == ["opreg_rel_crlf"]
+
+
+def load_error(folder) -> str:
+    """The message of the ValueError that loading `folder` raises (not a UnicodeDecodeError of a
+    message holding bytes from a file)."""
+    with pytest.raises(ValueError) as error:
+        opreg.load_triton_bundle(folder)
+    return str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\x89PNG\r\n\x1a\x00\xa2", "opreg: {dir}/index.txt line 2 has the control byte \\x1a"),
+        (b"ok.json\n\x00\x01\xff", "opreg: {dir}/index.txt line 2 has the control byte \\x00"),
+        (b"\xa2\xffname.json\n", "opreg: cannot read {dir}/\\xa2\\xffname.json (listed in "
+         "index.txt line 1): no such file"),
+        ("é.json\n".encode(), "opreg: cannot read {dir}/é.json (listed in index.txt line 1)"),
+        (b"../k.json\n", "opreg: {dir}/index.txt line 1: expected the file name of a manifest "
+         "beside it, got '../k.json'"),
+    ],
+)  # fmt: skip
+def test_an_index_that_is_not_text_names_the_index_and_line(tmp_path, content, message):
+    (tmp_path / "index.txt").write_bytes(content)
+    assert message.format(dir=tmp_path) in load_error(tmp_path)
+
+
+def test_directories_and_fifos_where_files_belong_name_the_file(aot_bundle, tmp_path):
+    # A directory made reading throw from inside the stream; a FIFO would block the reader.
+    manifest = renamed_manifest(aot_bundle, tmp_path, "opreg_rel_dirs")
+    (tmp_path / "index.txt").write_text(f"{manifest}\n")
+    cubin = json.loads((tmp_path / manifest).read_text())["variants"][0]["file"]
+    (tmp_path / cubin).unlink()
+    (tmp_path / cubin).mkdir()
+    assert (
+        f"opreg: cannot read {tmp_path}/{cubin} (named by {tmp_path}/{manifest}): it is a "
+        "directory, not a file" in load_error(tmp_path)
+    )
+    (tmp_path / manifest).unlink()
+    (tmp_path / manifest).mkdir()
+    assert (
+        f"opreg: cannot read {tmp_path}/{manifest} (listed in index.txt line 1): it is a "
+        "directory, not a file" in load_error(tmp_path)
+    )
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "index.txt").write_text("fifo.json\n")
+    probe = f"import opreg; opreg.load_triton_bundle({str(tmp_path)!r})"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    assert (
+        f"opreg: cannot read {tmp_path}/fifo.json (listed in index.txt line 1): it is not a "
+        "regular file" in result.stderr
+    )
+    (tmp_path / "index.txt").unlink()
+    (tmp_path / "index.txt").mkdir()
+    assert f"cannot read {tmp_path}/index.txt: it is a directory" in load_error(tmp_path)
+    assert "opreg_rel_dirs" not in registered_kernels()
+
+
+@pytest.mark.parametrize("path", [None, 5, b"/tmp"])
+def test_load_functions_refuse_paths_that_are_not_paths(path):
+    with pytest.raises(TypeError, match=r"opreg.load_library: 'path' must be a str or os.PathLike"):
+        opreg.load_library(path)
+    with pytest.raises(TypeError, match=r"opreg.load_triton_bundle: 'path' must be a str or os"):
+        opreg.load_triton_bundle(path)
+
+
+# ---- 4. AotKernel: launches from Python with wrong arguments ----
+
+
+def test_aot_kernel_name_must_be_a_str():
+    with pytest.raises(TypeError, match=r"opreg.AotKernel: 'name' must be a str .*, got int 5"):
+        opreg.AotKernel(5)
+
+
+@pytest.mark.parametrize(
+    ("grid", "error", "message"),
+    [
+        ((1.5,), TypeError, "the grid must be an int or a tuple of 1 to 3 ints, got (1.5,)"),
+        ("abc", TypeError, "the grid must be an int or a tuple of 1 to 3 ints, got 'abc'"),
+        ((True,), TypeError, "the grid must be an int or a tuple of 1 to 3 ints, got (True,)"),
+        ((), ValueError, "the grid has 1 to 3 dimensions, got 0"),
+        ((1, 1, 1, 1), ValueError, "the grid has 1 to 3 dimensions, got 4"),
+        ((2**70,), ValueError, "grid (1180591620717411303424,) is outside CUDA's limits"),
+    ],
+)
+def test_aot_kernel_grids_are_checked(aot_bundle, grid, error, message):
+    kernel = opreg.AotKernel("opreg_test_scale")
+    x = torch.ones(4)
+    with pytest.raises(error) as raised:
+        kernel[grid](x, x, 4, 1.0)
+    assert str(raised.value).startswith(f"opreg.AotKernel 'opreg_test_scale': {message}")
+    with pytest.raises(error):
+        kernel.launch(grid, x, x, 4, 1.0)
+
+
+def test_aot_kernel_arguments_beyond_64_bits_name_the_parameter(aot_bundle):
+    kernel = opreg.AotKernel("opreg_test_scale")
+    x = torch.ones(4)
+    with pytest.raises(ValueError) as error:
+        kernel.variant_for(x, x, 2**70, 1.0)
+    assert str(error.value).startswith(
+        "opreg.AotKernel 'opreg_test_scale': argument 'n' (i64) = 1180591620717411303424 does "
+        "not fit i64 (an integer parameter is at most 64 bits: -2^63 to 2^63 - 1)"
+    )
+    with pytest.raises(
+        TypeError,
+        match=r"argument 'factor' \(fp32\) is a str; expected a tensor, an int or a float",
+    ):
+        kernel.variant_for(x, x, 4, "1.0")
+    # A large int for a float parameter converts, as Triton's launcher converts it; these CPU
+    # tensors are why no variant fits.
+    assert kernel.variant_for(x, x, 4, 2**70) == "none: argument 'x_ptr' is on cpu, not CUDA"
+    with pytest.raises(
+        ValueError, match=r"'opreg_rel_absent': argument 0 = \d+ does not fit 64 bits"
+    ):
+        opreg.AotKernel("opreg_rel_absent").variant_for(2**70)
+
+
+# ---- 5. declared launch expressions ----
 
 
 def define_declared(name, grid, arguments, outputs="like:x", kernel="opreg_test_scale"):
     def fn(x: torch.Tensor, f: float, k: int) -> torch.Tensor:
         return x * f
 
-    launch = opreg.AotLaunch(kernel, tuple(grid), tuple(arguments), outputs)
+    sequence = (list, tuple)
+    grid = tuple(grid) if isinstance(grid, sequence) else grid
+    arguments = tuple(arguments) if isinstance(arguments, sequence) else arguments
+    launch = opreg.AotLaunch(kernel, grid, arguments, outputs)
     return opreg.register_triton_op(
         fake_fn=lambda x, f, k: torch.empty_like(x),
         triton_fn=None,
@@ -508,6 +739,30 @@ def test_grid_expressions_must_be_integers():
         define_declared("tensor_cdiv", ["cdiv(x, 4)"], ["x", "out0", "numel(x)", "f"])
     with pytest.raises(ValueError, match="outputs: cannot read 'k': argument 'k' is int, not a"):
         define_declared("int_like", ["1"], ["x", "out0", "numel(x)", "f"], outputs="like:k")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("kernel", 5, "'kernel' must be a str, the name of an AOT Triton kernel, got int 5"),
+        ("grid", (1,), "'grid' must be a tuple of str expressions over the op's arguments, got"),
+        ("arguments", ("x", 2), "'arguments' must be a tuple of str expressions over the op's"),
+        ("outputs", None, "'outputs' must be 'fake' or 'like:<argument>', got NoneType None"),
+    ],
+)
+def test_aot_launch_fields_of_the_wrong_type_are_type_errors(field, value, message):
+    fields = {
+        "kernel": "opreg_test_scale",
+        "grid": ("1",),
+        "arguments": ("x", "out0", "numel(x)", "f"),
+    }
+    fields |= {"outputs": "like:x", field: value}
+    with pytest.raises(TypeError, match=re.escape(f"opreg.AotLaunch: {message}")):
+        _C.AotLaunch(**fields)
+    name = f"wrong_{field}_{type(value).__name__}"
+    with pytest.raises(TypeError, match=re.escape(f"opreg.AotLaunch: {message}")):
+        define_declared(name, **fields)
+    assert not hasattr(torch.ops.aot_rel, name)
 
 
 @pytest.mark.parametrize(
@@ -599,7 +854,7 @@ def test_dims_out_of_range_at_call_time_are_value_errors(aot_bundle):
         op(torch.randn(8, device="cuda"))
 
 
-# ---- 5. philox sizes that cannot be allocated ----
+# ---- 6. philox sizes that cannot be allocated ----
 
 PHILOX_PROBE = """
 import json, torch, opreg

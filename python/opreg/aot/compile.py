@@ -36,6 +36,7 @@ import re
 import subprocess
 import sys
 import tomllib
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +53,9 @@ SCALAR_SIZES = {
 POINTEE_TYPES = {*SCALAR_SIZES, "fp8e4nv", "fp8e5", "fp8e4b15", "fp8e4b8", "fp8e5b16"}
 MAX_PARAMS = 64
 MAX_WARPS = 32  # 1024 threads per block
+# The integer options of Triton's CUDA backend a config may set; Triton ignores a key it does not
+# know, so a misspelled one would silently compile with the default.
+CONFIG_KEYS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 MAX_CTAS = 16
 MAX_INT32 = 2**31 - 1
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -84,9 +88,14 @@ class SpecError(ValueError):
 
 def load_spec(path: Path) -> tuple[list[KernelSpec], Path]:
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
         raise SpecError(f"{path}: cannot read the spec: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise SpecError(
+            f"{path}: cannot read the spec: it is not UTF-8 text (byte "
+            f"0x{error.object[error.start]:02x} at offset {error.start})"
+        ) from None
     except tomllib.TOMLDecodeError as error:
         raise SpecError(f"{path}: not valid TOML: {error}") from None
     targets = data.get("targets", ["sm_80", "sm_90"])
@@ -155,8 +164,15 @@ def check_kernel_spec(spec: KernelSpec, path: Path) -> None:
             isinstance(v, int) and not isinstance(v, bool) for v in config.values()
         ):
             fail("configs", "tables of integers like { num_warps = 4, num_stages = 3 }", config)
-        if not 1 <= config.get("num_warps", 4) <= MAX_WARPS:
-            fail("configs.num_warps", f"from 1 to {MAX_WARPS}", config["num_warps"])
+        unknown = [key for key in config if key not in CONFIG_KEYS]
+        if unknown:
+            raise SpecError(
+                f"{path}: kernel {spec.name}: 'configs' entry {config!r} has unknown keys "
+                f"{unknown}; a config takes {', '.join(CONFIG_KEYS)}"
+            )
+        warps = config.get("num_warps", 4)
+        if not 1 <= warps <= MAX_WARPS or warps & (warps - 1):
+            fail("configs.num_warps", f"a power of two from 1 to {MAX_WARPS}", warps)
         if not 1 <= config.get("num_ctas", 1) <= MAX_CTAS:
             fail("configs.num_ctas", f"from 1 to {MAX_CTAS}", config["num_ctas"])
     targets = spec.targets
@@ -169,8 +185,10 @@ def check_kernel_spec(spec: KernelSpec, path: Path) -> None:
 
 
 def load_function(source: str, base: Path):
+    """The @triton.jit function `source` names; SpecError (one line, naming the source) when it
+    cannot be imported or is something else."""
     location, sep, function = source.rpartition(":")
-    if not sep:
+    if not sep or not location or not function:
         raise SpecError(f"source '{source}' must be 'file.py:function' or 'module:function'")
     if location.endswith(".py"):
         path = (base / location).resolve()
@@ -182,18 +200,51 @@ def load_function(source: str, base: Path):
             raise SpecError(f"cannot load kernel source {path}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as error:
+            del sys.modules[module_name]
+            raise SpecError(
+                f"source '{source}': importing {path} failed: {raised(error)}"
+            ) from None
     else:
         try:
             module = importlib.import_module(location)
-        except ModuleNotFoundError as error:
-            if error.name is None or not location.startswith(error.name):
-                raise  # the module exists, one it imports does not: its own traceback says where
-            raise SpecError(f"source '{source}': no module named {error.name!r}") from None
+        except Exception as error:
+            missing = error.name if isinstance(error, ModuleNotFoundError) else None
+            if missing and location.startswith(missing):  # not a module it imports
+                raise SpecError(f"source '{source}': no module named {missing!r}") from None
+            raise SpecError(
+                f"source '{source}': importing {location} failed: {raised(error)}"
+            ) from None
     try:
-        return getattr(module, function)
+        fn = getattr(module, function)
     except AttributeError:
         raise SpecError(f"{location} has no function '{function}'") from None
+    from triton.runtime.jit import JITFunction
+
+    if not isinstance(fn, JITFunction):
+        raise SpecError(
+            f"source '{source}': '{function}' is a {type(fn).__name__}, not a @triton.jit kernel"
+        )
+    return fn
+
+
+def raised(error: BaseException) -> str:
+    """An exception raised by the user's code, in one line: where (the innermost frame, or a
+    SyntaxError's file and line), its type and its message."""
+    if isinstance(error, SyntaxError) and error.filename:
+        where = f"{error.filename}:{error.lineno}: "
+        message = error.msg
+    else:
+        frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename[0] != "<"]
+        where = f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
+        message = str(error)
+    return where + one_line(f"{type(error).__name__}: {message}")
+
+
+def one_line(text: str) -> str:
+    return "; ".join(line.strip() for line in text.strip().splitlines() if line.strip())
 
 
 def parse_arch(target: object, where: str = "") -> int:
@@ -311,8 +362,31 @@ def compile_variant(fn, spec: KernelSpec, params, variant: Variant):
     }
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     options = dict(variant.config)
-    compiled = triton_compile(source, target=GPUTarget("cuda", variant.arch, 32), options=options)
+    try:
+        compiled = triton_compile(source, GPUTarget("cuda", variant.arch, 32), options=options)
+    except Exception as error:
+        raise SpecError(
+            f"kernel {spec.name} (sm_{variant.arch}, {describe(variant)}): Triton cannot compile "
+            f"it: {compile_error(fn, error)}"
+        ) from None
     return source, compiled
+
+
+def compile_error(fn, error: Exception) -> str:
+    """Triton's error in one line; for an error in the kernel's code, where in the file it is
+    (Triton counts lines from the function's def, after its decorators) and the line itself."""
+    from triton.compiler.errors import CompilationError
+
+    if not isinstance(error, CompilationError) or not hasattr(error.node, "lineno"):
+        return one_line(f"{type(error).__name__}: {error}")
+    lines = (error.src or "").splitlines()
+    code = lines[error.node.lineno - 1].strip() if error.node.lineno <= len(lines) else ""
+    decorators = next(
+        (i for i, text in enumerate(fn.raw_src) if text.lstrip().startswith("def ")), 0
+    )
+    line = fn.starting_line_number + decorators + error.node.lineno - 1
+    where = f"{fn.fn.__code__.co_filename}:{line}:{error.node.col_offset + 1}"
+    return one_line(f"{where}: {error.error_message or type(error).__name__} (in `{code}`)")
 
 
 def content_hash(fn, spec: KernelSpec, variant: Variant) -> str:
@@ -437,7 +511,7 @@ def check_variant(spec: KernelSpec, params, variant: Variant, entry: dict) -> No
         value = entry[key]
         if not isinstance(value, int) or not low <= value <= high:
             raise SpecError(f"{where}: {key} = {value!r}, the runtime takes {low} to {high}")
-        if key.endswith("_align") and value & (value - 1):
+        if (key == "num_warps" or key.endswith("_align")) and value & (value - 1):
             raise SpecError(f"{where}: {key} = {value} is not a power of two")
     dropped = {params[a["param"]]["name"] for a in entry["assumptions"] if a["kind"] == "equals1"}
     packed = [SCALAR_SIZES.get(p["type"], 8) for p in params if p["name"] not in dropped]
@@ -595,17 +669,22 @@ def run(args: argparse.Namespace) -> int:
     for kernel in kernels:
         kernel.targets = override or kernel.targets
     check_targets_supported(kernels, args.target)
-    if args.emit_cpp:
-        write_file("--emit-cpp", args.emit_cpp, probe_writable)
     writable_folder("--out", args.out)
     cache = writable_folder("--cache", args.cache or args.out / ".cache")
+    if args.emit_cpp:  # after --out: CMake writes it there, and only Ninja makes the folder
+        write_file("--emit-cpp", args.emit_cpp, probe_writable)
     counter = itertools.count(1)
 
     def progress(message: str) -> None:
         if not args.quiet:
             print(f"opreg.aot [{next(counter)}] {message}", flush=True)
 
-    manifests = [build_kernel(k, base, args.out, cache, progress) for k in kernels]
+    manifests = []
+    for kernel in kernels:
+        try:
+            manifests.append(build_kernel(kernel, base, args.out, cache, progress))
+        except SpecError as error:
+            raise SpecError(f"{args.spec}: {error}") from None
     index = "".join(f"{m.name}\n" for m in manifests)
     write_file("--out", args.out / "index.txt", lambda p: p.write_text(index))
     if args.emit_cpp:

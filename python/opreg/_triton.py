@@ -237,3 +237,18 @@ class AotLaunch:
     grid: tuple[str, ...]
     arguments: tuple[str, ...]
     outputs: str = "fake"
+
+    def __post_init__(self) -> None:
+        def refuse(field: str, expected: str) -> None:
+            raise TypeError(
+                f"opreg.AotLaunch: {field} must be {expected}, got {getattr(self, field)!r}"
+            )
+
+        if not isinstance(self.kernel, str):
+            refuse("kernel", "the kernel's name (a str)")
+        for field in ("grid", "arguments"):
+            value = getattr(self, field)
+            if not isinstance(value, (tuple, list)) or not all(isinstance(e, str) for e in value):
+                refuse(field, "a tuple of expression strings, e.g. ('cdiv(numel(x), 1024)',)")
+        if not isinstance(self.outputs, str):
+            refuse("outputs", "'fake' or 'like:<argument>'")

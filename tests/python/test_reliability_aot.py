@@ -887,3 +887,19 @@ def test_philox_sizes_that_cannot_be_allocated_are_value_errors():
     assert outcomes[2][0] == "ValueError" and "is too large" in outcomes[2][1]
     assert outcomes[3] == ["ValueError", "opreg::philox_uniform: argument 'n' must be >= 0, got -1"]
     assert outcomes[4] == ["shape", [3, 5]]
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"kernel": 5}, r"kernel must be the kernel's name \(a str\), got 5"),
+        ({"grid": "cdiv(numel(x), 4)"}, "grid must be a tuple of expression strings"),
+        ({"arguments": None}, "arguments must be a tuple of expression strings, got None"),
+        ({"arguments": ("x", 5)}, "arguments must be a tuple of expression strings"),
+        ({"outputs": None}, "outputs must be 'fake' or 'like:<argument>', got None"),
+    ],
+)
+def test_the_python_aot_launch_checks_its_fields(fields, words):
+    given = {"kernel": "k", "grid": ("1",), "arguments": ("x",), **fields}
+    with pytest.raises(TypeError, match="opreg.AotLaunch: " + words):
+        opreg.AotLaunch(**given)

@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.utils._pytree as pytree
+from torch._library.triton import is_wrap_triton_enabled
 
 from opreg._public import public
 from opreg._registry import accelerated_device_types, register_accelerated_device_type
@@ -128,9 +129,7 @@ def _traced() -> bool:
     which turn torch.library.wrap_triton's tracing off."""
     if _decomposing.get():
         return True
-    from torch._library.triton import is_wrap_triton_enabled
-
-    return is_wrap_triton_enabled() and torch._C._len_torch_dispatch_stack() > 0
+    return torch._C._len_torch_dispatch_stack() > 0 and is_wrap_triton_enabled()
 
 
 class _WrappedTriton:
@@ -152,17 +151,23 @@ class _WrappedTriton:
         return self.kernel(*args, **kwargs)
 
 
+_triton_kernel_types: tuple[type, ...] = ()
+
+
 def _is_triton_kernel(kernel: Any) -> bool:
     """What torch.library.wrap_triton accepts: @triton.jit, @triton.autotune, and either under
-    Triton's interpreter."""
-    from triton.runtime.autotuner import Autotuner
-    from triton.runtime.jit import JITFunction
+    Triton's interpreter. (The types are looked up once: this runs on every launch.)"""
+    global _triton_kernel_types
+    if not _triton_kernel_types:
+        from triton.runtime.autotuner import Autotuner
+        from triton.runtime.jit import JITFunction
 
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-    except ImportError:
-        InterpretedFunction = JITFunction
-    return isinstance(kernel, (JITFunction, Autotuner, InterpretedFunction))
+        try:
+            from triton.runtime.interpreter import InterpretedFunction
+        except ImportError:
+            InterpretedFunction = JITFunction
+        _triton_kernel_types = (JITFunction, Autotuner, InterpretedFunction)
+    return isinstance(kernel, _triton_kernel_types)
 
 
 @public

@@ -13,7 +13,6 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.utils._pytree as pytree
-from torch._library.triton import is_wrap_triton_enabled
 
 from opreg._public import public
 from opreg._registry import accelerated_device_types, register_accelerated_device_type
@@ -129,7 +128,11 @@ def _traced() -> bool:
     which turn torch.library.wrap_triton's tracing off."""
     if _decomposing.get():
         return True
-    return torch._C._len_torch_dispatch_stack() > 0 and is_wrap_triton_enabled()
+    if torch._C._len_torch_dispatch_stack() == 0:
+        return False
+    from torch._library.triton import is_wrap_triton_enabled
+
+    return is_wrap_triton_enabled()
 
 
 class _WrappedTriton:

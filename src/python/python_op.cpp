@@ -44,11 +44,30 @@ py::object call(const py::object& fn, const PyArgs& arguments) {
 
 // An argument as Python sees it in torch.library's kernels: a ScalarType, Layout or MemoryFormat
 // is on the stack as an int, and Python wants torch.float64, not 7.
-py::object to_python_argument(c10::IValue value, const c10::Argument& argument) {
+py::object to_python_argument(c10::IValue value, const c10::Argument& argument,
+                              const std::string& op) {
   if (value.isInt()) {
     const c10::Type* type = argument.real_type().get();
     if (const auto* optional = type->castRaw<c10::OptionalType>()) {
       type = optional->getElementType().get();
+    }
+    const int64_t number = value.toInt();
+    auto require_below = [&](int64_t end, const char* what) {
+      TORCH_CHECK_VALUE(number >= 0 && number < end, op, ": argument '", argument.name(), "' is ",
+                        number, ", which is not a ", what, " (pass e.g. torch.float32)");
+    };
+    switch (type->kind()) {
+      case c10::TypeKind::ScalarTypeType:
+        require_below(static_cast<int64_t>(at::ScalarType::NumOptions), "ScalarType");
+        break;
+      case c10::TypeKind::LayoutType:
+        require_below(static_cast<int64_t>(at::Layout::NumOptions), "Layout");
+        break;
+      case c10::TypeKind::MemoryFormatType:
+        require_below(static_cast<int64_t>(at::MemoryFormat::NumOptions), "MemoryFormat");
+        break;
+      default:
+        break;
     }
     switch (type->kind()) {
       case c10::TypeKind::ScalarTypeType:
@@ -76,7 +95,7 @@ PyArgs pop_arguments(const c10::FunctionSchema& schema, torch::jit::Stack* stack
   if (positional < arguments.size()) result.kwargs = py::dict();
   auto first = stack->end() - arguments.size();
   for (size_t i = 0; i < arguments.size(); ++i) {
-    auto value = to_python_argument(std::move(first[i]), arguments[i]);
+    auto value = to_python_argument(std::move(first[i]), arguments[i], schema.name());
     if (arguments[i].kwarg_only()) {
       if (PyDict_SetItemString(result.kwargs.ptr(), arguments[i].name().c_str(), value.ptr()) !=
           0) {

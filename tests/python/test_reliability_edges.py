@@ -6,6 +6,9 @@ errors instead of a message naming the op."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -404,3 +407,34 @@ def test_a_schema_cannot_be_inferred_from_a_callable_object():
     with pytest.raises(ValueError, match=r"edges::inferred': no schema= given.*Scale object"):
         opreg.register_triton_op(fake_fn=None, triton_fn=None, name="edges::inferred")(Scale())
     assert_not_defined("edges::inferred")
+
+
+@pytest.mark.parametrize(
+    ("schema", "value", "what"),
+    [
+        ("(Tensor x, ScalarType d) -> Tensor", 99, "ScalarType"),
+        ("(Tensor x, ScalarType d) -> Tensor", -1, "ScalarType"),
+        ("(Tensor x, ScalarType? d=None) -> Tensor", 1000, "ScalarType"),
+        ("(Tensor x, Layout d) -> Tensor", 99, "Layout"),
+        ("(Tensor x, MemoryFormat d) -> Tensor", 99, "MemoryFormat"),
+    ],
+)
+def test_an_enum_argument_out_of_range_is_an_error_not_a_crash(schema, value, what):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import torch, opreg\n"
+            "op = opreg.register_triton_op(fake_fn=None, triton_fn=None, name='edges::enum', "
+            f"schema={schema!r})(lambda x, d=None: x.clone())\n"
+            "try:\n"
+            f"    op(torch.ones(2), {value})\n"
+            "except ValueError as error:\n"
+            "    print(error)\n",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"edges::enum: argument 'd' is {value}, which is not a {what}" in result.stdout

@@ -375,8 +375,17 @@ DefinitionPtr build(OpBuilder::State spec, const std::vector<std::string>& devic
     if (ret.type()->kind() == c10::TypeKind::TensorType) {
       definition->plain_tensor_returns.push_back(i);
     } else if (ret.type()->isSubtypeOf(*c10::OptionalType::ofTensor()) ||
-               ret.type()->isSubtypeOf(*c10::ListType::ofTensors())) {
+               ret.type()->isSubtypeOf(*c10::ListType::ofTensors()) ||
+               ret.type()->isSubtypeOf(*c10::ListType::ofOptionalTensors())) {
       definition->other_tensor_returns.push_back(i);
+      // The autograd kernel attaches gradients to Tensor outputs only: an explicit backward
+      // would silently give a list output no gradient.
+      TORCH_CHECK_VALUE(
+          !declared.autograd.backward || ret.type()->kind() != c10::TypeKind::ListType, qualified,
+          ": output ", i, " is a ", ret.type()->str(),
+          ", and an explicit backward covers Tensor outputs only; return the "
+          "tensors as separate outputs, or leave backward out (the fallback's own "
+          "gradients flow through lists)");
     }
     definition->return_aliases.push_back(ret.alias_info() != nullptr);
   }
@@ -458,9 +467,9 @@ CallInputs inputs_of(const Definition& definition, const torch::jit::Stack& stac
   for (size_t i = 0; i < num_args; ++i) {
     if (first[i].isTensor()) {
       if (first[i].toTensor().defined()) add(i, first[i].toTensor());
-    } else if (first[i].isTensorList()) {
-      for (const at::Tensor element : first[i].toTensorList()) {
-        if (element.defined()) add(i, element);
+    } else if (first[i].isList()) {  // Tensor[] and Tensor?[]
+      for (const c10::IValue& element : first[i].toListRef()) {
+        if (element.isTensor() && element.toTensor().defined()) add(i, element.toTensor());
       }
     }
   }
@@ -541,10 +550,10 @@ void check_outputs(const Definition& definition, const torch::jit::Stack& stack,
     if (value.isTensor()) {
       if (value.toTensor().defined())
         check_output_tensor(definition, value.toTensor(), index, inputs, impl, device);
-    } else if (value.isTensorList()) {
-      for (const at::Tensor element : value.toTensorList()) {
-        if (element.defined())
-          check_output_tensor(definition, element, index, inputs, impl, device);
+    } else if (value.isList()) {  // Tensor[] and Tensor?[]
+      for (const c10::IValue& element : value.toListRef()) {
+        if (element.isTensor() && element.toTensor().defined())
+          check_output_tensor(definition, element.toTensor(), index, inputs, impl, device);
       }
     }
   }

@@ -438,3 +438,26 @@ def test_an_enum_argument_out_of_range_is_an_error_not_a_crash(schema, value, wh
     )
     assert result.returncode == 0, result.stderr
     assert f"edges::enum: argument 'd' is {value}, which is not a {what}" in result.stdout
+
+
+def test_optional_tensor_lists_take_part_in_the_device_and_alias_checks():
+    op = define(
+        "edges::optional_list",
+        lambda xs: [None, xs[1]],
+        fake_fn=lambda xs: [None, torch.empty_like(xs[1])],
+        schema="(Tensor?[] xs) -> Tensor?[]",
+    )
+    with pytest.raises(RuntimeError, match="optional_list: the fallback returned output 0 sh"):
+        op([None, torch.ones(2)])
+
+
+def test_an_explicit_backward_with_a_tensor_list_output_is_refused():
+    with pytest.raises(ValueError, match=r"output 0 is a Tensor\[\], and an explicit backward"):
+        define(
+            "edges::list_backward",
+            lambda x: [x * 2],
+            fake_fn=lambda x: [torch.empty_like(x)],
+            schema="(Tensor x) -> Tensor[]",
+            backward=lambda ctx, grad: grad,
+        )
+    assert_not_defined("edges::list_backward")

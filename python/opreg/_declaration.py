@@ -107,9 +107,9 @@ class OpDeclaration:
             builder.flag(flag, getattr(self, flag))
         builder.autograd(self.autograd)
         if self.backward is not None:
-            builder.backward(self.backward, self.setup_context, AutogradContext)
+            builder.backward(self.backward, self.setup_context, AutogradContext, self.schema)
         if self.vmap is not None:
-            builder.vmap(self.vmap)
+            builder.vmap(self.vmap, self.schema)
         builder.replace(self.replace)
         builder.origin(self.origin)
         return builder

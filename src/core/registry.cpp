@@ -127,6 +127,28 @@ struct OpEntry {
   }
 };
 
+// The definition an autograd call of an op runs with, for the call below autograd that it makes
+// on the same thread: its forward must come from the definition whose backward it records, even
+// if a replace publishes another one in between.
+struct PinnedDefinition {
+  const OpEntry* entry = nullptr;
+  const Definition* definition = nullptr;
+};
+thread_local PinnedDefinition pinned_definition;
+
+class PinDefinition {
+ public:
+  PinDefinition(const OpEntry& entry, const Definition* definition) : previous_(pinned_definition) {
+    pinned_definition = {&entry, definition};
+  }
+  ~PinDefinition() { pinned_definition = previous_; }
+  PinDefinition(const PinDefinition&) = delete;
+  PinDefinition& operator=(const PinDefinition&) = delete;
+
+ private:
+  PinnedDefinition previous_;
+};
+
 // Held by a trampoline for the whole call: the definition it read stays alive until it returns.
 class CallInFlight {
  public:
@@ -136,7 +158,10 @@ class CallInFlight {
   ~CallInFlight() { entry_.calls_in_flight.fetch_sub(1); }
   CallInFlight(const CallInFlight&) = delete;
   CallInFlight& operator=(const CallInFlight&) = delete;
-  const Definition* definition() const { return entry_.current.load(); }
+  const Definition* definition() const {
+    if (pinned_definition.entry == &entry_) return pinned_definition.definition;
+    return entry_.current.load();
+  }
 
  private:
   const OpEntry& entry_;
@@ -652,9 +677,11 @@ class Trampoline final : public c10::OperatorKernel {
     const Definition& d = *definition;
     check_arguments(d, *stack);
     switch (key_) {
-      case c10::DispatchKey::Autograd:
+      case c10::DispatchKey::Autograd: {
+        const PinDefinition pin(*entry_, definition);
         d.autograd.callBoxed(op, keys, stack);
         return;
+      }
       case c10::DispatchKey::FuncTorchBatched:
         d.vmap.callBoxed(op, keys, stack);
         return;

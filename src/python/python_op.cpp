@@ -222,24 +222,46 @@ AutogradPolicy parse_policy(const std::string& policy) {
                     policy, "'");
 }
 
-py::object to_python(const std::vector<c10::IValue>& values, bool single_as_value) {
+// A schema's arguments, to give setup_context and vmap rules the op's arguments as pop_arguments
+// gives them to the fallback; null when the text does not parse (define() refuses it, saying why).
+using SchemaPtr = std::shared_ptr<const c10::FunctionSchema>;
+
+SchemaPtr parse_for_arguments(const std::string& text) {
+  if (text.find('(') == std::string::npos) return nullptr;
+  try {
+    return std::make_shared<const c10::FunctionSchema>(torch::schema(text.c_str()));
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+}
+
+py::object to_python(const std::vector<c10::IValue>& values, bool single_as_value,
+                     const SchemaPtr& arguments_of = nullptr) {
   if (single_as_value && values.size() == 1) return torch::jit::toPyObject(values[0]);
+  const bool typed = arguments_of && arguments_of->arguments().size() == values.size();
   py::tuple tuple(values.size());
-  for (size_t i = 0; i < values.size(); ++i) tuple[i] = torch::jit::toPyObject(values[i]);
+  for (size_t i = 0; i < values.size(); ++i) {
+    tuple[i] =
+        typed ? to_python_argument(values[i], arguments_of->arguments()[i], arguments_of->name())
+              : torch::jit::toPyObject(values[i]);
+  }
   return std::move(tuple);
 }
 
 constexpr const char* kPythonContext = "__opreg_python_ctx";
 
-void add_autograd(OpBuilder& builder, PyRef backward, PyRef setup_context, PyRef make_context) {
+void add_autograd(OpBuilder& builder, PyRef backward, PyRef setup_context, PyRef make_context,
+                  SchemaPtr schema) {
   if (!backward) return;
-  SetupContext setup = [setup_context, make_context](AutogradContext& ctx,
-                                                     const std::vector<c10::IValue>& inputs,
-                                                     const std::vector<c10::IValue>& outputs) {
+  SetupContext setup = [setup_context, make_context, schema](
+                           AutogradContext& ctx, const std::vector<c10::IValue>& inputs,
+                           const std::vector<c10::IValue>& outputs) {
     py::gil_scoped_acquire gil;
     InsideOp inside;
     py::object py_ctx = (*make_context)(py::cast(&ctx, py::return_value_policy::reference));
-    if (setup_context) (*setup_context)(py_ctx, to_python(inputs, false), to_python(outputs, true));
+    if (setup_context) {
+      (*setup_context)(py_ctx, to_python(inputs, false, schema), to_python(outputs, true));
+    }
     ctx.saved_data[kPythonContext] = torch::jit::toIValue(py_ctx, c10::PyObjectType::get());
   };
   auto name = builder.declared_name();
@@ -314,9 +336,9 @@ VmapResult vmap_result(const std::string& op, const py::object& result) {
   return converted;
 }
 
-void add_vmap_rule(OpBuilder& builder, PyRef rule) {
+void add_vmap_rule(OpBuilder& builder, PyRef rule, SchemaPtr schema) {
   if (!rule) return;
-  builder.vmap([rule, op = builder.declared_name()](
+  builder.vmap([rule, schema, op = builder.declared_name()](
                    const VmapInfo& info, const std::vector<std::optional<int64_t>>& in_dims,
                    const std::vector<c10::IValue>& args) {
     py::gil_scoped_acquire gil;
@@ -325,7 +347,7 @@ void add_vmap_rule(OpBuilder& builder, PyRef rule) {
     py::list dims;
     for (const auto& dim : in_dims) dims.append(dim ? py::cast(*dim) : py::none());
     return vmap_result(op, (*rule)(info.batch_size, kRandomness[static_cast<int>(info.randomness)],
-                                   dims, to_python(args, false)));
+                                   dims, to_python(args, false, schema)));
   });
 }
 
@@ -392,12 +414,14 @@ void bind_op_builder(py::module& m) {
       .def(
           "backward",
           [](OpBuilder& builder, const py::object& backward, const py::object& setup_context,
-             const py::object& make_context) {
+             const py::object& make_context, const std::string& schema) {
             require_callable(builder, "backward", backward);
             require_callable(builder, "make_context", make_context);
-            add_autograd(builder, ref(backward), ref(setup_context), ref(make_context));
+            add_autograd(builder, ref(backward), ref(setup_context), ref(make_context),
+                         parse_for_arguments(schema));
           },
-          py::arg("backward"), py::arg("setup_context"), py::arg("make_context"))
+          py::arg("backward"), py::arg("setup_context"), py::arg("make_context"),
+          py::arg("schema") = "")
       .def(
           "autograd",
           [](OpBuilder& builder, const std::string& policy) {
@@ -406,8 +430,10 @@ void bind_op_builder(py::module& m) {
           py::arg("policy"))
       .def(
           "vmap",
-          [](OpBuilder& builder, const py::object& rule) { add_vmap_rule(builder, ref(rule)); },
-          py::arg("rule"))
+          [](OpBuilder& builder, const py::object& rule, const std::string& schema) {
+            add_vmap_rule(builder, ref(rule), parse_for_arguments(schema));
+          },
+          py::arg("rule"), py::arg("schema") = "")
       .def(
           "replace", [](OpBuilder& builder, bool replace) { builder.replace(replace); },
           py::arg("replace"))

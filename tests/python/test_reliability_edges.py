@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -461,3 +462,62 @@ def test_an_explicit_backward_with_a_tensor_list_output_is_refused():
             backward=lambda ctx, grad: grad,
         )
     assert_not_defined("edges::list_backward")
+
+
+def test_setup_context_and_vmap_rules_see_dtypes_as_torch_objects():
+    seen = {}
+
+    def setup_context(ctx, inputs, output):
+        seen["setup_context"] = inputs[1]
+
+    def rule(info, in_dims, x, dtype):
+        seen["vmap"] = dtype
+        return x.movedim(in_dims[0], 0).to(dtype) * 2, 0
+
+    op = define(
+        "edges::dtype_pieces",
+        lambda x, dtype: x.to(dtype) * 2,
+        fake_fn=lambda x, dtype: torch.empty_like(x, dtype=dtype),
+        schema="(Tensor x, ScalarType dtype) -> Tensor",
+        backward=lambda ctx, grad: (grad * 2, None),
+        setup_context=setup_context,
+        vmap=rule,
+    )
+    x = torch.ones(3, 2, requires_grad=True)
+    op(x, torch.float64).sum().backward()
+    torch.vmap(op, in_dims=(0, None))(torch.ones(3, 2), torch.float64)
+    assert seen == {"setup_context": torch.float64, "vmap": torch.float64}
+
+
+def test_forward_and_backward_come_from_one_definition_while_replaces_race():
+    def declare(factor):
+        return opreg.register_triton_op(
+            fake_fn=None,
+            triton_fn=None,
+            name="edges::racing",
+            schema="(Tensor x) -> Tensor",
+            replace=True,
+            backward=lambda ctx, grad: grad * factor,
+            setup_context=lambda ctx, inputs, output: None,
+        )(lambda x: x * factor)
+
+    declare(2.0)
+    mismatches, stop = [], threading.Event()
+
+    def call_and_differentiate():
+        while not stop.is_set() and not mismatches:
+            x = torch.ones(4, requires_grad=True)
+            y = torch.ops.edges.racing(x)
+            y.sum().backward()
+            if x.grad[0].item() != y[0].item():  # d(x * f)/dx = f = y[0] at x = 1
+                mismatches.append((y[0].item(), x.grad[0].item()))
+
+    threads = [threading.Thread(target=call_and_differentiate) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for i in range(200):
+        declare(3.0 if i % 2 == 0 else 2.0)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    assert not mismatches, f"forward and backward of different definitions: {mismatches[:3]}"

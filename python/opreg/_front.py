@@ -348,6 +348,7 @@ def register_triton_op(
                 vmap_out_dims=vmap_out_dims,
                 replace=replace,
                 origin=origin,
+                random=op_flags.get("random", False),
             )
             companions.append(companion)
         elif vmap is not None:

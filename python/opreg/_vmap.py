@@ -74,6 +74,7 @@ def vmap_fn_companion(
     vmap_out_dims: Any,
     replace: bool,
     origin: str,
+    random: bool = False,
 ) -> tuple[Callable[..., Any], OpDeclaration]:
     """EvoX's vmap_fn, at any depth, without one op per level: one companion op `<name>_vmap`
     runs vmap_fn on inputs with leading batch dims; the rule of both ops wraps the inputs of
@@ -85,6 +86,13 @@ def vmap_fn_companion(
     companion: list[torch._ops.OpOverload] = []
 
     def rule(batch_size: int, randomness: str, in_dims: list[int | None], args: tuple):
+        if random and randomness == "same":
+            # vmap_fn computes the whole batch at once: nothing makes its draws repeat per example.
+            raise RuntimeError(
+                f"opreg: op '{qualname}': it is random and its vmap_fn draws for the whole "
+                "batch, so torch.vmap's randomness='same' cannot be honoured; use "
+                "randomness='different', or give the op a vmap rule"
+            )
         if not companion:
             companion.append(op_overload(companion_name))
         wrapped = wrap(VmapInfo(batch_size, randomness), in_dims, *args)

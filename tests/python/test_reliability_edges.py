@@ -521,3 +521,17 @@ def test_forward_and_backward_come_from_one_definition_while_replaces_race():
     for thread in threads:
         thread.join()
     assert not mismatches, f"forward and backward of different definitions: {mismatches[:3]}"
+
+
+def test_a_random_op_with_a_vmap_fn_refuses_randomness_same():
+    op = define(
+        "edges::random_vmap_fn",
+        lambda x: torch.rand_like(x) + x,
+        random=True,
+        vmap_fn=lambda x: torch.rand_like(x) + x,
+        fake_vmap_fn=lambda x: torch.empty_like(x),
+    )
+    with pytest.raises(RuntimeError, match="randomness='same' cannot be honoured"):
+        torch.vmap(op, randomness="same")(torch.zeros(4, 3))
+    different = torch.vmap(op, randomness="different")(torch.zeros(4, 3))
+    assert not torch.equal(different[0], different[1])

@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 import torch.utils._pytree as pytree
 
+from opreg import _C
 from opreg._public import public
 from opreg._registry import accelerated_device_types, register_accelerated_device_type
 
@@ -247,16 +248,5 @@ class AotLaunch:
     outputs: str = "fake"
 
     def __post_init__(self) -> None:
-        def refuse(field: str, expected: str) -> None:
-            raise TypeError(
-                f"opreg.AotLaunch: {field} must be {expected}, got {getattr(self, field)!r}"
-            )
-
-        if not isinstance(self.kernel, str):
-            refuse("kernel", "the kernel's name (a str)")
-        for field in ("grid", "arguments"):
-            value = getattr(self, field)
-            if not isinstance(value, (tuple, list)) or not all(isinstance(e, str) for e in value):
-                refuse(field, "a tuple of expression strings, e.g. ('cdiv(numel(x), 1024)',)")
-        if not isinstance(self.outputs, str):
-            refuse("outputs", "'fake' or 'like:<argument>'")
+        # The C++ launch checks each field's type (a TypeError naming the field and what came).
+        _C.AotLaunch(self.kernel, self.grid, self.arguments, self.outputs)

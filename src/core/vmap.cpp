@@ -134,21 +134,29 @@ class VmapKernel final : public c10::OperatorKernel {
       trace("vmap:per-example loop", unwrapped);
       result = per_example_loop(op, unwrapped, batch_size);
     }
-    TORCH_CHECK(result.outputs.size() == num_returns, op_->name, ": the vmap rule returned ",
+    // Batch-polymorphic ops promise their outputs keep the batch as dim 0; the checks say so.
+    const char* source = rule_                ? "the vmap rule"
+                         : batch_polymorphic_ ? "the batch-polymorphic call"
+                                              : "the per-example loop";
+    const char* promise =
+        rule_ || !batch_polymorphic_
+            ? ""
+            : " (an op declared batch_polymorphic keeps the batch as its outputs' first dim)";
+    TORCH_CHECK(result.outputs.size() == num_returns, op_->name, ": ", source, " returned ",
                 result.outputs.size(), " outputs, expected ", num_returns);
-    TORCH_CHECK(result.out_dims.size() == num_returns, op_->name, ": the vmap rule returned ",
+    TORCH_CHECK(result.out_dims.size() == num_returns, op_->name, ": ", source, " returned ",
                 result.out_dims.size(), " out_dims, expected ", num_returns, " (one per output)");
     for (size_t i = 0; i < num_returns; ++i) {
       auto& output = result.outputs[i];
       if (output.isTensor() && result.out_dims[i].has_value()) {
         const auto& tensor = output.toTensor();
         const int64_t dim = *result.out_dims[i];
-        TORCH_CHECK(dim >= -tensor.dim() && dim < tensor.dim(), op_->name,
-                    ": the vmap rule gave out_dim ", dim, " for output ", i, ", which has ",
-                    tensor.dim(), " dims");
-        TORCH_CHECK(tensor.size(dim) == batch_size, op_->name, ": the vmap rule returned ",
-                    "output ", i, " with ", tensor.size(dim), " entries along its batch dim ", dim,
-                    ", expected the batch size ", batch_size);
+        TORCH_CHECK(dim >= -tensor.dim() && dim < tensor.dim(), op_->name, ": ", source,
+                    " gave out_dim ", dim, " for output ", i, ", which has ", tensor.dim(), " dims",
+                    promise);
+        TORCH_CHECK(tensor.size(dim) == batch_size, op_->name, ": ", source, " returned output ", i,
+                    " with ", tensor.size(dim), " entries along its batch dim ", dim,
+                    ", expected the batch size ", batch_size, promise);
         if (rule_ && op_->schema.returns()[i].alias_info() == nullptr) {
           check_no_alias(tensor, unwrapped_inputs, i);
         }

@@ -892,14 +892,14 @@ def test_philox_sizes_that_cannot_be_allocated_are_value_errors():
 @pytest.mark.parametrize(
     ("fields", "words"),
     [
-        ({"kernel": 5}, r"kernel must be the kernel's name \(a str\), got 5"),
-        ({"grid": "cdiv(numel(x), 4)"}, "grid must be a tuple of expression strings"),
-        ({"arguments": None}, "arguments must be a tuple of expression strings, got None"),
-        ({"arguments": ("x", 5)}, "arguments must be a tuple of expression strings"),
-        ({"outputs": None}, "outputs must be 'fake' or 'like:<argument>', got None"),
+        ({"kernel": 5}, "'kernel' must be a str, the name of an AOT Triton kernel, got int 5"),
+        ({"grid": "cdiv(numel(x), 4)"}, "'grid' must be a tuple of str expressions"),
+        ({"arguments": None}, "'arguments' must be a tuple of str expressions .* got NoneType"),
+        ({"arguments": ("x", 5)}, "'arguments' must be a tuple of str expressions"),
+        ({"outputs": None}, "'outputs' must be 'fake' or 'like:<argument>', got NoneType None"),
     ],
 )
-def test_the_python_aot_launch_checks_its_fields(fields, words):
+def test_the_python_aot_launch_checks_its_fields_when_made(fields, words):
     given = {"kernel": "k", "grid": ("1",), "arguments": ("x",), **fields}
     with pytest.raises(TypeError, match="opreg.AotLaunch: " + words):
         opreg.AotLaunch(**given)

@@ -535,3 +535,9 @@ def test_a_random_op_with_a_vmap_fn_refuses_randomness_same():
         torch.vmap(op, randomness="same")(torch.zeros(4, 3))
     different = torch.vmap(op, randomness="different")(torch.zeros(4, 3))
     assert not torch.equal(different[0], different[1])
+
+
+def test_a_batch_polymorphic_op_that_drops_the_batch_dim_is_told_its_promise():
+    op = define("edges::not_polymorphic", lambda x: x.sum(), batch_polymorphic=True)
+    with pytest.raises(RuntimeError, match=r"batch-polymorphic call gave out_dim 0 .* first dim"):
+        torch.vmap(op)(torch.randn(3, 4))

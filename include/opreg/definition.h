@@ -27,7 +27,8 @@ namespace opreg {
 // OpReport::flags; nothing else lists them.
 #define OPREG_OP_FLAGS(X)                                                                    \
   X(bitwise, "its kernels give results bitwise equal to the fallback's (opcheck checks it)") \
-  X(allow_mixed_devices, "its tensor arguments may be on different devices")                 \
+  X(allow_mixed_devices,                                                                     \
+    "its kernels take tensor arguments on several devices (else the fallback serves those)") \
   X(batch_polymorphic,                                                                       \
     "it accepts extra leading dimensions on every tensor argument: vmap calls it once")      \
   X(vmap_per_example_loop,                                                                   \

@@ -216,22 +216,16 @@ def _forget(qualname: str, schema_changed: bool) -> None:
         vars(getattr(torch.ops, namespace)).pop(name.split(".")[0], None)
 
 
-def _single_device(qualname: str, values: Sequence[Any]) -> torch.device | None:
-    """The one device of the tensor arguments (0-dim CPU tensors aside), None without any; two
-    devices are an error, as the core raises for calls that reach it (a fake may be reached
-    first: the Meta key wins dispatch when one argument is a meta tensor)."""
+def _single_device(values: Sequence[Any]) -> torch.device | None:
+    """The one device of the tensor arguments (0-dim CPU tensors aside), None without any or
+    when they are on several devices (the fallback serves such calls: its outputs' devices are
+    its own business)."""
     devices = {
         t.device
         for t in values
         if isinstance(t, torch.Tensor) and not (t.dim() == 0 and t.device.type == "cpu")
     }
-    if len(devices) > 1:
-        raise RuntimeError(
-            f"opreg: op '{qualname}': its tensor arguments are on "
-            f"{' and '.join(sorted(map(str, devices)))}; all tensor arguments must be on one "
-            "device (or declare allow_mixed_devices=True)"
-        )
-    return devices.pop() if devices else None
+    return devices.pop() if len(devices) == 1 else None
 
 
 def _check_no_alias(qualname: str, index: int, output: Any, inputs: list[torch.Tensor]) -> None:
@@ -269,11 +263,7 @@ def _checked_fake(declaration: OpDeclaration) -> Callable[..., Any]:
                 f"opreg: op '{qualname}': its fake returned {type(result).__name__}, expected "
                 f"{len(returns)} outputs"
             )
-        device = (
-            None
-            if declaration.allow_mixed_devices
-            else _single_device(qualname, [*args, *kwargs.values()])
-        )
+        device = _single_device([*args, *kwargs.values()])
         for index, (value, kind) in enumerate(zip(values, returns, strict=True)):
             if isinstance(kind, torch.TensorType) and not isinstance(value, torch.Tensor):
                 raise TypeError(

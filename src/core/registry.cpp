@@ -356,9 +356,8 @@ void add_kernel(Definition& definition, const KernelDeclaration& kernel,
   definition.serving.push_back({device_type, DeviceServing::Kind::kKernel, kernel.name, ""});
 }
 
-void run_checked(const Definition& d, const c10::KernelFunction& function, const std::string& impl,
-                 const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack,
-                 bool compare_with_fake);
+void run_checked_fallback(const Definition& d, const c10::OperatorHandle& op,
+                          c10::DispatchKeySet keys, torch::jit::Stack* stack);
 
 // The boxed fallback with the checks of a call around it (Definition::checked_fallback).
 class CheckedFallback final : public c10::OperatorKernel {
@@ -366,8 +365,7 @@ class CheckedFallback final : public c10::OperatorKernel {
   explicit CheckedFallback(const Definition* definition) : definition_(definition) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                   torch::jit::Stack* stack) {
-    run_checked(*definition_, definition_->fallback, "the fallback", op, keys, stack,
-                /*compare_with_fake=*/false);
+    run_checked_fallback(*definition_, op, keys, stack);
   }
 
  private:
@@ -501,24 +499,26 @@ CallInputs inputs_of(const Definition& definition, const torch::jit::Stack& stac
   return inputs;
 }
 
-// The one device of the call's tensor arguments (0-dim CPU tensors aside, as in ATen), or
-// nullopt when there is none. Unless the op allows mixed devices, two devices are an error.
-std::optional<c10::Device> check_devices(const Definition& definition, const CallInputs& inputs) {
+// The one device of the call's tensor arguments (0-dim CPU tensors aside, as in ATen); nullopt
+// when there is none or when they are on several devices (`mixed`). Kernels are device-specific:
+// unless the op declares allow_mixed_devices, a mixed call is served by the fallback, as
+// torch.library's ops dispatch such calls to one device's implementation.
+struct CallDevices {
+  std::optional<c10::Device> device;
+  bool mixed = false;
+};
+
+CallDevices devices_of(const CallInputs& inputs) {
   const InputTensor* first = nullptr;
   for (const auto& input : inputs) {
     if (input.cpu_scalar) continue;
     if (first == nullptr) {
       first = &input;
-      continue;
+    } else if (input.device != first->device) {
+      return {std::nullopt, true};
     }
-    if (input.device == first->device) continue;
-    if (definition.spec.flags.allow_mixed_devices) return std::nullopt;
-    const auto& arguments = definition.schema().arguments();
-    TORCH_CHECK(false, definition.name(), ": argument '", arguments[input.index].name(), "' is on ",
-                input.device, ", expected ", first->device, " like argument '",
-                arguments[first->index].name(), "' (all tensor arguments must be on one device)");
   }
-  return first ? std::optional<c10::Device>(first->device) : std::nullopt;
+  return {first ? std::optional<c10::Device>(first->device) : std::nullopt, false};
 }
 
 void check_dtypes(const Definition& definition, const torch::jit::Stack& stack) {
@@ -641,12 +641,11 @@ void compare_with_fake_outputs(const Definition& definition, const c10::Operator
 }
 
 // Runs one piece of the op (the fallback, a kernel, the fake) with the checks of a call around
-// it: dtypes and devices of the arguments before, outputs after.
+// it: dtypes of the arguments before, outputs after.
 void run_checked(const Definition& d, const c10::KernelFunction& function, const std::string& impl,
                  const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack,
-                 bool compare_with_fake) {
-  const CallInputs inputs = inputs_of(d, *stack);
-  const std::optional<c10::Device> device = check_devices(d, inputs);
+                 const CallInputs& inputs, bool compare_with_fake) {
+  const std::optional<c10::Device> device = devices_of(inputs).device;
   check_dtypes(d, *stack);
   const size_t base = stack->size() - d.schema().arguments().size();
   std::optional<torch::jit::Stack> meta;
@@ -662,6 +661,12 @@ void run_checked(const Definition& d, const c10::KernelFunction& function, const
   }
   check_outputs(d, *stack, base, inputs, impl, device);
   if (meta) compare_with_fake_outputs(d, op, std::move(*meta), *stack, base, impl);
+}
+
+void run_checked_fallback(const Definition& d, const c10::OperatorHandle& op,
+                          c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  run_checked(d, d.fallback, "the fallback", op, keys, stack, inputs_of(d, *stack),
+              /*compare_with_fake=*/false);
 }
 
 // The kernel the dispatcher calls at `key` for one op: see Note [Definitions are immutable].
@@ -699,12 +704,17 @@ class Trampoline final : public c10::OperatorKernel {
       default:
         break;
     }
+    const CallInputs inputs = inputs_of(d, *stack);
     const ServedKernel* served =
         key_ == c10::DispatchKey::CompositeExplicitAutograd ? nullptr : d.kernel_at(key_);
+    if (served != nullptr && !d.spec.flags.allow_mixed_devices && devices_of(inputs).mixed) {
+      served = nullptr;  // a kernel serves one device: the fallback takes calls across devices
+    }
     if (served == nullptr) {
-      run_checked(d, d.fallback, kFallback, op, keys, stack, /*compare_with_fake=*/true);
+      run_checked(d, d.fallback, kFallback, op, keys, stack, inputs, /*compare_with_fake=*/true);
     } else {
-      run_checked(d, served->function, served->label, op, keys, stack, /*compare_with_fake=*/true);
+      run_checked(d, served->function, served->label, op, keys, stack, inputs,
+                  /*compare_with_fake=*/true);
     }
   }
 
@@ -719,12 +729,12 @@ class Trampoline final : public c10::OperatorKernel {
     if (!d.meta) {
       detail::throw_no_fake(d.name(), "its fake is registered from Python and is not there");
     }
+    const CallInputs inputs = inputs_of(d, *stack);
     if (d.fake_source == FakeSource::kExplicit) {
-      run_checked(d, *d.meta, kFake, op, keys, stack, /*compare_with_fake=*/false);
+      run_checked(d, *d.meta, kFake, op, keys, stack, inputs, /*compare_with_fake=*/false);
       return;
     }
-    const CallInputs inputs = inputs_of(d, *stack);
-    const std::optional<c10::Device> device = check_devices(d, inputs);
+    const std::optional<c10::Device> device = devices_of(inputs).device;
     check_dtypes(d, *stack);
     const size_t base = stack->size() - d.schema().arguments().size();
     try {

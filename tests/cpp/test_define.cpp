@@ -36,6 +36,41 @@ TEST(Define, KernelServesItsDeviceAndDeclinesTheRest) {
   EXPECT_EQ(trace.records()[0].device, "cpu");
 }
 
+// A call whose tensors are on several devices, sent to the CPU kernel as the dispatcher would send
+// a CPU+CUDA call to the CUDA one.
+at::Tensor call_at_cpu_key(const char* name, const at::Tensor& x, const at::Tensor& y) {
+  auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+  torch::jit::Stack stack{x, y};
+  handle.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+  return stack.at(0).toTensor();
+}
+
+// Needs no data of y, which may be a meta tensor.
+at::Tensor scale_by_rank(const at::Tensor& x, const at::Tensor& y) { return x * y.dim(); }
+
+TEST(Define, KernelDeclinesACallAcrossDevices) {
+  opreg::op("opreg_cpp::mixed(Tensor x, Tensor y) -> Tensor")
+      .fallback(scale_by_rank)
+      .kernel(scale_by_rank, opreg::on({"cpu"}).name("cpu_add"))
+      .define();
+  opreg::TraceScope trace;
+  auto out = call_at_cpu_key("opreg_cpp::mixed", at::ones({2}), at::ones({2}, at::kMeta));
+  EXPECT_TRUE(out.is_cpu());
+  call_at_cpu_key("opreg_cpp::mixed", at::ones({2}), at::ones({2}));
+  EXPECT_EQ(impls_of(trace.records()), (std::vector<std::string>{"fallback", "kernel:cpu_add"}));
+}
+
+TEST(Define, AllowMixedDevicesLetsTheKernelServeThem) {
+  opreg::op("opreg_cpp::mixed_kernel(Tensor x, Tensor y) -> Tensor")
+      .fallback(scale_by_rank)
+      .kernel(scale_by_rank, opreg::on({"cpu"}).name("cpu_add"))
+      .allow_mixed_devices()
+      .define();
+  opreg::TraceScope trace;
+  call_at_cpu_key("opreg_cpp::mixed_kernel", at::ones({2}), at::ones({2}, at::kMeta));
+  EXPECT_EQ(impls_of(trace.records()), (std::vector<std::string>{"kernel:cpu_add"}));
+}
+
 TEST(Define, ExplicitFakeServesMeta) {
   auto op = opreg::op("opreg_cpp::twice_fake(Tensor x) -> Tensor")
                 .fallback(twice)

@@ -86,15 +86,6 @@ TEST(Errors, DtypesForAnUnknownArgument) {
   EXPECT_CONTAINS(message, "dtypes() names argument 'z', which the schema");
 }
 
-TEST(Errors, DeviceMismatchNamesBothArguments) {
-  auto op =
-      opreg::op("opreg_err::same_device(Tensor x, Tensor y) -> Tensor").fallback(add).define();
-  auto message = error_of([&] { op(at::ones({2}), at::empty({2}, at::device(at::kMeta))); });
-  EXPECT_CONTAINS(message,
-                  "opreg_err::same_device: argument 'y' is on meta, expected cpu like "
-                  "argument 'x'");
-}
-
 TEST(Errors, ZeroDimCpuTensorsMixWithOtherDevices) {
   auto op = opreg::op("opreg_err::scalar_mix(Tensor x, Tensor y) -> Tensor").fallback(add).define();
   auto out = op(at::empty({2}, at::device(at::kMeta)), at::scalar_tensor(1.0));

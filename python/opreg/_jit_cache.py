@@ -4,8 +4,9 @@
 Triton's launcher rebuilds a specialization key in Python on every call (binding, signature
 strings, cache-key tuples) before it launches the compiled kernel. Once Triton has compiled (or
 found) the kernel for a call made inside an opreg op, opreg remembers it under a key at least as
-fine as Triton's, and later calls with that key skip Triton's Python path and go straight to
-Triton's compiled launcher for that kernel. The key: the current device; each tensor's dtype and
+fine as Triton's, and later calls with that key skip Triton's Python path: a plain CUDA kernel
+is launched from C++ (cuLaunchKernel, parameters packed as Triton's launcher packs them), others
+through Triton's own compiled launcher. The key: the current device; each tensor's dtype and
 16-byte alignment; each integer argument's width class, whether it is 1 and whether 16 divides
 it; the type of floats, bools and None; constexpr parameters and other keywords by type and
 value; Triton's debug and instrumentation settings. Anything else (other argument types,
@@ -17,8 +18,8 @@ This re-implements the private start of Triton's launcher (``JITFunction.run``),
 contained: it adopts kernels only under the Triton versions it was tested on
 (``TESTED_TRITON_VERSIONS``), only while ``OPREG_JIT_LAUNCH_CACHE`` is not ``0`` when the op is
 defined, and a failure while adopting leaves the kernel with Triton's launcher; in each case
-``opreg.kernel_status`` says why. (Launching hits from C++ instead, with cuLaunchKernel, saved
-0.68 us/call on an H200, under the 1 us/call bar, and was removed: bench/results/jit_cache.md.)
+``opreg.kernel_status`` says why. ``OPREG_JIT_DIRECT_LAUNCH=0`` keeps the cache but launches its
+hits through Triton's compiled launcher instead of from C++ (to measure the C++ launch).
 
 The kernels an op's Python functions reach through their globals and closures are adopted:
 ``run`` is replaced on the kernel object (not its class). "Inside an op" is set by the C++ side
@@ -38,6 +39,7 @@ from opreg import _C
 TESTED_TRITON_VERSIONS = ("3.6.0",)
 
 CACHE_SWITCH = "OPREG_JIT_LAUNCH_CACHE"
+DIRECT_LAUNCH_SWITCH = "OPREG_JIT_DIRECT_LAUNCH"
 
 
 class CachedLaunches:
@@ -49,6 +51,7 @@ class CachedLaunches:
         triton_run: Callable[..., Any],
         current_device: Callable[[], int] | None = None,
         current_stream: Callable[[int], int] | None = None,
+        direct_launch: bool = True,
     ) -> None:
         from triton import knobs
 
@@ -57,8 +60,11 @@ class CachedLaunches:
             (param.name, param.default, bool(getattr(param, "is_constexpr", False)))
             for param in kernel.params
         ]
+        direct_launch_off = (
+            "" if direct_launch else f"launches from C++ are off ({_off(DIRECT_LAUNCH_SWITCH)})"
+        )
         self.native = _C.TritonLaunchCache(
-            kernel, triton_run, params, knobs.runtime, knobs.compilation
+            kernel, triton_run, params, knobs.runtime, knobs.compilation, direct_launch_off
         )
         if current_device is not None and current_stream is not None:
             self.native.bind_driver(current_device, current_stream)
@@ -69,10 +75,13 @@ class CachedLaunches:
         return self.native.hits
 
     def describe(self) -> str:
-        """Launches so far: cached, and through Triton's own path with why."""
+        """Launches so far: cached (and how many of those from C++), through Triton with why."""
         native = self.native
         reasons = ", ".join(f"{count} {why}" for why, count in native.through_triton)
-        return f"{native.hits} cached launches; through Triton: {reasons or 'none'}"
+        text = f"{native.hits} cached launches ({native.direct_hits} from C++)"
+        if native.indirect_reasons:
+            text += f", through Triton's launcher because {'; '.join(native.indirect_reasons)}"
+        return f"{text}; through Triton: {reasons or 'none'}"
 
 
 class JitKernel:
@@ -134,10 +143,12 @@ def _jit_functions(value: Any) -> Iterator[Any]:
 
 def adopt(kernel: Any) -> CachedLaunches:
     """Route ``kernel``'s launches inside opreg ops through the cache (once per kernel). The
-    kernel and its cache keep each other alive, as JIT kernels live as long as their module."""
+    kernel and its cache keep each other alive, as JIT kernels live as long as their module.
+    ``OPREG_JIT_DIRECT_LAUNCH=0`` (read now) keeps its cache hits off the C++ launch."""
     cache = cache_of(kernel)
     if cache is None:
-        cache = CachedLaunches(kernel, kernel.run)
+        direct = os.environ.get(DIRECT_LAUNCH_SWITCH, "1") != "0"
+        cache = CachedLaunches(kernel, kernel.run, direct_launch=direct)
         own_run = kernel.__dict__.get("run")  # usually none: the class's run, Triton's
         kernel.run = cache.run
         try:

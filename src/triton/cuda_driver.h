@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <string>
 
+#include "opreg/export.h"
+
 namespace opreg::triton::cuda {
 
 using CUresult = int;
@@ -68,13 +70,13 @@ struct Driver {
 };
 
 // The driver, or nullptr when libcuda.so.1 cannot be opened (then `why_not` says why).
-const Driver* driver(std::string* why_not = nullptr);
+OPREG_API const Driver* driver(std::string* why_not = nullptr);
 
 // Makes `device`'s primary context current on this thread when no context is (a thread where
 // PyTorch has not touched CUDA yet), as the CUDA runtime does; raises when it cannot.
-void make_context_current(const Driver& d, int device);
+OPREG_API void make_context_current(const Driver& d, int device);
 
 // "CUDA_ERROR_INVALID_VALUE (invalid argument)"
-std::string error_text(CUresult result);
+OPREG_API std::string error_text(CUresult result);
 
 }  // namespace opreg::triton::cuda

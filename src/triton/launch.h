@@ -1,4 +1,5 @@
-// src/triton/launch.h: how the AOT launcher (kernel.cpp) launches a Triton-compiled kernel: the
+// src/triton/launch.h: how a Triton-compiled kernel is launched, shared by the AOT launcher
+// (kernel.cpp) and opreg._C's cached JIT launches (src/python/jit_cache/direct_launch.cpp): the
 // parameter types, their packing into 8-byte slots as Triton's CUDA launcher packs them, and the
 // one call of cuLaunchKernel(Ex) with the launch attributes the kernel asks for. No Python here.
 #pragma once
@@ -35,21 +36,21 @@ enum class ParamType : uint8_t {
 // The type a signature names; nullopt for anything else ("constexpr", tuples, descriptors, and
 // spellings python -m opreg.aot refuses, such as "u1"): the list is SCALAR_SIZES in
 // python/opreg/aot/compile.py, plus pointers.
-std::optional<ParamType> param_type_of(const std::string& type);
-bool is_integer_type(ParamType type);
-bool is_float_type(ParamType type);
+OPREG_API std::optional<ParamType> param_type_of(const std::string& type);
+OPREG_API bool is_integer_type(ParamType type);
+OPREG_API bool is_float_type(ParamType type);
 // Bytes the kernel reads for the parameter.
-int param_size(ParamType type);
+OPREG_API int param_size(ParamType type);
 // The values an integer parameter holds.
-std::pair<int64_t, int64_t> integer_range(ParamType type);
+OPREG_API std::pair<int64_t, int64_t> integer_range(ParamType type);
 
 // Writes a parameter's bytes into its slot, as the kernel reads them. Integers: false (slot
 // untouched) when out of the type's range. Floats as Triton's launcher converts a Python float:
 // fp16 rounded to nearest even from the double (false when a finite value overflows fp16),
 // bf16 the upper half of the float32 (truncated), fp32 rounded to nearest.
-bool pack_integer(ParamType type, int64_t value, uint64_t* slot);
-bool pack_float(ParamType type, double value, uint64_t* slot);
-void pack_pointer(const void* pointer, uint64_t* slot);
+OPREG_API bool pack_integer(ParamType type, int64_t value, uint64_t* slot);
+OPREG_API bool pack_float(ParamType type, double value, uint64_t* slot);
+OPREG_API void pack_pointer(const void* pointer, uint64_t* slot);
 
 constexpr size_t kMaxParams = 64;
 
@@ -84,7 +85,8 @@ struct LaunchShape {
 
 // Launches on `stream` in the current context: cuLaunchKernel, or cuLaunchKernelEx with the
 // cluster, PDL and cooperative attributes when the shape needs any.
-cuda::CUresult launch_kernel(const cuda::Driver& d, cuda::CUfunction function,
-                             const LaunchShape& shape, cuda::CUstream stream, void** params);
+OPREG_API cuda::CUresult launch_kernel(const cuda::Driver& d, cuda::CUfunction function,
+                                       const LaunchShape& shape, cuda::CUstream stream,
+                                       void** params);
 
 }  // namespace opreg::triton

@@ -1,4 +1,4 @@
-"""A Triton JIT kernel with every kind of parameter the launch cache keys (pointers, a None
+"""A Triton JIT kernel with every kind of parameter the C++ launch path packs (pointers, a None
 pointer, fp32 and int64 scalars, constexprs passed by position), served by an opreg op."""
 
 from __future__ import annotations

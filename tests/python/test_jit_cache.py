@@ -5,7 +5,10 @@ fallback and with the cache off, bit for bit."""
 
 from __future__ import annotations
 
+import math
 import os
+import random
+import struct
 
 import pytest
 import torch
@@ -28,6 +31,7 @@ def cache_on(monkeypatch):
     pytest.importorskip("triton")
     _skip_unless_tested_triton()
     monkeypatch.setenv(_jit_cache.CACHE_SWITCH, "1")
+    monkeypatch.delenv(_jit_cache.DIRECT_LAUNCH_SWITCH, raising=False)
 
 
 class Param:
@@ -162,7 +166,8 @@ def test_hooks_changed_globals_warmup_and_outside_ops_go_to_triton(launches):
     launches(x, 64, grid=(1,), warmup=False)
     assert launches.cache.hits == 1
     assert launches.cache.describe() == (
-        "1 cached launches; through Triton: 1 first launch of a specialization, "
+        "1 cached launches (0 from C++), through Triton's launcher because Triton's active "
+        "driver is not CUDA; through Triton: 1 first launch of a specialization, "
         "1 pre-run hooks, 1 a global the kernel read has changed"
     )
 
@@ -287,7 +292,8 @@ def test_an_op_launches_through_the_cache_and_reports_it(cache_on):
     assert len(fake.compiled) == 2 and cache.hits == 2
     assert [launch[0] for launch in fake.compiled[0].launches] == [(4, 1, 1), (4, 1, 1)]
     assert opreg.kernel_status("opreg_test_jit::add") == (
-        "triton_fn serves cpu; _add_source: 2 cached launches; "
+        "triton_fn serves cpu; _add_source: 2 cached launches (0 from C++), through Triton's "
+        "launcher because Triton's active driver is not CUDA; "
         "through Triton: 1 first launch of a specialization"
     )
 
@@ -366,6 +372,82 @@ def test_a_failed_adoption_keeps_triton_launcher_and_says_why(monkeypatch, where
     )
 
 
+def test_direct_launch_switch_off_keeps_hits_on_triton_compiled_launcher(monkeypatch):
+    pytest.importorskip("triton")
+    _skip_unless_tested_triton()
+    monkeypatch.setenv("OPREG_JIT_DIRECT_LAUNCH", "0")
+    from triton.runtime.jit import JITFunction
+
+    kernel = JITFunction(_add_source)
+    compiled = Compiled()
+    kernel.run = lambda *args, grid, warmup, **kwargs: compiled
+    cache = _jit_cache.adopt(kernel)
+    cache.native.bind_driver(lambda: 0, lambda device: 5)
+    x = torch.ones(16)
+    with _jit_cache.inside_op():
+        for _ in range(2):
+            kernel[(1,)](x, x, x, 16, BLOCK_SIZE=4)
+    assert cache.hits == 1 and len(compiled.launches) == 1
+    assert cache.describe() == (
+        "1 cached launches (0 from C++), through Triton's launcher because launches from C++ "
+        "are off (OPREG_JIT_DIRECT_LAUNCH=0); through Triton: 1 first launch of a specialization"
+    )
+
+
+# ---- the direct launch's parameter packing (src/triton/launch.cpp), as Triton's launcher packs ---
+
+
+def _fp16_as_triton(value):
+    try:
+        return struct.pack("<e", value)  # PyFloat_Pack2, what Triton's pack_fp16 calls
+    except OverflowError:
+        return None
+
+
+def _fp32_as_triton(value):
+    try:
+        return struct.pack("<f", value)  # (float)value, as Triton's pack_fp32
+    except OverflowError:  # where the C cast gives an infinity
+        return struct.pack("<f", math.copysign(math.inf, value))
+
+
+def _bf16_as_triton(value):
+    return _fp32_as_triton(value)[2:]  # the float32's upper half, truncated
+
+
+def test_half_precision_scalars_are_packed_as_triton_packs_them():
+    pack = _C._jit_cache_pack
+    # Rounding to float32 first would land on the half-way point and round down: wrong.
+    double_rounding_trap = 1 + 2**-11 + 2**-40
+    values = [0.0, -0.0, 1.0, 1 / 3, 65504.0, 65519.99, 65520.0, -1e6, 6e-8, 2e-8, 1e-300]
+    values += [double_rounding_trap, -double_rounding_trap, math.inf, -math.inf, 1.5e308]
+    generator = random.Random(0)
+    values += [generator.uniform(-7e4, 7e4) for _ in range(2000)]
+    values += [math.ldexp(generator.random(), generator.randint(-30, 17)) for _ in range(2000)]
+    for value in values:
+        assert pack("fp16", value) == _fp16_as_triton(value), value
+        assert pack("bf16", value) == _bf16_as_triton(value), value
+        assert pack("fp32", value) == _fp32_as_triton(value), value
+        assert pack("fp64", value) == struct.pack("<d", value), value
+    assert pack("fp16", math.nan) == struct.pack("<e", math.nan)
+    assert pack("fp32", 3) == struct.pack("<f", 3.0)  # an int for a float parameter
+    assert pack("fp32", "3") is None and pack("fp16", 1e300) is None
+
+
+def test_integer_scalars_are_packed_or_left_to_triton_launcher():
+    pack = _C._jit_cache_pack
+    assert pack("i32", -5) == struct.pack("<i", -5) and pack("i32", 2**31) is None
+    assert pack("i64", -(2**40)) == struct.pack("<q", -(2**40)) and pack("i64", 2**63) is None
+    assert pack("u32", 2**32 - 1) == struct.pack("<I", 2**32 - 1) and pack("u32", -1) is None
+    assert pack("i16", -(2**15)) == struct.pack("<h", -(2**15)) and pack("i16", 2**15) is None
+    assert pack("i1", True) == b"\x01" and pack("i1", False) == b"\x00"
+    assert pack("i8", 127) == b"\x7f"
+    assert pack("i8", -1) is None  # Triton's launcher parses 8-bit integers as unsigned
+    assert pack("i32", 1.0) is None and pack("u64", 2**64) is None
+    with pytest.raises(ValueError, match="not a scalar parameter type: \\*fp32"):
+        pack("*fp32", 0)
+
+
 # ---- with CUDA: real kernels ------------------------------------------------------------------
 
 needs_cuda_triton = pytest.mark.skipif(
@@ -398,9 +480,10 @@ def test_cached_launches_match_the_fallback_on_every_specialization():
     for _ in range(2):  # the second round hits the cache
         for x, y in cases:
             torch.testing.assert_close(seed_example.fused_add(x, y), x + y, rtol=0, atol=0)
-    assert launches.hits >= len(cases)
+    assert launches.hits >= len(cases) and launches.direct_hits == launches.hits
+    assert launches.indirect_reasons == []
     status = opreg.kernel_status("opreg_py::fused_add")
-    assert "_add_kernel: " in status and " cached launches; through Triton: " in status
+    assert "_add_kernel: " in status and " from C++); through Triton: " in status
     stream = torch.cuda.Stream()
     x, y = cases[-1]
     with torch.cuda.stream(stream):
@@ -410,11 +493,10 @@ def test_cached_launches_match_the_fallback_on_every_specialization():
 
 
 @needs_cuda_triton
-def test_scalars_none_pointers_and_positional_constexprs_hit_the_cache():
+def test_scalars_none_pointers_and_positional_constexprs_launch_from_cpp():
     import jit_cache_kernels as kernels
 
     launches = _native_cache(kernels._axpby_kernel)
-    before = launches.hits
     for _ in range(2):  # the second round hits the cache
         for n in (1, 100, 4095, 4096, 100_000):
             x, y, bias = (torch.randn(n, device="cuda") for _ in range(3))
@@ -428,7 +510,8 @@ def test_scalars_none_pointers_and_positional_constexprs_hit_the_cache():
                 expected = kernels.axpby(x.cpu(), y.cpu(), alpha, beta, offset, b_cpu)
                 actual = kernels.axpby(x, y, alpha, beta, offset, b)
                 torch.testing.assert_close(actual.cpu(), expected)
-    assert launches.hits >= before + 15  # the second round's launches
+    assert launches.direct_hits > 0 and launches.direct_hits == launches.hits
+    assert launches.indirect_reasons == []
 
 
 @needs_cuda_triton
@@ -439,16 +522,44 @@ def test_launches_from_a_vmap_fn_are_cached_too():
     x = torch.randn(3, 4, 100, device="cuda")
     scaled = torch.vmap(torch.vmap(ops.scale_rows, in_dims=(0, None)), in_dims=(0, None))
     scaled(x, 2.0)  # the first launch of this specialization compiles
-    before = launches.hits
+    before = launches.direct_hits
     ops.calls.clear()
     torch.testing.assert_close(scaled(x, 2.0), x * 2.0, rtol=0, atol=0)
     assert "vmap_fn(3, 4, 100)" in ops.calls  # one vmap_fn call for both levels ...
-    assert launches.hits == before + 1  # ... whose launch was cached
+    assert launches.direct_hits == before + 1  # ... whose launch was cached, from C++
 
 
-# The cache off and on: each its own kernel objects, defined under its switch (read when an op
-# is defined).
-_MODES = {"off": {"OPREG_JIT_LAUNCH_CACHE": "0"}, "on": {"OPREG_JIT_LAUNCH_CACHE": "1"}}
+@needs_cuda_triton
+def test_half_precision_scalars_launch_from_cpp_as_from_triton(cache_on):
+    import jit_cache_kernels as kernels
+
+    kernel = kernels.affine_half_kernel
+    launches = _jit_cache.adopt(kernel).native
+    before = launches.direct_hits
+    x = torch.randn(1000, device="cuda")
+    with _jit_cache.inside_op():  # compiles, and caches this specialization
+        kernel[(4,)](x, torch.empty_like(x), 1000, 1.0, 1.0, BLOCK=256)
+    for alpha, beta in [(1.5, -0.25), (0.333, 3.7), (-2.0e4, 1.0e30), (1 + 2**-11 + 2**-40, 0.0)]:
+        through_triton, from_cpp = (
+            torch.full_like(x, float("nan")),
+            torch.full_like(x, float("nan")),
+        )
+        kernel[(4,)](x, through_triton, 1000, alpha, beta, BLOCK=256)  # outside an op
+        with _jit_cache.inside_op():
+            kernel[(4,)](x, from_cpp, 1000, alpha, beta, BLOCK=256)
+        torch.testing.assert_close(from_cpp, through_triton, rtol=0, atol=0, equal_nan=True)
+        if abs(beta) < 100:  # Triton rounds alpha to fp16 and truncates beta to bf16
+            torch.testing.assert_close(from_cpp, x * alpha + beta, rtol=0.01, atol=0.02)
+    assert launches.direct_hits == before + 4 and launches.indirect_reasons == []
+
+
+# The three ways a cached op's launch can go: each its own kernel objects, defined under its
+# switches (read when an op is defined).
+_MODES = {
+    "off": {"OPREG_JIT_LAUNCH_CACHE": "0"},
+    "key_only": {"OPREG_JIT_LAUNCH_CACHE": "1", "OPREG_JIT_DIRECT_LAUNCH": "0"},
+    "direct": {"OPREG_JIT_LAUNCH_CACHE": "1", "OPREG_JIT_DIRECT_LAUNCH": "1"},
+}
 
 
 def _ops_in_mode(mode, monkeypatch):
@@ -520,7 +631,7 @@ def _mode_cases():
 
 
 @needs_cuda_triton
-def test_outputs_are_bitwise_equal_with_the_cache_off_and_on(monkeypatch):
+def test_outputs_are_bitwise_equal_with_the_cache_off_on_and_launching_from_cpp(monkeypatch):
     _skip_unless_tested_triton()
     cases = _mode_cases()
     outputs, kernels_by_mode = {}, {}
@@ -528,10 +639,14 @@ def test_outputs_are_bitwise_equal_with_the_cache_off_and_on(monkeypatch):
         ops, kernels_by_mode[mode] = _ops_in_mode(mode, monkeypatch)
         outputs[mode] = [[ops[name](*args) for name, args in cases] for _ in range(2)]
     torch.cuda.synchronize()
-    for round_ in range(2):  # the first round compiles, the second hits the cache
-        for (name, _), off, on in zip(
-            cases, outputs["off"][round_], outputs["on"][round_], strict=True
-        ):
-            assert torch.equal(off, on), f"{name} differs with the cache on"
+    for mode in ("key_only", "direct"):
+        for round_ in range(2):  # the first round compiles, the second hits the cache
+            for (name, _), off, on in zip(
+                cases, outputs["off"][round_], outputs[mode][round_], strict=True
+            ):
+                assert torch.equal(off, on), f"{name} differs with the cache {mode}"
     assert all(_jit_cache.cache_of(kernel) is None for kernel in kernels_by_mode["off"])
-    assert all(_jit_cache.cache_of(kernel).native.hits > 0 for kernel in kernels_by_mode["on"])
+    key_only = [_jit_cache.cache_of(kernel).native for kernel in kernels_by_mode["key_only"]]
+    assert all(cache.hits > 0 and cache.direct_hits == 0 for cache in key_only)
+    direct = [_jit_cache.cache_of(kernel).native for kernel in kernels_by_mode["direct"]]
+    assert all(cache.direct_hits > 0 and cache.direct_hits == cache.hits for cache in direct)

@@ -1,7 +1,8 @@
 // src/python/jit_cache/jit_cache.cpp: the JIT launch cache, cached launches of Triton JIT kernels
 // inside opreg ops (see python/opreg/_jit_cache.py). An adopted kernel's `run` is a LaunchCache's
 // entry point: inside an op, a launch whose specialization key (launch_key.cpp) was seen before
-// skips Triton's Python launch path and goes straight to the compiled kernel's launcher.
+// skips Triton's Python launch path and goes to the compiled kernel's launcher, or, for a plain
+// CUDA kernel, from here to cuLaunchKernel with no Python in between (direct_launch.cpp).
 // Everything else is handed to Triton's own `run`, unchanged.
 #include "jit_cache.h"
 
@@ -16,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "direct_launch.h"
 #include "launch_key.h"
 
 namespace opreg::python {
@@ -79,10 +81,11 @@ struct Fill {
   py::object default_value;
 };
 
-// A compiled kernel and what launches that hit it pass to its launcher.
+// A compiled kernel and how launches that hit it reach it.
 struct Entry {
   py::object compiled, launcher, function, packed_metadata;
-  std::vector<Fill> fills;  // parameters after the positional ones
+  std::vector<Fill> fills;             // parameters after the positional ones
+  std::optional<DirectLaunch> direct;  // absent: through Triton's compiled launcher
 };
 
 constexpr size_t kMaxEntries = 4096;
@@ -105,13 +108,15 @@ bool observed(PyObject* hook) {
 // opreg.kernel_status reports.
 class LaunchCache {
  public:
-  // params: (name, default, is_constexpr) per kernel parameter, in order.
+  // params: (name, default, is_constexpr) per kernel parameter, in order. direct_launch_off:
+  // empty, or why cache hits must not launch from C++ (then they use Triton's compiled launcher).
   LaunchCache(py::object kernel, py::object triton_run, const py::list& params,
-              py::object runtime_knobs, py::object compilation_knobs)
+              py::object runtime_knobs, py::object compilation_knobs, std::string direct_launch_off)
       : kernel_(std::move(kernel)),
         triton_run_(std::move(triton_run)),
         runtime_knobs_(std::move(runtime_knobs)),
-        compilation_knobs_(std::move(compilation_knobs)) {
+        compilation_knobs_(std::move(compilation_knobs)),
+        direct_launch_off_(std::move(direct_launch_off)) {
     for (const auto& param : params) {
       auto fields = param.cast<py::tuple>();
       param_names_.push_back(fields[0].cast<py::str>());
@@ -171,7 +176,10 @@ class LaunchCache {
   }
 
   int64_t hits() const { return hits_; }
+  int64_t direct_hits() const { return direct_hits_; }
   size_t size() const { return entries_.size(); }
+  // Why compiled kernels are not launched from C++ (one line per reason), for kernel_status.
+  std::vector<std::string> indirect_reasons() const { return indirect_reasons_; }
   std::vector<std::pair<std::string, int64_t>> through_triton() const { return through_triton_; }
 
   py::object key_of(PyObject* args, PyObject* kwargs, int64_t device, bool debug,
@@ -237,6 +245,7 @@ class LaunchCache {
     torch_cuda_ = (driver.find("CudaDriver") != std::string::npos ||
                    driver.find("HIPDriver") != std::string::npos) &&
                   c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA);
+    cuda_driver_ = driver.find("CudaDriver") != std::string::npos;
     if (!torch_cuda_) {
       bind_driver(active.attr("get_current_device"), active.attr("get_current_stream"));
     }
@@ -265,7 +274,31 @@ class LaunchCache {
     for (size_t i = static_cast<size_t>(num_args); i < param_names_.size(); ++i) {
       entry.fills.push_back({param_names_[i], defaults_[i]});
     }
+    std::string why_not;
+    entry.direct = direct_launch(compiled, &why_not);
+    if (!entry.direct) note_indirect(why_not);
     entries_.emplace(std::move(key), std::move(entry));
+  }
+
+  void note_indirect(const std::string& why) {
+    for (const auto& known : indirect_reasons_) {
+      if (known == why) return;
+    }
+    indirect_reasons_.push_back(why);
+  }
+
+  // How this compiled kernel is launched from C++, or why it is not.
+  std::optional<DirectLaunch> direct_launch(const py::object& compiled,
+                                            std::string* why_not) const {
+    if (!direct_launch_off_.empty()) {
+      *why_not = direct_launch_off_;
+      return std::nullopt;
+    }
+    if (!torch_cuda_ || !cuda_driver_) {
+      *why_not = "Triton's active driver is not CUDA";
+      return std::nullopt;
+    }
+    return DirectLaunch::of(compiled, param_names_.size(), why_not);
   }
 
   void launch(Entry& entry, int64_t device, PyObject* grid, PyObject* args, PyObject* kwargs) {
@@ -309,8 +342,12 @@ class LaunchCache {
     py::object enter = attribute(runtime_knobs_.ptr(), n.launch_enter_hook);
     py::object exit = attribute(runtime_knobs_.ptr(), n.launch_exit_hook);
     const bool hooks = observed(enter.ptr()) || observed(exit.ptr());
+    if (!hooks && entry.direct && entry.direct->launch(device, stream, dims, values)) {
+      ++direct_hits_;
+      return;
+    }
 
-    // Triton's compiled launcher, with the arguments Triton's `run` gives it.
+    // Through Triton's compiled launcher, with the arguments Triton's `run` gives it.
     const size_t num_values = values.size();
     py::object metadata = py::none();
     if (hooks) {  // as Triton does: hooks get the launch metadata
@@ -343,15 +380,17 @@ class LaunchCache {
   }
 
   py::object kernel_, triton_run_, runtime_knobs_, compilation_knobs_;
+  std::string direct_launch_off_;
   std::vector<py::str> param_names_;
   std::vector<py::object> defaults_;
   std::vector<bool> constexpr_params_;
   py::dict constexpr_by_name_;
-  bool bound_ = false, torch_cuda_ = false;
+  bool bound_ = false, torch_cuda_ = false, cuda_driver_ = false;
   py::object current_device_, current_stream_;
   std::unordered_map<std::string, Entry> entries_;
   std::vector<std::pair<std::string, int64_t>> through_triton_;
-  int64_t hits_ = 0;
+  std::vector<std::string> indirect_reasons_;
+  int64_t hits_ = 0, direct_hits_ = 0;
 };
 
 // The `run` entry point as a plain C function: Triton's launch lambda calls it directly.
@@ -376,9 +415,9 @@ struct InsideOpScope {
 
 void bind_jit_cache(py::module& m) {
   py::class_<LaunchCache>(m, "TritonLaunchCache")
-      .def(py::init<py::object, py::object, const py::list&, py::object, py::object>(),
+      .def(py::init<py::object, py::object, const py::list&, py::object, py::object, std::string>(),
            py::arg("kernel"), py::arg("triton_run"), py::arg("params"), py::arg("runtime_knobs"),
-           py::arg("compilation_knobs"))
+           py::arg("compilation_knobs"), py::arg("direct_launch_off") = "")
       .def("bind_driver", &LaunchCache::bind_driver)
       .def_property_readonly("run",
                              [](py::object self) {
@@ -388,6 +427,8 @@ void bind_jit_cache(py::module& m) {
                                return py::reinterpret_steal<py::object>(entry);
                              })
       .def_property_readonly("hits", &LaunchCache::hits)
+      .def_property_readonly("direct_hits", &LaunchCache::direct_hits)
+      .def_property_readonly("indirect_reasons", &LaunchCache::indirect_reasons)
       .def_property_readonly("through_triton", &LaunchCache::through_triton)
       .def("__len__", &LaunchCache::size)
       .def(
@@ -403,6 +444,7 @@ void bind_jit_cache(py::module& m) {
       .def("__enter__", [](InsideOpScope& scope) { scope.scope.emplace(); })
       .def("__exit__", [](InsideOpScope& scope, const py::args&) { scope.scope.reset(); });
   m.def("inside_op", &inside_op);
+  bind_direct_launch(m);
 }
 
 }  // namespace opreg::python

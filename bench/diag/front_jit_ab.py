@@ -7,13 +7,13 @@ the seed's triton_fn called directly), for A/B comparisons of builds run one aft
 """
 
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path.cwd() / "bench"))
 import torch
 
 import opreg
+from common import host_us_per_call
 from peers import front_ops
 from peers.registrations import triton_add
 
@@ -34,16 +34,8 @@ def fallback_only(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-def us(f, n=4000):
-    r = []
-    for _ in range(7):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(n):
-            f()
-        torch.cuda.synchronize()
-        r.append((time.perf_counter() - t) / n * 1e6)
-    return sorted(r)[3]
+def us(f):
+    return host_us_per_call(f, "cuda", calls=4000)
 
 
 parts = {

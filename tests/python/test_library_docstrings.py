@@ -149,7 +149,7 @@ def _described(error: BaseException, namespace: str) -> str:
 
 def _error_types(described: str | None) -> list[str] | None:
     """What must agree between torch's run and opreg's: the type of each error (the messages
-    may differ: opreg's name opreg's API)."""
+    may differ: opreg's messages name opreg's API)."""
     if described is None:
         return None
     return [re.sub(r":.*", "", line, count=1) for line in described.splitlines()]

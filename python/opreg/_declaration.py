@@ -185,6 +185,12 @@ def python_kernel_status(name: str) -> str | None:
     return "; ".join([registration.kernel_status, *launches])
 
 
+def registration_of(name: str) -> object:
+    """The Python side of the op's current definition (None for ops defined elsewhere): a new
+    object each time the op is defined, so holders of an older one can tell."""
+    return _registrations.get(name)
+
+
 @public
 def kernel_status(name: str) -> str:
     """What serves an op's calls: for Python-defined ops, why its Triton kernel is on or off and

@@ -7,7 +7,7 @@ a per-example loop, kernels that decline and ``describe_op`` are the core's."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -51,6 +51,7 @@ def _qualified_name(name: str | None, fn: Callable[..., Any]) -> str:
 
 
 def _schema(qualname: str, fn: Callable[..., Any], schema: str | None, mutates_args: Any) -> str:
+    inferred = schema is None
     if schema is None:
         if not (inspect.isfunction(fn) or inspect.ismethod(fn)):
             raise ValueError(
@@ -67,7 +68,29 @@ def _schema(qualname: str, fn: Callable[..., Any], schema: str | None, mutates_a
             f"opreg: op '{qualname}': schema= is the signature without the name, e.g. "
             f"'(Tensor x, float alpha) -> Tensor'; got {schema!r}"
         )
+    if not inferred:
+        _check_mutates_args(qualname, qualname + schema.strip(), mutates_args)
     return qualname + schema.strip()
+
+
+def _check_mutates_args(qualname: str, full_schema: str, mutates_args: Any) -> None:
+    """mutates_args given with a schema must name the arguments the schema marks (a!)."""
+    if isinstance(mutates_args, str) or not mutates_args:  # "unknown", or nothing claimed
+        return
+    try:
+        parsed = torch._C.parse_schema(full_schema)
+    except RuntimeError:  # the core refuses the schema with a clearer message
+        return
+    written = {
+        a.name for a in parsed.arguments if a.alias_info is not None and a.alias_info.is_write
+    }
+    claimed = set(mutates_args) if isinstance(mutates_args, Iterable) else set()
+    if claimed != written:
+        raise ValueError(
+            f"opreg: op '{qualname}': mutates_args names {sorted(claimed)}, but the schema marks "
+            f"{sorted(written) or 'no argument'} as mutated (Tensor(a!) x); with schema= given, "
+            "write the mutation in the schema and leave mutates_args out or make them agree"
+        )
 
 
 def _device_types(

@@ -15,8 +15,15 @@ from typing import Any
 import torch
 
 from opreg import _C, _jit_cache
-from opreg._declaration import KernelDeclaration, OpDeclaration, define
-from opreg._front import _schema
+from opreg._declaration import (
+    KernelDeclaration,
+    OpDeclaration,
+    check_positional,
+    check_signature,
+    define,
+    registration_of,
+)
+from opreg._front import _device_types, _schema
 from opreg._opcheck import opcheck as _opreg_opcheck
 from opreg._public import public
 from opreg._triton import faking_launches, triton_status, wrap_triton
@@ -110,6 +117,12 @@ class CustomOpDef:
         self._opoverload: torch._ops.OpOverload | None = None
         parsed = torch._C.parse_schema(qualname + schema)
         self._keyword_only = [a.name for a in parsed.arguments if a.kwarg_only]
+        self._positional = [a.name for a in parsed.arguments if not a.kwarg_only]
+        self._grads = [f"grad{i}" for i in range(len(parsed.returns))]
+        self._plain_tensor_outputs = all(
+            isinstance(r.type, torch.TensorType) for r in parsed.returns
+        )
+        self._registration: object = None  # the definition this object made last
 
     @property
     def __name__(self) -> str:  # functools and torch read it
@@ -190,9 +203,16 @@ class CustomOpDef:
 
     def _define(self) -> None:
         (self._opoverload,) = define(self._declaration())
+        self._registration = registration_of(self._qualname)
 
     def _with(self, **pieces: Any) -> None:
         """Sets pieces and re-defines the op; a refused definition restores them."""
+        if registration_of(self._qualname) is not self._registration:
+            raise RuntimeError(
+                f"opreg: op '{self._qualname}': it was defined again since this object defined "
+                "it (replace=True, custom_op or triton_op with its name); add pieces through "
+                "what the newer definition returned"
+            )
         before = {name: getattr(self, name) for name in pieces}
         for name, value in pieces.items():
             setattr(self, name, value)
@@ -258,6 +278,7 @@ class CustomOpDef:
         """The op's fake (abstract evaluation for torch.compile, torch.export and meta tensors);
         usable as a decorator. Replaces a triton_op's fake (its function on fake tensors)."""
         self._check_callable("register_fake", fn)
+        check_signature(self._qualname, "register_fake's fn", fn, self._qualname + self._schema)
         self._with(_fake=fn)
         return fn
 
@@ -267,6 +288,9 @@ class CustomOpDef:
         """An implementation for ``device_types``; usable as a decorator. ``"cpu"`` or None
         gives the reference (opreg's fallback): it serves every device without a kernel."""
         types = _device_list(self._where("register_kernel"), device_types)
+        for device in types:
+            if device is not None:
+                _device_types(self._qualname, "register_kernel", device)
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             self._check_callable("register_kernel", fn)
@@ -289,8 +313,13 @@ class CustomOpDef:
         returns one gradient per positional input; ``setup_context(ctx, inputs, output)`` (with
         ``keyword_only_inputs`` before ``output`` when the op has keyword-only arguments)."""
         self._check_callable("register_autograd", backward, "backward")
+        if self._plain_tensor_outputs:
+            check_positional(self._qualname, "backward", backward, ["ctx", *self._grads])
         if setup_context is not None:
             self._check_callable("register_autograd", setup_context, "setup_context")
+            keyword_only = ["keyword_only_inputs"] if self._keyword_only else []
+            arguments = ["ctx", "inputs", *keyword_only, "output"]
+            check_positional(self._qualname, "setup_context", setup_context, arguments)
         self._with(_backward=backward, _setup_context=setup_context)
 
     def register_vmap(self, func: Callable[..., Any] | None = None) -> Callable[..., Any]:
@@ -299,6 +328,9 @@ class CustomOpDef:
 
         def register(func: Callable[..., Any]) -> Callable[..., Any]:
             self._check_callable("register_vmap", func, "func")
+            if not self._keyword_only:
+                arguments = ["info", "in_dims", *self._positional]
+                check_positional(self._qualname, "register_vmap's func", func, arguments)
             self._with(_vmap=func)
             return func
 
@@ -342,9 +374,18 @@ def _new_op(
 ) -> CustomOpDef:
     if not isinstance(name, str) or name.count("::") != 1 or "" in name.split("::"):
         raise ValueError(f"opreg.{api}: name must look like 'namespace::name', got {name!r}")
+    for part in name.split("::"):
+        if not (part.isascii() and part.isidentifier()):
+            raise ValueError(
+                f"opreg.{api}: name {name!r}: {part!r} is not an identifier (letters, digits and "
+                "'_', not starting with a digit)"
+            )
     if not callable(fn):
         raise TypeError(f"opreg.{api}: op '{name}': fn must be callable, got {type(fn).__name__}")
-    signature = _schema(name, fn, schema, mutates_args)[len(name) :]
+    full_schema = _schema(name, fn, schema, mutates_args)
+    if schema is not None:
+        check_signature(name, "fn", fn, full_schema)
+    signature = full_schema[len(name) :]
     if name not in _defined:
         try:
             _C.describe_op(name)
@@ -581,9 +622,17 @@ def opcheck(
                 f"{', '.join(_TORCH_OPCHECK_KEYWORDS)}; got {', '.join(sorted(unknown))}"
             )
         if not isinstance(samples, tuple):
+            given = ", ".join(sorted(k for k in options if k in _TORCH_OPCHECK_KEYWORDS))
             raise TypeError(
-                f"opreg.opcheck: args must be a tuple of the op's arguments, got "
-                f"{type(samples).__name__}"
+                "opreg.opcheck: torch's call form opcheck(op, args, kwargs, ...)"
+                + (f" (chosen by {given}=)" if given else "")
+                + " takes args as one tuple of the op's arguments, got "
+                + f"{type(samples).__name__}; opreg's form takes a list of samples and "
+                "raise_on_failure= (docs/opcheck.md)"
             )
+        for tolerance in ("atol", "rtol"):
+            value = options.get(tolerance)
+            if value is not None and not (isinstance(value, int | float) and value >= 0):
+                raise ValueError(f"opreg.opcheck: {tolerance} must be a number >= 0, got {value!r}")
         return torch.library.opcheck(op, samples, kwargs, **options)
     return _opreg_opcheck(op, samples, **options)

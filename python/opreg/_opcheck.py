@@ -47,6 +47,22 @@ class Sample:
     kwargs: dict[str, Any] = field(default_factory=dict)
     label: str = ""
 
+    def __post_init__(self) -> None:
+        if isinstance(self.args, list):
+            self.args = tuple(self.args)
+        if not isinstance(self.args, tuple):
+            raise TypeError(
+                "opreg.Sample: args must be a tuple of the op's positional arguments, got "
+                f"{type(self.args).__name__} (one argument x is written (x,))"
+            )
+        if not isinstance(self.kwargs, dict) or not all(isinstance(k, str) for k in self.kwargs):
+            raise TypeError(
+                "opreg.Sample: kwargs must be a dict of the op's keyword arguments by name, got "
+                f"{type(self.kwargs).__name__}"
+            )
+        if not isinstance(self.label, str):
+            raise TypeError(f"opreg.Sample: label must be a str, got {type(self.label).__name__}")
+
 
 @public
 @dataclass
@@ -518,6 +534,11 @@ def _devices(devices: Iterable[str] | None) -> list[tuple[str, str]]:
         return [("cpu", "")] + ([("cuda", "")] if torch.cuda.is_available() else [])
     if isinstance(devices, str | torch.device):
         devices = [devices]
+    if not isinstance(devices, Iterable):
+        raise TypeError(
+            "opreg.opcheck: devices must be a device name or a list of them (e.g. ['cpu', "
+            f"'cuda']), got {type(devices).__name__}"
+        )
     checked = []
     for given in devices:
         try:
@@ -557,6 +578,12 @@ def _as_sample(op: torch._ops.OpOverload, given: Any, index: int) -> Sample:
         raise TypeError(
             f"opreg.opcheck: {name}: samples[{index}] must be an opreg.Sample or a tuple of "
             f"arguments, got {type(given).__name__} {given!r}"
+        )
+    leaves = pytree.tree_leaves((sample.args, sample.kwargs))
+    if any(isinstance(value, torch.Tensor) and value.is_meta for value in leaves):
+        raise ValueError(
+            f"opreg.opcheck: {name}: samples[{index}] holds meta tensors; opcheck runs the op on "
+            "real data (and its fake on fake copies), so give tensors on a real device"
         )
     arguments = op._schema.arguments
     positional = [a.name for a in arguments if not a.kwarg_only]
@@ -612,6 +639,13 @@ def opcheck(
     unknown = set(checks) - set(CHECKS)
     if unknown:
         raise ValueError(f"opreg.opcheck: unknown checks {sorted(unknown)}; known: {CHECKS}")
+    if samples is not None and (
+        isinstance(samples, str | torch.Tensor | Sample) or not isinstance(samples, Iterable)
+    ):
+        raise TypeError(
+            f"opreg.opcheck: {name}: samples must be a list of opreg.Sample or of argument "
+            f"tuples, got {type(samples).__name__}"
+        )
     given_samples = None if samples is None else list(samples)
     if given_samples == []:
         raise ValueError(

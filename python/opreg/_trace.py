@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import NamedTuple
 
 from opreg import _C
@@ -32,9 +30,30 @@ class Trace:
         return [r.impl for r in self.records if op is None or r.op == op]
 
 
+class _TraceBlock:
+    """The context manager :func:`trace` returns: one ``with`` block, then spent."""
+
+    def __init__(self) -> None:
+        self._scope: _C.TraceScope | None = None
+        self._used = False
+
+    def __enter__(self) -> Trace:
+        if self._used:
+            raise RuntimeError(
+                "opreg.trace(): this trace was already used for a with block; call "
+                "opreg.trace() again for each block (its records stay readable on the first)"
+            )
+        self._used = True
+        self._scope = _C.TraceScope()
+        return Trace(self._scope)
+
+    def __exit__(self, *exc_info: object) -> None:
+        assert self._scope is not None
+        self._scope.close()
+
+
 @public
-@contextmanager
-def trace() -> Iterator[Trace]:
+def trace() -> _TraceBlock:
     """Record which implementation serves each opreg call made by this thread inside the block.
 
     Blocks nest: an outer block also records what an inner one does. Calls made by other threads
@@ -45,8 +64,4 @@ def trace() -> Iterator[Trace]:
     >>> t.impls()
     ['kernel:cpu_loop']
     """
-    scope = _C.TraceScope()
-    try:
-        yield Trace(scope)
-    finally:
-        scope.close()
+    return _TraceBlock()

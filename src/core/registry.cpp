@@ -935,6 +935,12 @@ std::string register_accelerated_device_type(const std::string& name) {
   std::string normalized = normalize_device_type(name);
   TORCH_CHECK_VALUE(!normalized.empty(),
                     "opreg: register_accelerated_device_type: the device type name is empty");
+  const size_t colon = normalized.find(':');
+  TORCH_CHECK_VALUE(colon == std::string::npos, "opreg: register_accelerated_device_type: '", name,
+                    "' is a device; name its type ('", normalized.substr(0, colon),
+                    "'): a kernel serves every device of its type");
+  TORCH_CHECK_VALUE(is_identifier(normalized), "opreg: register_accelerated_device_type: '", name,
+                    "' is not a device type name like 'cuda' or 'npu'");
   auto& reg = registry();
   std::vector<DefinitionPtr> garbage;  // destroyed after the lock is released
   std::lock_guard<std::recursive_mutex> lock(reg.mutex);

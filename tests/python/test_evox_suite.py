@@ -177,9 +177,13 @@ def test_installing_after_evox_is_imported_is_refused(fake_evox):
     assert result.returncode == 0, result.stderr
 
 
-def test_runner_fails_a_test_that_passes_only_with_evox_modules(fake_evox, tmp_path):
+@pytest.mark.parametrize("workers", [0, 2], ids=["one process", "xdist workers"])
+def test_runner_fails_a_test_that_passes_only_with_evox_modules(fake_evox, tmp_path, workers):
+    if workers and importlib.util.find_spec("xdist") is None:
+        pytest.skip("pytest-xdist is not installed")
     out = tmp_path / "results"
-    status = runner.main([str(fake_evox), "unit_test", "--out", str(out)])
+    options = ["--workers", str(workers), "--parallel"] if workers else []
+    status = runner.main([str(fake_evox), "unit_test", "--out", str(out), *options])
     summary = json.loads((out / "summary.json").read_text())
     verdicts = {row["test"].split("::")[-1]: row["verdict"] for row in summary["tests"]}
     assert verdicts["test_kept_module"] == "passed with both"
@@ -187,6 +191,7 @@ def test_runner_fails_a_test_that_passes_only_with_evox_modules(fake_evox, tmp_p
     # Not listed in PRIVATE_STATE_TESTS: a private-state test is excused by name only.
     assert verdicts["test_private_state"] == "FAIL: passes with EvoX's modules only"
     assert summary["switch_problems"] == []
+    assert summary["runs"]["opreg"]["switch_report"]["evox.triton_kernels.backend"] == "opreg"
     assert status == 1
     assert "test_evox_own_register" in (out / "summary.md").read_text()
 
@@ -195,8 +200,13 @@ def test_private_state_excuse_needs_the_line_and_a_failure_naming_the_state(fake
     test_id = "unit_test/test_fake.py::test_private_state"
     listed = runner.PrivateStateTest(test_id, "triton_backend._triton_device_types")
     originals = {"tests": {test_id: {"outcome": "passed"}}}
-    named = {"tests": {test_id: {"outcome": "failed", "message": "no '_triton_device_types'"}}}
-    unnamed = {"tests": {test_id: {"outcome": "failed", "message": "assert 1 == 2"}}}
+    named = {"tests": {test_id: {"outcome": "failed", "message": "has no '_triton_device_types'"}}}
+    # The source line shows in every traceback; only the switch's AttributeError excuses.
+    unnamed = {
+        "tests": {
+            test_id: {"outcome": "failed", "message": "set(x._triton_device_types)\nE 1 != 2"}
+        }
+    }
     original_list = runner.PRIVATE_STATE_TESTS
     try:
         runner.PRIVATE_STATE_TESTS = (listed,)
@@ -217,7 +227,7 @@ def test_private_state_excuse_needs_the_line_and_a_failure_naming_the_state(fake
             fake_evox,
             kept,
             {"tests": {kept: {"outcome": "passed"}}},
-            {"tests": {kept: {"outcome": "failed", "message": "_triton_device_types"}}},
+            {"tests": {kept: {"outcome": "failed", "message": "has no '_triton_device_types'"}}},
         )
         assert verdict.startswith("FAIL"), "excused a test whose source does not reach the state"
     finally:

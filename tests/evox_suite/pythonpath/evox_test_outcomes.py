@@ -13,6 +13,11 @@ Tests whose node ids start with a line of ``EVOX_SUITE_SERIAL_TESTS`` run holdin
 With the switch installed, each test also runs inside ``opreg.trace()``; ``opreg_calls`` lists
 each distinct (op, implementation, device) it made on the test's thread: the evidence that a test
 reaches opreg's registered ops, and which implementation (fallback or kernel) served them.
+
+Under pytest-xdist (``-n``) the workers run the tests and send the trace and their switch report
+with each test's teardown report (``user_properties``); only the controller writes the file.
+Tests whose node ids start with a line of ``EVOX_SUITE_SERIAL_TESTS`` run holding the file lock
+``EVOX_SUITE_SERIAL_LOCK``, so sessions or workers side by side take turns for them.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ _MESSAGE_CHARS = 3000
 _results: dict[str, dict] = {}
 _collection_errors: dict[str, str] = {}
 _environment: dict[str, object] = {}
+_switch_origins: dict[str, set[str]] = {}  # EvoX module -> where the test processes got it
+_traces: dict[str, object] = {}  # node id -> its running opreg.trace()
+_is_writer = True  # False in a pytest-xdist worker
 
 
 def _output_path() -> str:
@@ -42,12 +50,26 @@ def _output_path() -> str:
     return path
 
 
-def _write(switch_report: dict | None = None) -> None:
+def _merged_switch_report() -> dict[str, str] | None:
+    """One origin per module ("not imported" only where no process imported it), or
+    ``"mixed: ..."`` where processes got it from different places."""
+    merged = {}
+    for name, origins in _switch_origins.items():
+        imported = sorted(origins - {"not imported"})
+        merged[name] = "not imported" if not imported else "; ".join(imported)
+        if len(imported) > 1:
+            merged[name] = "mixed: " + merged[name]
+    return merged or None
+
+
+def _write() -> None:
+    if not _is_writer:
+        return
     document = {
         "environment": _environment,
         "tests": _results,
         "collection_errors": _collection_errors,
-        "switch_report": switch_report,
+        "switch_report": _merged_switch_report(),
     }
     path = _output_path()
     temporary = path + ".part"
@@ -57,6 +79,8 @@ def _write(switch_report: dict | None = None) -> None:
 
 
 def pytest_configure(config):
+    global _is_writer
+    _is_writer = not hasattr(config, "workerinput")
     import torch
 
     _output_path()
@@ -112,6 +136,13 @@ def pytest_runtest_logreport(report):
     else:
         outcome = "passed"
     _record(report.nodeid, outcome, report.duration, "" if report.passed else _short_report(report))
+    for key, value in report.user_properties:
+        if key == "opreg_calls":
+            _results[report.nodeid]["opreg_calls"] = value
+        elif key == "switch_report":
+            _note_switch_report(value)
+    if report.when == "teardown":
+        _write()
 
 
 def pytest_collectreport(report):
@@ -124,6 +155,11 @@ def _switch_report() -> dict[str, str]:
     evox = sys.modules.get("evox")
     where["evox"] = getattr(evox, "__file__", None) if evox is not None else "not imported"
     return where
+
+
+def _note_switch_report(where: dict[str, str]) -> None:
+    for name, origin in where.items():
+        _switch_origins.setdefault(name, set()).add(origin)
 
 
 @contextlib.contextmanager
@@ -146,19 +182,29 @@ def _serial_if_listed(nodeid: str):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     with _serial_if_listed(item.nodeid), contextlib.ExitStack() as stack:
-        trace = None
         if evox_opreg_switch.installed():
             import opreg
 
-            trace = stack.enter_context(opreg.trace())
+            _traces[item.nodeid] = stack.enter_context(opreg.trace())
         yield
+    _traces.pop(item.nodeid, None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if call.when != "teardown":
+        return
+    report = outcome.get_result()
+    extra = [("switch_report", _switch_report())]
+    trace = _traces.get(item.nodeid)
     if trace is not None:
         calls = sorted({(r.op, r.impl, r.device) for r in trace.records})
-        entry = _results.setdefault(item.nodeid, {"outcome": "passed", "seconds": 0.0})
-        entry["opreg_calls"] = [list(call) for call in calls]
-    _write(_switch_report())
+        extra.append(("opreg_calls", [list(call) for call in calls]))
+    report.user_properties = [*report.user_properties, *extra]
 
 
 def pytest_sessionfinish(session, exitstatus):
+    _note_switch_report(_switch_report())
     _environment["exit_status"] = int(exitstatus)
-    _write(_switch_report())
+    _write()

@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workers", type=int, default=0, help="pytest-xdist workers per run (-n); 0: none"
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     evox = args.evox.resolve()
     if not (evox / "src" / "evox" / "__init__.py").exists():
         parser.error(f"{evox} is not an EvoX checkout: it has no src/evox/__init__.py")

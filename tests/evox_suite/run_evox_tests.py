@@ -164,15 +164,16 @@ def start_pytest(run: str, evox: Path, tests: list[str], out: Path) -> subproces
     with open(out / f"pytest-{run}.log", "w") as log:
         log.write(" ".join(command) + "\n\n")
         log.flush()
-        return subprocess.Popen(
+        process = subprocess.Popen(
             command, cwd=evox, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
+    process.started = time.monotonic()  # for the run's seconds, whoever waits for it when
+    return process
 
 
 def finish_pytest(run: str, process: subprocess.Popen, out: Path, deadline: float | None) -> dict:
     """Waits for a run until ``deadline`` (then kills its process group); returns its outcomes
     file's content, with ``pytest_status`` and ``seconds`` (empty ``tests`` if it wrote none)."""
-    started = time.monotonic()
     try:
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         status: int | str = process.wait(timeout=timeout)
@@ -184,7 +185,7 @@ def finish_pytest(run: str, process: subprocess.Popen, out: Path, deadline: floa
     document = json.loads(outcomes.read_text()) if outcomes.exists() else {}
     document.setdefault("tests", {})
     document["pytest_status"] = status
-    document["seconds"] = round(time.monotonic() - started, 1)
+    document["seconds"] = round(time.monotonic() - process.started, 1)
     print(f"[{run}] pytest status {status}, log {out / f'pytest-{run}.log'}", flush=True)
     return document
 

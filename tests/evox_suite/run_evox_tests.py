@@ -203,7 +203,7 @@ def run_both(evox: Path, tests: list[str], out: Path, timeout_s: float | None, p
     return runs
 
 
-def test_source_lines(evox: Path, test_id: str) -> list[tuple[int, str]]:
+def source_lines_of_test(evox: Path, test_id: str) -> list[tuple[int, str]]:
     """The numbered source lines of the test function that ``test_id`` names."""
     path, *names = test_id.split("::")
     source = (evox / path).read_text()
@@ -232,7 +232,7 @@ def private_state_evidence(evox: Path, test_id: str, opreg_result: dict) -> str 
         if f"has no {attribute!r}" not in opreg_result.get("message", ""):
             return None
         path = test_id.split("::")[0]
-        for number, line in test_source_lines(evox, test_id):
+        for number, line in source_lines_of_test(evox, test_id):
             if listed.private_name in line:
                 return f"{path}:{number}: {line.strip()}"
     return None

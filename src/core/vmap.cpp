@@ -69,6 +69,13 @@ Unwrapped unwrap(const std::vector<c10::IValue>& args, int64_t level) {
   return unwrapped;
 }
 
+// The sizes of `value` with the batch in front (symbolic under torch.compile's dynamic shapes).
+std::vector<c10::SymInt> with_batch(const at::Tensor& value, int64_t batch_size) {
+  std::vector<c10::SymInt> sizes{c10::SymInt(batch_size)};
+  sizes.insert(sizes.end(), value.sym_sizes().begin(), value.sym_sizes().end());
+  return sizes;
+}
+
 // Calls the op on plain (unwrapped) arguments, below this vmap level.
 std::vector<c10::IValue> call_below(const c10::OperatorHandle& op, std::vector<c10::IValue> args) {
   c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::FuncTorchBatched);
@@ -154,9 +161,11 @@ class VmapKernel final : public c10::OperatorKernel {
         TORCH_CHECK(dim >= -tensor.dim() && dim < tensor.dim(), op_->name, ": ", source,
                     " gave out_dim ", dim, " for output ", i, ", which has ", tensor.dim(), " dims",
                     promise);
-        TORCH_CHECK(tensor.size(dim) == batch_size, op_->name, ": ", source, " returned output ", i,
-                    " with ", tensor.size(dim), " entries along its batch dim ", dim,
-                    ", expected the batch size ", batch_size, promise);
+        // sym_size: under torch.compile with dynamic shapes the sizes are symbolic.
+        TORCH_CHECK(tensor.sym_size(dim) == batch_size, op_->name, ": ", source,
+                    " returned output ", i, " with ", tensor.sym_size(dim),
+                    " entries along its batch dim ", dim, ", expected the batch size ", batch_size,
+                    promise);
         if (rule_ && op_->schema.returns()[i].alias_info() == nullptr) {
           check_no_alias(tensor, unwrapped_inputs, i);
         }
@@ -228,9 +237,7 @@ class VmapKernel final : public c10::OperatorKernel {
       if (unwrapped.in_dims[i]) {
         if (*unwrapped.in_dims[i] != 0) value = value.movedim(*unwrapped.in_dims[i], 0);
       } else {
-        std::vector<int64_t> sizes{batch_size};
-        sizes.insert(sizes.end(), value.sizes().begin(), value.sizes().end());
-        value = value.unsqueeze(0).expand(sizes);
+        value = value.unsqueeze(0).expand_symint(with_batch(value, batch_size));
       }
       unwrapped.values[i] = std::move(value);
     }
@@ -312,9 +319,8 @@ class RandomnessKernel final : public c10::OperatorKernel {
       for (auto it = stack->end() - num_args; it != stack->end(); ++it) {
         if (!it->isTensor() || !it->toTensor().defined()) continue;
         auto value = it->toTensor();
-        std::vector<int64_t> sizes{batch_size};
-        sizes.insert(sizes.end(), value.sizes().begin(), value.sizes().end());
-        *it = functorch::makeBatched(value.unsqueeze(0).expand(sizes), 0, level);
+        *it = functorch::makeBatched(
+            value.unsqueeze(0).expand_symint(with_batch(value, batch_size)), 0, level);
       }
     }
     c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::FuncTorchVmapMode);

@@ -167,3 +167,22 @@ def test_batch_polymorphic_kernel_serves_vmap_on_cuda():
         out = vmap(scale_add, in_dims=(0, 0, None))(x, y, 0.5)
     assert t.impls() == ["vmap:batch-polymorphic", "kernel:fused"]
     torch.testing.assert_close(out, x + 0.5 * y)
+
+
+def test_compiled_vmap_of_vmap_with_dynamic_shapes():
+    # Found by EvoX's test_non_dominate under opreg: the vmap rule's output check read sizes()
+    # of a tensor whose sizes were symbolic.
+    def fake(a: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(a)
+
+    double = opreg.register_vmap_op(
+        lambda a: a * 2,
+        fake_fn=fake,
+        vmap_fn=lambda a: a * 2,
+        fake_vmap_fn=fake,
+        name="opreg_vmap_test::dynamic_double",
+        schema="(Tensor a) -> Tensor",
+    )
+    x = torch.randn(3, 5, 4)
+    out = torch.compile(torch.vmap(torch.vmap(double)), dynamic=True)(x)
+    torch.testing.assert_close(out, x * 2)

@@ -119,6 +119,22 @@ def flag_names() -> list[str]:
     return [flag for flag, _promise in _C.op_flags()]
 
 
+def parse_schema(qualname: str, schema: str) -> torch._C.FunctionSchema:
+    """torch's parse of `schema`, with its failures (its parser raises RuntimeError, IndexError
+    for an int out of range, internal asserts for list defaults of the wrong type) as one
+    ValueError naming the op."""
+    try:
+        return torch._C.parse_schema(schema)
+    except Exception as error:
+        why = str(error).split("\n")[0]
+        if isinstance(error, IndexError | OverflowError):
+            why = "a number in it is out of range (an int default must fit in 64 bits)"
+        elif "INTERNAL ASSERT" in why and "expected " in str(error):
+            expected = str(error).rsplit("expected ", 1)[1].split()[0]
+            why = f"a list default holds a value that is not a {expected}"
+        raise ValueError(f"opreg: op '{qualname}': cannot parse schema '{schema}': {why}") from None
+
+
 def check_signature(qualname: str, keyword: str, fn: Any, schema: str) -> None:
     """A Python piece that cannot take the schema's arguments fails at definition, naming it."""
     try:
@@ -126,8 +142,8 @@ def check_signature(qualname: str, keyword: str, fn: Any, schema: str) -> None:
     except (TypeError, ValueError):  # builtins and C functions: nothing to read
         return
     try:
-        arguments = torch._C.parse_schema(schema).arguments
-    except RuntimeError:  # the core refuses the schema with a clearer message
+        arguments = parse_schema(qualname, schema).arguments
+    except ValueError:  # the core refuses the schema, saying why
         return
     if len({a.name for a in arguments}) != len(arguments):
         return

@@ -20,6 +20,7 @@ from opreg._declaration import (
     check_signature,
     define,
     flag_names,
+    parse_schema,
 )
 from opreg._public import public
 from opreg._triton import AotLaunch, triton_status, uses_wrap_triton
@@ -78,8 +79,8 @@ def _check_mutates_args(qualname: str, full_schema: str, mutates_args: Any) -> N
     if isinstance(mutates_args, str) or not mutates_args:  # "unknown", or nothing claimed
         return
     try:
-        parsed = torch._C.parse_schema(full_schema)
-    except RuntimeError:  # the core refuses the schema with a clearer message
+        parsed = parse_schema(qualname, full_schema)
+    except ValueError:  # the core refuses the schema, saying why
         return
     written = {
         a.name for a in parsed.arguments if a.alias_info is not None and a.alias_info.is_write
@@ -241,8 +242,8 @@ def _check_autograd_and_vmap_signatures(
     qualname: str, given: Mapping[str, Any], full_schema: str
 ) -> None:
     try:
-        parsed = torch._C.parse_schema(full_schema)
-    except RuntimeError:  # the core refuses the schema with a clearer message
+        parsed = parse_schema(qualname, full_schema)
+    except ValueError:  # the core refuses the schema, saying why
         return
     positional = [a.name for a in parsed.arguments if not a.kwarg_only]
     grads = [f"grad{i}" for i in range(len(parsed.returns))]

@@ -21,6 +21,7 @@ from opreg._declaration import (
     check_positional,
     check_signature,
     define,
+    parse_schema,
     registration_of,
 )
 from opreg._front import _device_types, _schema
@@ -115,7 +116,7 @@ class CustomOpDef:
         self._vmap: Callable[..., Any] | None = None
         self._dispatch_library: torch.library.Library | None = None
         self._opoverload: torch._ops.OpOverload | None = None
-        parsed = torch._C.parse_schema(qualname + schema)
+        parsed = parse_schema(qualname, qualname + schema)
         self._keyword_only = [a.name for a in parsed.arguments if a.kwarg_only]
         self._positional = [a.name for a in parsed.arguments if not a.kwarg_only]
         self._grads = [f"grad{i}" for i in range(len(parsed.returns))]

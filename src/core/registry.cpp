@@ -37,6 +37,7 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 
 #include <ATen/ATen.h>
 #include <ATen/core/op_registration/infer_schema.h>
@@ -251,8 +252,21 @@ c10::FunctionSchema parse_schema(const OpBuilder::State& spec) {
     try {
       return torch::schema(text.c_str());
     } catch (const c10::Error& error) {
+      // A list default of the wrong type trips an internal assert of the parser's ("... please
+      // report a bug to PyTorch. expected double"): say what it means.
+      const std::string& message = error.msg();
+      const size_t expected = message.rfind("expected ");
+      if (message.find("INTERNAL ASSERT") != std::string::npos && expected != std::string::npos) {
+        TORCH_CHECK_VALUE(false, "opreg: op '", qualified, "': cannot parse schema '", text,
+                          "': a list default holds a value that is not a ",
+                          message.substr(expected + 9, message.find_first_of(" \n", expected + 9) -
+                                                           (expected + 9)));
+      }
       TORCH_CHECK_VALUE(false, "opreg: op '", qualified, "': cannot parse schema '", text,
                         "': ", error.what_without_backtrace());
+    } catch (const std::out_of_range&) {  // std::stoll of an int default
+      TORCH_CHECK_VALUE(false, "opreg: op '", qualified, "': cannot parse schema '", text,
+                        "': a number in it is out of range (an int default must fit in 64 bits)");
     } catch (const std::exception& error) {
       // The schema parser reports the position under the text, marked "<--- HERE".
       TORCH_CHECK_VALUE(false, "opreg: op '", qualified, "': cannot parse schema '", text,

@@ -51,7 +51,7 @@ struct Unwrapped {
   bool any_batched = false;
 };
 
-Unwrapped unwrap(const std::vector<c10::IValue>& args, int64_t level) {
+Unwrapped unwrap(const std::vector<c10::IValue>& args, int64_t level, const std::string& op) {
   Unwrapped unwrapped;
   for (const auto& arg : args) {
     if (arg.isTensor() && arg.toTensor().defined()) {
@@ -60,8 +60,9 @@ Unwrapped unwrap(const std::vector<c10::IValue>& args, int64_t level) {
       unwrapped.values.emplace_back(std::move(value));
       unwrapped.in_dims.push_back(bdim);
     } else {
-      TORCH_CHECK(!arg.isTensorList() && !arg.isOptionalTensorList(),
-                  "opreg: vmap of ops with Tensor[] arguments needs a rule written for them");
+      TORCH_CHECK(!arg.isTensorList() && !arg.isOptionalTensorList(), op,
+                  ": a vmap rule, batch_polymorphic or the per-example loop cannot take its "
+                  "Tensor[] arguments yet; without them, vmap runs the op's fallback");
       unwrapped.values.push_back(arg);
       unwrapped.in_dims.push_back(std::nullopt);
     }
@@ -116,7 +117,7 @@ class VmapKernel final : public c10::OperatorKernel {
       run_fallback(op, keys, stack);
       return;
     }
-    auto unwrapped = unwrap(args, level);
+    auto unwrapped = unwrap(args, level, op_->name);
     torch::jit::drop(*stack, num_args);
     const int64_t batch_size = layer->batchSize().guard_int(__FILE__, __LINE__);
     const bool expand_all = random_ && randomness == Randomness::kDifferent;

@@ -114,8 +114,27 @@ c10::IValue to_output(const std::string& op, const std::string& impl, const py::
   try {
     return torch::jit::toIValue(value, ret.type());
   } catch (const std::exception&) {
+    // For a list, the first element that does not fit says more than "returned list".
+    std::string element;
+    const auto* list = ret.type()->castRaw<c10::ListType>();
+    if (list != nullptr && (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value))) {
+      size_t position = 0;
+      for (const auto& item : value.cast<py::sequence>()) {
+        try {
+          const auto& type = list->getElementType();
+          // toIValue takes None for a Tensor (an undefined one); a Tensor[] may not hold one.
+          TORCH_CHECK(!item.is_none() || type->kind() == c10::TypeKind::OptionalType);
+          torch::jit::toIValue(item, type);
+        } catch (const std::exception&) {
+          element = " (its element " + std::to_string(position) + " is " +
+                    py::str(item.get_type()).cast<std::string>() + ")";
+          break;
+        }
+        ++position;
+      }
+    }
     TORCH_CHECK_TYPE(false, op, ": ", impl, " returned ",
-                     py::str(value.get_type()).cast<std::string>(), " for output ", index,
+                     py::str(value.get_type()).cast<std::string>(), " for output ", index, element,
                      ", expected ", ret.type()->str(), " (the schema's return type)");
   }
 }

@@ -177,3 +177,49 @@ def test_torch_form_opcheck_arguments(lib_op):
         opreg.opcheck(lib_op, [sample], raise_exception=False)
     with pytest.raises(ValueError, match="atol must be a number >= 0, got -1"):
         opreg.opcheck(lib_op, (torch.ones(3),), atol=-1, rtol=1e-5)
+
+
+# ---- schema text that torch's parser reports in its own terms ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("schema", "why"),
+    [
+        ("(Tensor x, int a=99999999999999999999) -> Tensor", "a number in it is out of range"),
+        (
+            '(Tensor x, float[] a=["a"]) -> Tensor',
+            "a list default holds a value that is not a double",
+        ),
+        (
+            "(Tensor x, bool[2] a=[1, 0]) -> Tensor",
+            "a list default holds a value that is not a bool",
+        ),
+    ],
+)
+@pytest.mark.parametrize("front", ["register_triton_op", "custom_op"])
+def test_schema_parse_errors_name_the_op_and_say_what_is_wrong(schema, why, front):
+    with pytest.raises(ValueError, match=f"sweep3_test::parse': cannot parse schema .*: {why}"):
+        if front == "custom_op":
+            opreg.custom_op("sweep3_test::parse", lambda x, a: x, mutates_args=(), schema=schema)
+        else:
+            define("sweep3_test::parse", schema=schema)
+
+
+def test_a_list_output_with_a_none_element_names_the_element():
+    op = opreg.register_triton_op(
+        fake_fn=None, triton_fn=None, name="sweep3_test::list_none", schema="(Tensor x) -> Tensor[]"
+    )(lambda x: [x * 2, None])
+    with pytest.raises(TypeError, match="output 0 \\(its element 1 is <class 'NoneType'>\\)"):
+        op(torch.ones(1))
+
+
+def test_vmap_of_a_tensor_list_op_with_a_rule_names_the_op_and_the_way_out():
+    op = opreg.register_triton_op(
+        fake_fn=None,
+        triton_fn=None,
+        name="sweep3_test::list_rule",
+        schema="(Tensor[] xs) -> Tensor",
+        vmap=lambda info, in_dims, xs: (xs[0] + xs[1], 0),
+    )(lambda xs: xs[0] + xs[1])
+    with pytest.raises(RuntimeError, match="sweep3_test::list_rule: a vmap rule, batch_polymorph"):
+        torch.vmap(lambda a: op([a, a]))(torch.ones(3, 2))

@@ -2,6 +2,7 @@
 // runs an explicit backward. See Note [Autograd policies] in include/opreg/autograd.h.
 #include "opreg/autograd.h"
 
+#include <atomic>
 #include <sstream>
 #include <type_traits>
 #include <utility>
@@ -9,6 +10,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
+#include <c10/util/ScopeExit.h>
 #include <torch/csrc/autograd/VariableTypeUtils.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
@@ -49,6 +51,14 @@ struct OutputMeta {
 
 }  // namespace detail
 
+// opreg backward calls running now, on all threads. A backward that calls its own op's backward
+// again without end (torch.autograd.grad inside it) is stopped here: PyTorch's engine moves deep
+// reentrant backward calls to new threads, so Python's recursion limit never stops it.
+namespace {
+std::atomic<int> backwards_in_flight{0};
+constexpr int kMaxBackwardsInFlight = 1024;
+}  // namespace
+
 // The grad_fn of an output of an opreg op with an explicit backward. Shares the op's identity
 // and declaration instead of copying them: a node is made on every forward call that needs grads.
 class OpregBackward : public torch::autograd::Node {
@@ -80,6 +90,11 @@ class OpregBackward : public torch::autograd::Node {
     TORCH_CHECK(!released_, op_name,
                 ": backward ran a second time through the same graph, whose saved values were "
                 "freed after the first; pass retain_graph=True to the first backward");
+    const int in_flight = ++backwards_in_flight;
+    const auto leave = c10::make_scope_exit([] { --backwards_in_flight; });
+    TORCH_CHECK(in_flight <= kMaxBackwardsInFlight, op_name, ": ", in_flight,
+                " opreg backward calls are running at once; does a backward call its op's "
+                "backward again without end (torch.autograd.grad inside the backward)?");
     ctx.in_backward_ = true;
     auto result = [&] {
       try {

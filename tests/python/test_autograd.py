@@ -4,6 +4,8 @@ three policies, gradcheck/gradgradcheck, torch.compile of forward+backward, opch
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import weakref
 
 import pytest
@@ -130,3 +132,33 @@ def test_device_specific_backward_on_cuda_runs_the_kernel():
     assert t.impls() == ["kernel:cuda", "backward", "kernel:cuda"]
     assert [r.op for r in t.records][-1] == "opreg_test::square_backward"
     torch.testing.assert_close(x.grad, 2 * x.detach())
+
+
+# Found by the third adversarial sweep; not in the sanitizer run's files (1024 nested backward
+# calls are too deep for its stacks).
+_ENDLESS_BACKWARD = """
+import torch, opreg
+def backward(ctx, grad):
+    with torch.enable_grad():
+        x = torch.ones(1, requires_grad=True)
+        return torch.autograd.grad(torch.ops.sweep3_endless.op(x).sum(), x)[0]
+op = opreg.register_triton_op(fake_fn=None, triton_fn=None, name="sweep3_endless::op",
+    schema="(Tensor x) -> Tensor", backward=backward, setup_context=lambda c, i, o: None)(
+    lambda x: x * 2)
+try:
+    op(torch.ones(1, requires_grad=True)).sum().backward()
+except RuntimeError as error:
+    print(str(error).splitlines()[0])
+"""
+
+
+def test_a_backward_that_recurses_without_end_is_stopped():
+    # PyTorch's engine runs deep reentrant backward calls on new threads, so Python's recursion
+    # limit never fires (torch.autograd.Function hangs the same way); a hang fails the timeout.
+    result = subprocess.run(
+        [sys.executable, "-c", _ENDLESS_BACKWARD], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "opreg backward calls are running at once; does a backward call its op" in (
+        result.stdout
+    )

@@ -485,7 +485,6 @@ void check_arguments(const Definition& definition, const torch::jit::Stack& stac
 // opreg kernel allocates its outputs while its inputs are alive, so an output cannot get the
 // storage of an input freed during the call.
 struct InputTensor {
-  size_t index;                     // the argument's position in the schema
   const c10::StorageImpl* storage;  // null for tensors without storage
   c10::Device device;
   bool cpu_scalar;  // 0-dim CPU tensors mix with any device
@@ -496,17 +495,16 @@ CallInputs inputs_of(const Definition& definition, const torch::jit::Stack& stac
   CallInputs inputs;
   const size_t num_args = definition.schema().arguments().size();
   const c10::IValue* first = stack.data() + (stack.size() - num_args);
-  auto add = [&](size_t index, const at::Tensor& tensor) {
-    inputs.push_back({index,
-                      tensor.has_storage() ? tensor.storage().unsafeGetStorageImpl() : nullptr,
+  auto add = [&](const at::Tensor& tensor) {
+    inputs.push_back({tensor.has_storage() ? tensor.storage().unsafeGetStorageImpl() : nullptr,
                       tensor.device(), tensor.dim() == 0 && tensor.device().is_cpu()});
   };
   for (size_t i = 0; i < num_args; ++i) {
     if (first[i].isTensor()) {
-      if (first[i].toTensor().defined()) add(i, first[i].toTensor());
+      if (first[i].toTensor().defined()) add(first[i].toTensor());
     } else if (first[i].isList()) {  // Tensor[] and Tensor?[]
       for (const c10::IValue& element : first[i].toListRef()) {
-        if (element.isTensor() && element.toTensor().defined()) add(i, element.toTensor());
+        if (element.isTensor() && element.toTensor().defined()) add(element.toTensor());
       }
     }
   }

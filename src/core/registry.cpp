@@ -656,8 +656,8 @@ void compare_with_fake_outputs(const Definition& definition, const c10::Operator
 // it: dtypes of the arguments before, outputs after.
 void run_checked(const Definition& d, const c10::KernelFunction& function, const std::string& impl,
                  const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack,
-                 const CallInputs& inputs, bool compare_with_fake) {
-  const std::optional<c10::Device> device = devices_of(inputs).device;
+                 const CallInputs& inputs, const CallDevices& devices, bool compare_with_fake) {
+  const std::optional<c10::Device>& device = devices.device;
   check_dtypes(d, *stack);
   const size_t base = stack->size() - d.schema().arguments().size();
   std::optional<torch::jit::Stack> meta;
@@ -677,7 +677,8 @@ void run_checked(const Definition& d, const c10::KernelFunction& function, const
 
 void run_checked_fallback(const Definition& d, const c10::OperatorHandle& op,
                           c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-  run_checked(d, d.fallback, "the fallback", op, keys, stack, inputs_of(d, *stack),
+  const CallInputs inputs = inputs_of(d, *stack);
+  run_checked(d, d.fallback, "the fallback", op, keys, stack, inputs, devices_of(inputs),
               /*compare_with_fake=*/false);
 }
 
@@ -719,13 +720,15 @@ class Trampoline final : public c10::OperatorKernel {
     const CallInputs inputs = inputs_of(d, *stack);
     const ServedKernel* served =
         key_ == c10::DispatchKey::CompositeExplicitAutograd ? nullptr : d.kernel_at(key_);
-    if (served != nullptr && !d.spec.flags.allow_mixed_devices && devices_of(inputs).mixed) {
+    const CallDevices devices = devices_of(inputs);
+    if (served != nullptr && !d.spec.flags.allow_mixed_devices && devices.mixed) {
       served = nullptr;  // a kernel serves one device: the fallback takes calls across devices
     }
     if (served == nullptr) {
-      run_checked(d, d.fallback, kFallback, op, keys, stack, inputs, /*compare_with_fake=*/true);
+      run_checked(d, d.fallback, kFallback, op, keys, stack, inputs, devices,
+                  /*compare_with_fake=*/true);
     } else {
-      run_checked(d, served->function, served->label, op, keys, stack, inputs,
+      run_checked(d, served->function, served->label, op, keys, stack, inputs, devices,
                   /*compare_with_fake=*/true);
     }
   }
@@ -743,7 +746,8 @@ class Trampoline final : public c10::OperatorKernel {
     }
     const CallInputs inputs = inputs_of(d, *stack);
     if (d.fake_source == FakeSource::kExplicit) {
-      run_checked(d, *d.meta, kFake, op, keys, stack, inputs, /*compare_with_fake=*/false);
+      run_checked(d, *d.meta, kFake, op, keys, stack, inputs, devices_of(inputs),
+                  /*compare_with_fake=*/false);
       return;
     }
     const std::optional<c10::Device> device = devices_of(inputs).device;

@@ -58,17 +58,26 @@ def _philox4x32_10(c0, c1, c2, c3, k0, k1):
 
 
 @triton.jit
-def _words(seeds_ptr, counter, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    calls = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    seed = tl.load(seeds_ptr + row)
-    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
-    k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+def _key(seed):
+    # The Philox key of int64 seeds: (low 32 bits, high 32 bits).
+    return (seed & 0xFFFFFFFF).to(tl.uint32), ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+
+
+@triton.jit
+def _philox_calls(k0, k1, counter, calls):
+    # The 4 words of Philox calls counter + calls (int64 tensor, any shape; keys broadcast).
     ctr = counter.to(tl.uint64) + calls.to(tl.uint64)  # 64-bit: wraps mod 2^64
     c0 = (ctr & 0xFFFFFFFF).to(tl.uint32)
     c1 = (ctr >> 32).to(tl.uint32)
     zero = tl.zeros(c0.shape, tl.uint32)
     return _philox4x32_10(c0, c1, zero, zero, k0, k1)
+
+
+@triton.jit
+def _words(seeds_ptr, counter, BLOCK: tl.constexpr):
+    k0, k1 = _key(tl.load(seeds_ptr + tl.program_id(0)))
+    calls = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    return _philox_calls(k0, k1, counter, calls)
 
 
 @triton.jit
@@ -93,63 +102,86 @@ def philox_uniform_kernel(seeds_ptr, out_ptr, n, counter, BLOCK: tl.constexpr):
 
 # Rounded float32 operations that the compiler may not contract into an FMA (PTX: an instruction
 # with an explicit rounding modifier is never fused), so each rounds as ATen's separate op does.
+# MODE, a constexpr of the normal kernels (0 in kernels.toml), picks the float arithmetic of
+# Box-Muller: 0 as the fallback computes it (Note [Float32 Box-Muller] in src/ops/philox.cpp);
+# 1 the polynomial steps as FMAs and the other operations left for the compiler to contract;
+# 2 as 1 with an approximate sqrt. Modes 1 and 2 are candidates measured by
+# bench/philox_normal_variants.py, which reports their distance from the fallback in ulps.
 @triton.jit
-def _mul(a, b):
-    return tl.inline_asm_elementwise(
-        "mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1
-    )
-
-
-@triton.jit
-def _add(a, b):
-    return tl.inline_asm_elementwise(
-        "add.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1
-    )
-
-
-@triton.jit
-def _sub(a, b):
-    return tl.inline_asm_elementwise(
-        "sub.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1
-    )
+def _mul(a, b, MODE: tl.constexpr):
+    if MODE == 0:
+        product = tl.inline_asm_elementwise(
+            "mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        product = a * b
+    return product
 
 
 @triton.jit
-def _log(x):
+def _add(a, b, MODE: tl.constexpr):
+    if MODE == 0:
+        total = tl.inline_asm_elementwise(
+            "add.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        total = a + b
+    return total
+
+
+@triton.jit
+def _sub(a, b, MODE: tl.constexpr):
+    if MODE == 0:
+        difference = tl.inline_asm_elementwise(
+            "sub.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        difference = a - b
+    return difference
+
+
+@triton.jit
+def _horner(acc, x, c, MODE: tl.constexpr):
+    # One Horner step acc * x + c: rounded twice (mode 0) or once, as an FMA.
+    return _add(_mul(acc, x, MODE), c, MODE) if MODE == 0 else tl.fma(acc, x, c)
+
+
+@triton.jit
+def _log(x, MODE: tl.constexpr):
     # x = 2^k * m with m in [sqrt(1/2), sqrt(2)), read from the bits; then log(m) = log1p(m - 1).
     bits = x.to(tl.int32, bitcast=True)
     k = (bits - SQRT_HALF_BITS) >> 23
-    f = _sub((bits - (k << 23)).to(tl.float32, bitcast=True), 1.0)  # exact
-    z = _mul(f, f)
-    p = _add(_mul(LOG_P7, f), LOG_P6)
-    p = _add(_mul(p, f), LOG_P5)
-    p = _add(_mul(p, f), LOG_P4)
-    p = _add(_mul(p, f), LOG_P3)
-    p = _add(_mul(p, f), LOG_P2)
-    p = _add(_mul(p, f), LOG_P1)
-    p = _add(_mul(p, f), LOG_P0)
-    t = _mul(_mul(p, f), z)
+    f = _sub((bits - (k << 23)).to(tl.float32, bitcast=True), 1.0, MODE)  # exact
+    z = _mul(f, f, MODE)
+    p = _horner(LOG_P7, f, LOG_P6, MODE)
+    p = _horner(p, f, LOG_P5, MODE)
+    p = _horner(p, f, LOG_P4, MODE)
+    p = _horner(p, f, LOG_P3, MODE)
+    p = _horner(p, f, LOG_P2, MODE)
+    p = _horner(p, f, LOG_P1, MODE)
+    p = _horner(p, f, LOG_P0, MODE)
+    t = _mul(_mul(p, f, MODE), z, MODE)
     kf = k.to(tl.float32)
-    t = _add(t, _mul(kf, LN2_LO))
-    t = _sub(t, _mul(z, 0.5))
-    return _add(_add(f, t), _mul(kf, LN2_HI))
+    t = _add(t, _mul(kf, LN2_LO, MODE), MODE)
+    t = _sub(t, _mul(z, 0.5, MODE), MODE)
+    return _add(_add(f, t, MODE), _mul(kf, LN2_HI, MODE), MODE)
 
 
 @triton.jit
-def _sincos_turn(word):
+def _sincos_turn(word, MODE: tl.constexpr):
     # sin and cos of 2 pi (word >> 8) 2^-24: quadrant q and f in [-1/2, 1/2] from the integer,
     # exactly, so the angle is (pi/2)(q + f) with no rounding.
     k = (word >> 8).to(tl.int32)
     q = (k + (1 << 21)) >> 22
-    f = _mul((k - (q << 22)).to(tl.float32), 2.384185791015625e-07)  # 2^-22
-    z = _mul(f, f)
-    s = _add(_mul(SIN_S3, z), SIN_S2)
-    s = _add(_mul(s, z), SIN_S1)
-    s = _mul(_add(_mul(s, z), SIN_S0), f)
-    c = _add(_mul(COS_C4, z), COS_C3)
-    c = _add(_mul(c, z), COS_C2)
-    c = _add(_mul(c, z), COS_C1)
-    c = _add(_mul(c, z), 1.0)
+    f = _mul((k - (q << 22)).to(tl.float32), 2.384185791015625e-07, MODE)  # 2^-22
+    z = _mul(f, f, MODE)
+    s = _horner(SIN_S3, z, SIN_S2, MODE)
+    s = _horner(s, z, SIN_S1, MODE)
+    s = _mul(_horner(s, z, SIN_S0, MODE), f, MODE)
+    c = _horner(COS_C4, z, COS_C3, MODE)
+    c = _horner(c, z, COS_C2, MODE)
+    c = _horner(c, z, COS_C1, MODE)
+    c = _horner(c, z, 1.0, MODE)
     swap = (q & 1) != 0
     sin = tl.where(swap, c, s)
     cos = tl.where(swap, s, c)
@@ -159,16 +191,18 @@ def _sincos_turn(word):
 
 
 @triton.jit
-def _box_muller(word1, word2):
+def _box_muller(word1, word2, MODE: tl.constexpr):
     u1 = tl.maximum(_to_unit(word1), U1_FLOOR)
-    r = tl.sqrt_rn(_mul(_log(u1), -2.0))
-    sin, cos = _sincos_turn(word2)
-    return _mul(r, cos), _mul(r, sin)
+    radius_squared = _mul(_log(u1, MODE), -2.0, MODE)
+    r = tl.sqrt(radius_squared) if MODE == 2 else tl.sqrt_rn(radius_squared)
+    sin, cos = _sincos_turn(word2, MODE)
+    return _mul(r, cos, MODE), _mul(r, sin, MODE)
 
 
 @triton.jit
-def philox_normal_kernel(seeds_ptr, out_ptr, n, counter, BLOCK: tl.constexpr):
+def philox_normal_kernel(seeds_ptr, out_ptr, n, counter, BLOCK: tl.constexpr, MODE: tl.constexpr):
     w0, w1, w2, w3 = _words(seeds_ptr, counter, BLOCK)
-    z0, z1 = _box_muller(w0, w1)
-    z2, z3 = _box_muller(w2, w3)
+    z0, z1 = _box_muller(w0, w1, MODE)
+    z2, z3 = _box_muller(w2, w3, MODE)
     _store4(out_ptr, n, z0, z1, z2, z3, BLOCK)
+

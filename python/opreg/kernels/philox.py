@@ -1,5 +1,7 @@
-"""Philox4x32-10 (Salmon et al., SC'11) in Triton: the kernels of opreg::philox_uniform and
-opreg::philox_normal. Row r of the output uses the key (low 32 bits, high 32 bits) of seeds[r];
+"""Philox4x32-10 (Salmon et al., SC'11) in Triton: the kernels of opreg::philox_uniform,
+opreg::philox_normal and of the low-rank noise ops opreg::lowrank_delta_output and
+opreg::lowrank_gradient (src/ops/lowrank.cpp), which generate philox_normal's values in registers.
+Row r of the output uses the key (low 32 bits, high 32 bits) of seeds[r];
 Philox call j uses the counter words (low32(counter + j), high32(counter + j), 0, 0) and yields
 the 4 words at positions 4j..4j+3.
 
@@ -206,3 +208,118 @@ def philox_normal_kernel(seeds_ptr, out_ptr, n, counter, BLOCK: tl.constexpr, MO
     z2, z3 = _box_muller(w2, w3, MODE)
     _store4(out_ptr, n, z0, z1, z2, z3, BLOCK)
 
+
+# ---- low-rank noise: philox_normal's values generated in registers, never stored -----------
+# Individual i's factors are its philox_normal stream: A (R, k) from counter a_counter, B (d, R)
+# from b_counter = a_counter + ceil4(R k) (EvoX's lora_noise layout). Both kernels need k % 4 == 0
+# and R a power of two, so that every row segment they generate starts a Philox call.
+
+
+@triton.jit
+def _interleave4(z0, z1, z2, z3):
+    # Values of Philox calls (..., C) to stream order (..., C, 4): call c's 4 values are 4c..4c+3.
+    return tl.join(tl.join(z0, z2), tl.join(z1, z3))
+
+
+@triton.jit
+def _normals(k0, k1, counter, calls):
+    # philox_normal's 4 values of each Philox call counter + calls: shape calls.shape + (4,).
+    w0, w1, w2, w3 = _philox_calls(k0, k1, counter, calls)
+    z0, z1 = _box_muller(w0, w1, 0)
+    z2, z3 = _box_muller(w2, w3, 0)
+    return _interleave4(z0, z1, z2, z3)
+
+
+@triton.jit
+def lowrank_delta_output_kernel(
+    x_ptr,
+    seeds_ptr,
+    out_ptr,
+    batch,
+    k,
+    d,
+    a_counter,
+    b_counter,
+    sigma,
+    R: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # out[i, b, :] = sigma * (x[i, b, :] @ A_i^T) @ B_i^T for BLOCK_B rows b of individual i.
+    individual = tl.program_id(0).to(tl.int64)
+    k0, k1 = _key(tl.load(seeds_ptr + individual))
+    rows = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
+    row_ok = rows < batch
+    x_rows = x_ptr + (individual * batch + rows) * k
+    ranks = tl.arange(0, R)
+    # t = x A^T, (BLOCK_B, R): A's rows j in column blocks of BLOCK_K.
+    t = tl.zeros((BLOCK_B, R), tl.float32)
+    for start in range(0, k, BLOCK_K):
+        cols = start + tl.arange(0, BLOCK_K)
+        x = tl.load(
+            x_rows[:, None] + cols[None, :], mask=row_ok[:, None] & (cols[None, :] < k), other=0.0
+        )
+        calls = (ranks[:, None] * k + start) // 4 + tl.arange(0, BLOCK_K // 4)[None, :]
+        a = tl.reshape(_normals(k0, k1, a_counter, calls), [R, BLOCK_K])
+        # Past column k, a holds the next row's values; x is 0 there.
+        t += tl.sum(x[:, None, :] * a[None, :, :], axis=2)
+    # out = sigma * t B^T: B's rows e in blocks of BLOCK_D (R * BLOCK_D values of the stream each).
+    out_rows = out_ptr + (individual * batch + rows) * d
+    for start in range(0, d, BLOCK_D):
+        calls = start // 4 * R + tl.arange(0, BLOCK_D * R // 4)
+        b = tl.reshape(_normals(k0, k1, b_counter, calls), [BLOCK_D, R])
+        out = tl.sum(t[:, None, :] * b[None, :, :], axis=2) * sigma
+        cols = start + tl.arange(0, BLOCK_D)
+        tl.store(out_rows[:, None] + cols[None, :], out, mask=row_ok[:, None] & (cols[None, :] < d))
+
+
+@triton.jit
+def lowrank_gradient_kernel(
+    fitness_ptr,
+    seeds_ptr,
+    out_ptr,
+    pop,
+    k,
+    d,
+    a_counter,
+    b_counter,
+    denominator,
+    R: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    # out[g, e, l] = sum_i fitness[g, i] (B_i A_i)[e, l] / denominator over a (BLOCK_D, BLOCK_K)
+    # tile: a contraction over pop * R, BLOCK_P individuals (BLOCK_P * R terms) per step, their
+    # factors' tiles generated for each step.
+    group = tl.program_id(2).to(tl.int64)
+    row0 = tl.program_id(0) * BLOCK_D
+    col0 = tl.program_id(1) * BLOCK_K
+    ranks = tl.arange(0, R)
+    b_calls = row0 // 4 * R + tl.arange(0, BLOCK_D * R // 4)
+    a_calls = (ranks[:, None] * k + col0) // 4 + tl.arange(0, BLOCK_K // 4)[None, :]
+    acc = tl.zeros((BLOCK_D, BLOCK_K), tl.float32)
+    for start in range(0, pop, BLOCK_P):
+        individuals = start + tl.arange(0, BLOCK_P)
+        ok = individuals < pop
+        seed = tl.load(seeds_ptr + group * pop + individuals, mask=ok, other=0)
+        weight = tl.load(fitness_ptr + group * pop + individuals, mask=ok, other=0.0)
+        k0, k1 = _key(seed)
+        b = tl.reshape(
+            _normals(k0[:, None], k1[:, None], b_counter, b_calls[None, :]), [BLOCK_P, BLOCK_D, R]
+        )
+        b = tl.reshape(tl.permute(b * weight[:, None, None], (1, 0, 2)), [BLOCK_D, BLOCK_P * R])
+        a = tl.reshape(
+            _normals(k0[:, None, None], k1[:, None, None], a_counter, a_calls[None, :, :]),
+            [BLOCK_P * R, BLOCK_K],
+        )
+        # tf32x3: three tensor-core products whose sum has float32's accuracy.
+        acc = tl.dot(b, a, acc, input_precision="tf32x3")
+    rows = row0 + tl.arange(0, BLOCK_D)
+    cols = col0 + tl.arange(0, BLOCK_K)
+    tl.store(
+        out_ptr + (group * d + rows[:, None]) * k + cols[None, :],
+        acc / denominator,
+        mask=(rows[:, None] < d) & (cols[None, :] < k),
+    )

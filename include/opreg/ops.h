@@ -22,10 +22,10 @@ OPREG_API at::Tensor philox_normal(const at::Tensor& seeds, int64_t n, int64_t c
 
 // Low-rank (LoRA) noise without materialising it: individual i's factors are philox_normal
 // streams of seeds[i], A_i (rank, k) from `counter` and B_i (d, rank) from counter + ceil4(rank k)
-// (EvoX's lora_noise layout). lowrank_delta_output: sigma * (x_i A_i^T) B_i^T for float32 x
-// [..., batch, k] and seeds [...], giving [..., batch, d]. lowrank_gradient:
-// sum_i fitness_i B_i A_i / (pop sigma) over the last dim of float32 fitness and seeds [..., pop],
-// giving [..., d, k]. See docs/ops/philox.md.
+// (EvoX's lora_noise layout). lowrank_delta_output: sigma * (x_i A_i^T) B_i^T for x [..., batch,
+// k] and seeds [...], giving [..., batch, d]. lowrank_gradient: sum_i fitness_i B_i A_i /
+// (pop sigma) over the last dim of fitness and seeds [..., pop], giving [..., d, k]. x and fitness
+// float32 (the CUDA kernels) or float64. See docs/ops/philox.md.
 OPREG_API at::Tensor lowrank_delta_output(const at::Tensor& x, const at::Tensor& seeds,
                                           int64_t rank, int64_t out_features, double sigma,
                                           int64_t counter = 0);

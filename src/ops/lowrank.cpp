@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -74,14 +75,20 @@ int64_t check_gradient_shapes(const at::Tensor& fitness, const at::Tensor& seeds
   return pop;
 }
 
+// The factors, materialised: A [..., rank, k] and B [..., d, rank] in `dtype`.
+std::pair<at::Tensor, at::Tensor> draw(const at::Tensor& seeds, int64_t rank, int64_t k, int64_t d,
+                                       int64_t counter, const Factors& f, at::ScalarType dtype) {
+  auto a = opreg::philox_normal(seeds, f.a_count, counter).view(with(seeds.sizes(), {rank, k}));
+  auto b = opreg::philox_normal(seeds, f.b_count, f.b_counter).view(with(seeds.sizes(), {d, rank}));
+  return {a.to(dtype), b.to(dtype)};
+}
+
 at::Tensor delta_output_reference(const at::Tensor& x, const at::Tensor& seeds, int64_t rank,
                                   int64_t out_features, double sigma, int64_t counter) {
   check_delta_shapes(x, seeds);
   const int64_t k = x.size(-1);
   const auto f = factors("opreg::lowrank_delta_output", rank, k, out_features, counter);
-  auto a = opreg::philox_normal(seeds, f.a_count, counter).view(with(seeds.sizes(), {rank, k}));
-  auto b = opreg::philox_normal(seeds, f.b_count, f.b_counter)
-               .view(with(seeds.sizes(), {out_features, rank}));
+  auto [a, b] = draw(seeds, rank, k, out_features, counter, f, x.scalar_type());
   return at::matmul(at::matmul(x, a.transpose(-1, -2)), b.transpose(-1, -2)) * sigma;
 }
 
@@ -90,10 +97,7 @@ at::Tensor gradient_reference(const at::Tensor& fitness, const at::Tensor& seeds
                               int64_t counter) {
   const int64_t pop = check_gradient_shapes(fitness, seeds, sigma);
   const auto f = factors("opreg::lowrank_gradient", rank, in_features, out_features, counter);
-  auto a = opreg::philox_normal(seeds, f.a_count, counter)
-               .view(with(seeds.sizes(), {rank, in_features}));
-  auto b = opreg::philox_normal(seeds, f.b_count, f.b_counter)
-               .view(with(seeds.sizes(), {out_features, rank}));
+  auto [a, b] = draw(seeds, rank, in_features, out_features, counter, f, fitness.scalar_type());
   return at::einsum("...i,...ijk,...ikl->...jl", {fitness, b, a}) /
          (static_cast<double>(pop) * sigma);
 }
@@ -160,7 +164,10 @@ at::Tensor delta_output_triton(const at::Tensor& x, const at::Tensor& seeds, int
 
 bool delta_output_accepts(const at::Tensor& x, const at::Tensor& seeds, int64_t rank,
                           int64_t out_features, double, int64_t) {
-  if (x.dim() < 2 || x.sizes().slice(0, x.dim() - 2) != seeds.sizes()) return false;
+  if (x.scalar_type() != at::kFloat || x.dim() < 2 ||
+      x.sizes().slice(0, x.dim() - 2) != seeds.sizes()) {
+    return false;
+  }
   const int64_t batch = x.size(-2);
   return seeds.numel() > 0 && seeds.numel() <= kMaxGridX && batch > 0 &&
          opreg::triton::cdiv(batch, kDeltaBatchBlock) <= kMaxGridYZ &&
@@ -184,7 +191,8 @@ at::Tensor gradient_triton(const at::Tensor& fitness, const at::Tensor& seeds, i
 
 bool gradient_accepts(const at::Tensor& fitness, const at::Tensor& seeds, int64_t rank,
                       int64_t out_features, int64_t in_features, double sigma, int64_t) {
-  if (seeds.dim() < 1 || fitness.sizes() != seeds.sizes() || seeds.size(-1) < 1 || sigma == 0) {
+  if (fitness.scalar_type() != at::kFloat || seeds.dim() < 1 || fitness.sizes() != seeds.sizes() ||
+      seeds.size(-1) < 1 || sigma == 0) {
     return false;  // the fallback names the error
   }
   return seeds.size(-1) <= INT32_MAX && seeds.numel() / seeds.size(-1) <= kMaxGridYZ &&
@@ -201,7 +209,7 @@ const auto lowrank_delta_output_op =
         .kernel(delta_output_triton,
                 opreg::on({"cuda"}).name("triton_aot").accepts(delta_output_accepts))
         .fake(delta_output_fake)
-        .dtypes("x", {at::kFloat})
+        .dtypes("x", {at::kFloat, at::kDouble})
         .dtypes("seeds", {at::kLong})
         .batch_polymorphic()
         .define();
@@ -213,7 +221,7 @@ const auto lowrank_gradient_op =
         .fallback(gradient_reference)
         .kernel(gradient_triton, opreg::on({"cuda"}).name("triton_aot").accepts(gradient_accepts))
         .fake(gradient_fake)
-        .dtypes("fitness", {at::kFloat})
+        .dtypes("fitness", {at::kFloat, at::kDouble})
         .dtypes("seeds", {at::kLong})
         .batch_polymorphic()
         .define();

@@ -126,8 +126,8 @@ def test_argument_errors_name_the_op_and_the_argument():
     for call, message in cases:
         with pytest.raises(ValueError, match=message):
             call()
-    with pytest.raises(TypeError, match="argument 'x' has dtype Double, expected one of: Float"):
-        delta_output(x.double(), seeds, 2, 4, 1.0)
+    with pytest.raises(TypeError, match="argument 'x' has dtype Half, expected one of: Float, Do"):
+        delta_output(x.half(), seeds, 2, 4, 1.0)
     with pytest.raises(TypeError, match="argument 'seeds' has dtype Int, expected one of: Long"):
         gradient(torch.ones(3), seeds.int(), 2, 4, 4, 1.0)
 
@@ -189,6 +189,16 @@ def test_autograd_runs_the_fallback_under_autograd():
     assert fitness.grad is not None and fitness.grad.shape == (4,)
 
 
+def test_float64_runs_the_fallback_in_float64():
+    seeds, x, fitness = torch.arange(3), torch.randn(3, 2, 8, dtype=torch.float64), torch.ones(3)
+    out = delta_output(x, seeds, 2, 5, 0.5)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, reference_delta(x, seeds, 2, 5, 0.5))
+    grad = gradient(fitness.double(), seeds, 2, 5, 8, 0.5)
+    assert grad.dtype == torch.float64
+    torch.testing.assert_close(grad, reference_gradient(fitness, seeds, 2, 5, 8, 0.5))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck(device):
     generator = torch.Generator().manual_seed(6)
@@ -197,6 +207,12 @@ def test_opcheck(device):
     torch.library.opcheck(delta_output.default, (x, seeds, 2, 5, 0.5, 7))
     fitness = torch.randn(3, generator=generator).to(device)
     torch.library.opcheck(gradient.default, (fitness, seeds, 2, 5, 8, 0.5, 7))
+    # opreg's opcheck adds kernel against fallback and float64 gradients through the fallback.
+    delta_samples = [(x, seeds, 2, 5, 0.5, 7), (x[:, :1], seeds, 1, 3, -1.0, -2)]
+    assert not opreg.opcheck(delta_output, delta_samples, devices=[device]).failures
+    grid = (fitness.expand(2, 3), seeds.expand(2, 3), 4, 4, 8, 2.0)
+    gradient_samples = [(fitness, seeds, 2, 5, 8, 0.5, 7), grid]
+    assert not opreg.opcheck(gradient, gradient_samples, devices=[device]).failures
 
 
 # ---- the Triton kernels -----------------------------------------------------------------------

@@ -90,41 +90,54 @@ def timings(report: Report, seeds: torch.Tensor) -> None:
     report.compare("opreg_philox_normal", "torch_rand", lower_is_better=False)
 
 
+def fallback_figures(
+    report: Report, key: str, values: torch.Tensor, cuda_fallback, cpu_fallback, counter: int
+) -> None:
+    """`key`_vs_cuda_fallback_max_ulps over every value, `key`_vs_cpu_fallback_max_ulps over the
+    first CPU_ROWS rows."""
+    report.figure(
+        f"{key}_vs_cuda_fallback_max_ulps",
+        ulp_distance(values, cuda_fallback),
+        "float32 ulps",
+        f"max over all {values.numel()} values, seeds {POP} random int64, counter {counter}",
+    )
+    report.figure(
+        f"{key}_vs_cpu_fallback_max_ulps",
+        ulp_distance(values[:CPU_ROWS], cpu_fallback),
+        "float32 ulps",
+        f"max over the first {CPU_ROWS} rows ({CPU_ROWS * N} values)",
+    )
+
+
+def accuracy_figures(report: Report, key: str, normal: torch.Tensor, uniform: torch.Tensor) -> None:
+    """`key`_max_abs_error_vs_float64 and `key`_max_error_vs_float64_ulps of normals against a
+    float64 Box-Muller of the same uniforms."""
+    worst_abs, worst_ulps = error_vs_float64(normal, uniform)
+    report.figure(
+        f"{key}_max_abs_error_vs_float64",
+        worst_abs * 1e6,
+        "1e-6 (absolute)",
+        f"max |normal - float64 Box-Muller of the same uniforms| over {normal.numel()} values",
+    )
+    report.figure(
+        f"{key}_max_error_vs_float64_ulps",
+        worst_ulps,
+        "float32 ulps of the reference",
+        "max |normal - float64 reference| / ulp(reference), same values",
+    )
+
+
 def agreement(report: Report, seeds: torch.Tensor) -> None:
     with opreg.trace() as t:
         uniform = torch.ops.opreg.philox_uniform(seeds, N, 5)
         normal = torch.ops.opreg.philox_normal(seeds, N, 5)
     assert t.impls() == ["kernel:triton_aot"] * 2, t.impls()
-    values = float(uniform.numel())
     for name, kernel_out in [("uniform", uniform), ("normal", normal)]:
         op = f"opreg::philox_{name}"
         cuda_fallback = _C.call_fallback(op, [seeds, N, 5], {})[0]
         cpu_fallback = _C.call_fallback(op, [seeds[:CPU_ROWS].cpu(), N, 5], {})[0]
-        report.figure(
-            f"{name}_kernel_vs_cuda_fallback_max_ulps",
-            ulp_distance(kernel_out, cuda_fallback),
-            "float32 ulps",
-            f"max over all {values:.0f} values, seeds {POP} random int64, counter 5",
-        )
-        report.figure(
-            f"{name}_kernel_vs_cpu_fallback_max_ulps",
-            ulp_distance(kernel_out[:CPU_ROWS], cpu_fallback),
-            "float32 ulps",
-            f"max over the first {CPU_ROWS} rows ({CPU_ROWS * N} values)",
-        )
-    worst_abs, worst_ulps = error_vs_float64(normal, uniform)
-    report.figure(
-        "normal_max_abs_error_vs_float64",
-        worst_abs * 1e6,
-        "1e-6 (absolute)",
-        f"max |philox_normal - float64 Box-Muller of the same uniforms| over {values:.0f} values",
-    )
-    report.figure(
-        "normal_max_error_vs_float64_ulps",
-        worst_ulps,
-        "float32 ulps of the reference",
-        "max |philox_normal - float64 reference| / ulp(reference), same values",
-    )
+        fallback_figures(report, f"{name}_kernel", kernel_out, cuda_fallback, cpu_fallback, 5)
+    accuracy_figures(report, "normal", normal, uniform)
 
 
 def main() -> None:

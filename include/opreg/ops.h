@@ -20,4 +20,17 @@ OPREG_API at::Tensor fused_add(const at::Tensor& x, const at::Tensor& y);
 OPREG_API at::Tensor philox_uniform(const at::Tensor& seeds, int64_t n, int64_t counter = 0);
 OPREG_API at::Tensor philox_normal(const at::Tensor& seeds, int64_t n, int64_t counter = 0);
 
+// Low-rank (LoRA) noise without materialising it: individual i's factors are philox_normal
+// streams of seeds[i], A_i (rank, k) from `counter` and B_i (d, rank) from counter + ceil4(rank k)
+// (EvoX's lora_noise layout). lowrank_delta_output: sigma * (x_i A_i^T) B_i^T for x [..., batch,
+// k] and seeds [...], giving [..., batch, d]. lowrank_gradient: sum_i fitness_i B_i A_i /
+// (pop sigma) over the last dim of fitness and seeds [..., pop], giving [..., d, k]. x and fitness
+// float32 (the CUDA kernels) or float64. See docs/ops/philox.md.
+OPREG_API at::Tensor lowrank_delta_output(const at::Tensor& x, const at::Tensor& seeds,
+                                          int64_t rank, int64_t out_features, double sigma,
+                                          int64_t counter = 0);
+OPREG_API at::Tensor lowrank_gradient(const at::Tensor& fitness, const at::Tensor& seeds,
+                                      int64_t rank, int64_t out_features, int64_t in_features,
+                                      double sigma, int64_t counter = 0);
+
 }  // namespace opreg

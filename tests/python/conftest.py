@@ -70,6 +70,21 @@ TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+def run_interpreted(script: str) -> str:
+    """Runs `script` in a fresh interpreter beside the tests, where it can `import
+    triton_interpreter` to run opreg's Triton kernels on the CPU; its stdout."""
+    pytest.importorskip("triton")
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).parent,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
 FENCE = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 

@@ -5,15 +5,13 @@ reference values from the published algorithm, edge cases, statistics, autograd,
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import philox_reference as ref
 import pytest
 import torch
 
 import opreg
-from conftest import DEVICES, requires_cuda
+from conftest import DEVICES, requires_cuda, run_interpreted
 
 fused_add = torch.ops.opreg.fused_add
 philox_uniform = torch.ops.opreg.philox_uniform
@@ -208,29 +206,14 @@ def test_cuda_kernel_agrees_with_the_fallback_on_random_seeds_and_counters():
 
 
 # The kernel's source run by Triton's interpreter on the CPU, its three PTX instructions given
-# their IEEE meaning (numpy float32 rounds each operation on its own, as mul.rn/add.rn/sub.rn do),
-# must give the fallback's bits: the two compute the same float32 operations in the same order.
+# their IEEE meaning (triton_interpreter.py), must give the fallback's bits: the two compute the
+# same float32 operations in the same order.
 INTERPRETED_KERNEL = """
-import os, sys
-os.environ["TRITON_INTERPRET"] = "1"
-import numpy as np, torch
-from triton.runtime import interpreter
+import triton_interpreter
+import torch
 import opreg
 from opreg.kernels import philox as kernels
 
-PTX = {"mul.rn.f32": np.multiply, "add.rn.f32": np.add, "sub.rn.f32": np.subtract}
-
-class Result:
-    def __init__(self, handle):
-        self.handle = handle
-    def get_result(self, index):
-        return self.handle
-
-def inline_asm(self, asm, constraints, values, type, is_pure, pack):
-    data = PTX[asm.split()[0]](values[0].data, values[1].data).astype(np.float32)
-    return Result(interpreter.TensorHandle(data, values[0].dtype.scalar))
-
-interpreter.InterpreterBuilder.create_inline_asm = inline_asm
 generator = torch.Generator().manual_seed(1)
 seeds = torch.randint(-(2**63), 2**63 - 1, (6,), dtype=torch.int64, generator=generator)
 seeds[0] = 0
@@ -238,7 +221,8 @@ n, block = 8192 + 3, 2048
 for name, counter in [("uniform", 2**32 - 700), ("normal", 12345)]:
     out = torch.full((len(seeds), n), float("nan"))
     kernel = getattr(kernels, f"philox_{name}_kernel")
-    kernel[(len(seeds), -(-n // 4 // block))](seeds, out, n, counter, BLOCK=block)
+    modes = {"MODE": 0} if name == "normal" else {}
+    kernel[(len(seeds), -(-n // 4 // block))](seeds, out, n, counter, BLOCK=block, **modes)
     fallback = getattr(torch.ops.opreg, f"philox_{name}")(seeds, n, counter)
     same = torch.equal(out.view(torch.int32), fallback.view(torch.int32))
     print(name, "same" if same else "differ", (out - fallback).abs().max().item())
@@ -246,9 +230,5 @@ for name, counter in [("uniform", 2**32 - 700), ("normal", 12345)]:
 
 
 def test_interpreted_kernel_gives_the_fallbacks_bits():
-    pytest.importorskip("triton")
-    result = subprocess.run(
-        [sys.executable, "-c", INTERPRETED_KERNEL], capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split("\n")[:2] == ["uniform same 0.0", "normal same 0.0"], result.stdout
+    stdout = run_interpreted(INTERPRETED_KERNEL)
+    assert stdout.split("\n")[:2] == ["uniform same 0.0", "normal same 0.0"], stdout

@@ -181,6 +181,10 @@ def wrap_triton(triton_kernel: Any, /) -> TritonKernelLike:
     torch.export, make_fx, a dispatch mode) are torch's launch higher-order op, which the
     compiler sees; a fake skips the launch; an eager call launches the kernel directly, with no
     tracing machinery. Anything else is a RuntimeError, as in torch."""
+    if torch.compiler.is_dynamo_compiling():
+        # Dynamo traces torch's wrapper (which checks the kernel itself), not opreg's checks:
+        # it cannot follow a ContextVar or isinstance on its model of a Triton kernel.
+        return torch.library.wrap_triton(triton_kernel)
     usable, why = triton_status()
     if not usable:
         raise RuntimeError(f"opreg.wrap_triton: {why}")

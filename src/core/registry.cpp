@@ -41,6 +41,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/op_registration/infer_schema.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/TensorOptions.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -724,6 +725,10 @@ class Trampoline final : public c10::OperatorKernel {
     if (served != nullptr && !d.spec.flags.allow_mixed_devices && devices.mixed) {
       served = nullptr;  // a kernel serves one device: the fallback takes calls across devices
     }
+    // As ATen's own ops do: the call's device is current while its pieces run (a Triton JIT
+    // launch, say, goes to the current device, not to its tensors' device).
+    c10::OptionalDeviceGuard device_guard;
+    if (devices.device && !devices.device->is_cpu()) device_guard.reset_device(*devices.device);
     if (served == nullptr) {
       run_checked(d, d.fallback, kFallback, op, keys, stack, inputs, devices,
                   /*compare_with_fake=*/true);

@@ -1,6 +1,7 @@
 """One data-parallel training step of a model built on opreg ops with explicit backwards, for
 tests/python/test_distributed.py. Under `torchrun --nproc_per_node N ddp_training.py OUT` each
-rank trains on its shard of the global batch with DistributedDataParallel (gloo, CPU) and saves
+rank trains on its shard of the global batch with DistributedDataParallel (gloo on CPU, or NCCL
+with one GPU per rank when OPREG_DDP_BACKEND=nccl) and saves
 its gradients, parameters and what served the opreg calls to OUT/rank<r>.pt; the test imports
 the same model and batch for the single-process reference."""
 
@@ -20,6 +21,8 @@ FEATURES = 8
 HIDDEN = 16
 DTYPE = torch.float64  # no float32 summation-order noise, so the comparison can be tight
 LEARNING_RATE = 0.1
+
+BACKEND_VARIABLE = "OPREG_DDP_BACKEND"
 
 backward_calls = 0
 
@@ -90,17 +93,25 @@ def train_step(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tens
 
 
 def main(out_folder: str) -> None:
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    backend = os.environ.get(BACKEND_VARIABLE, "gloo")
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))
     rank, world_size = dist.get_rank(), dist.get_world_size()
     assert GLOBAL_BATCH % world_size == 0, "equal shards make the mean of means the global mean"
-    model = torch.nn.parallel.DistributedDataParallel(Model())
-    inputs, targets = (t.chunk(world_size)[rank] for t in global_batch())
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    model = torch.nn.parallel.DistributedDataParallel(
+        Model().to(device), device_ids=[device] if device.type == "cuda" else None
+    )
+    inputs, targets = (t.chunk(world_size)[rank].to(device) for t in global_batch())
     with opreg.trace() as trace:
         train_step(model, inputs, targets)
     torch.save(
         {
-            "grads": {n: p.grad for n, p in model.module.named_parameters()},
-            "params": {n: p.detach() for n, p in model.module.named_parameters()},
+            "device": str(device),
+            "grads": {n: p.grad.cpu() for n, p in model.module.named_parameters()},
+            "params": {n: p.detach().cpu() for n, p in model.module.named_parameters()},
             "trace": [tuple(r) for r in trace.records],
             "backward_calls": backward_calls,
             "world_size": world_size,

@@ -20,7 +20,7 @@ WORLD_SIZE = 2
 TOLERANCE = {"rtol": 1e-12, "atol": 1e-14}
 
 
-def run_torchrun(out_folder: Path, timeout: float = 120) -> None:
+def run_torchrun(out_folder: Path, timeout: float = 120, backend: str = "gloo") -> None:
     """torchrun --standalone picks a free localhost port; a hang is killed with its workers."""
     command = [
         sys.executable,
@@ -31,7 +31,7 @@ def run_torchrun(out_folder: Path, timeout: float = 120) -> None:
         str(REPO / "tests" / "python" / "ddp_training.py"),
         str(out_folder),
     ]
-    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", ddp_training.BACKEND_VARIABLE: backend}
     with subprocess.Popen(
         command,
         stdout=subprocess.PIPE,

@@ -206,14 +206,20 @@ class CustomOpDef:
         (self._opoverload,) = define(self._declaration())
         self._registration = registration_of(self._qualname)
 
-    def _with(self, **pieces: Any) -> None:
-        """Sets pieces and re-defines the op; a refused definition restores them."""
-        if registration_of(self._qualname) is not self._registration:
+    def _is_current(self) -> bool:
+        return registration_of(self._qualname) is self._registration
+
+    def _check_current(self) -> None:
+        if not self._is_current():
             raise RuntimeError(
                 f"opreg: op '{self._qualname}': it was defined again since this object defined "
                 "it (replace=True, custom_op or triton_op with its name); add pieces through "
                 "what the newer definition returned"
             )
+
+    def _with(self, **pieces: Any) -> None:
+        """Sets pieces and re-defines the op; a refused definition restores them."""
+        self._check_current()
         before = {name: getattr(self, name) for name in pieces}
         for name, value in pieces.items():
             setattr(self, name, value)
@@ -345,6 +351,7 @@ class CustomOpDef:
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             self._check_callable("register_torch_dispatch", fn)
+            self._check_current()
             if self._dispatch_library is None:
                 self._dispatch_library = torch.library.Library(
                     self._qualname.split("::")[0], "FRAGMENT"
@@ -387,7 +394,8 @@ def _new_op(
     if schema is not None:
         check_signature(name, "fn", fn, full_schema)
     signature = full_schema[len(name) :]
-    if name not in _defined:
+    previous = _defined.get(name)
+    if previous is None or not previous._is_current():
         try:
             _C.describe_op(name)
         except ValueError:

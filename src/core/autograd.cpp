@@ -93,8 +93,11 @@ class OpregBackward : public torch::autograd::Node {
     const int in_flight = ++backwards_in_flight;
     const auto leave = c10::make_scope_exit([] { --backwards_in_flight; });
     TORCH_CHECK(in_flight <= kMaxBackwardsInFlight, op_name, ": ", in_flight,
-                " opreg backward calls are running at once; does a backward call its op's "
-                "backward again without end (torch.autograd.grad inside the backward)?");
+                " opreg backward calls are running at once, all threads together (the limit is ",
+                kMaxBackwardsInFlight,
+                "): a backward that calls its op's backward again without end "
+                "(torch.autograd.grad inside the backward) stops here, and so does deep nesting "
+                "of backward calls in several threads at once");
     ctx.in_backward_ = true;
     auto result = [&] {
       try {

@@ -226,6 +226,30 @@ void split_name(const std::string& qualified, const std::string& what, std::stri
                     "' belongs to PyTorch; define ops in a namespace of your own");
 }
 
+// PyTorch's schema parser reads an int default such as 0x10 as 0, silently: refuse prefixed
+// literals (0x, 0o, 0b) where a default value starts.
+void check_decimal_defaults(const std::string& qualified, const std::string& text) {
+  for (size_t i = 0; i + 2 < text.size(); ++i) {
+    if (text[i] != '0' || std::string("xXoObB").find(text[i + 1]) == std::string::npos ||
+        !std::isxdigit(static_cast<unsigned char>(text[i + 2]))) {
+      continue;
+    }
+    size_t before = text.find_last_not_of(" \t\n", i == 0 ? 0 : i - 1);
+    if (before != std::string::npos && text[before] == '-' && before > 0) {
+      before = text.find_last_not_of(" \t\n", before - 1);
+    }
+    if (i == 0 || before == std::string::npos ||
+        std::string("=[,").find(text[before]) == std::string::npos) {
+      continue;
+    }
+    size_t end = i + 2;
+    while (end < text.size() && std::isalnum(static_cast<unsigned char>(text[end]))) ++end;
+    TORCH_CHECK_VALUE(false, "opreg: op '", qualified, "': cannot parse schema '", text,
+                      "': the default '", text.substr(i, end - i),
+                      "' is not a decimal number (PyTorch's schema parser would read it as 0)");
+  }
+}
+
 c10::FunctionSchema parse_schema(const OpBuilder::State& spec) {
   const std::string& text = spec.name_or_schema;
   for (size_t i = 0; i < text.size(); ++i) {
@@ -249,6 +273,7 @@ c10::FunctionSchema parse_schema(const OpBuilder::State& spec) {
                       "function");
     return spec.infer_schema().cloneWithName(ns + "::" + name, overload);
   }
+  check_decimal_defaults(qualified, text);
   c10::FunctionSchema schema = [&] {
     try {
       return torch::schema(text.c_str());
@@ -636,14 +661,34 @@ void compare_with_fake_outputs(const Definition& definition, const c10::Operator
     c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
     op.callBoxed(&meta);
   }
-  for (size_t index : definition.plain_tensor_returns) {
-    const auto& fake = meta[index].toTensor();
-    const auto& real = stack[base + index].toTensor();
+  auto same = [&](const at::Tensor& fake, const at::Tensor& real, const std::string& what) {
+    TORCH_CHECK(fake.defined() == real.defined(), "OPREG_DEBUG: ", definition.name(), ": ", impl,
+                " returned ", what, (real.defined() ? " defined" : " None"),
+                ", but the op's fake gives ", (fake.defined() ? "a tensor" : "None"));
+    if (!real.defined()) return;
     TORCH_CHECK(fake.sizes() == real.sizes() && fake.scalar_type() == real.scalar_type(),
-                "OPREG_DEBUG: ", definition.name(), ": ", impl, " returned output ", index,
-                " of shape ", real.sizes(), " and dtype ", real.scalar_type(),
-                ", but the op's fake gives shape ", fake.sizes(), " and dtype ",
-                fake.scalar_type());
+                "OPREG_DEBUG: ", definition.name(), ": ", impl, " returned ", what, " of shape ",
+                real.sizes(), " and dtype ", real.scalar_type(), ", but the op's fake gives shape ",
+                fake.sizes(), " and dtype ", fake.scalar_type());
+  };
+  const auto& returns = definition.schema().returns();
+  for (size_t index = 0; index < returns.size(); ++index) {
+    const c10::IValue& fake = meta[index];
+    const c10::IValue& real = stack[base + index];
+    const std::string what = "output " + std::to_string(index);
+    if (fake.isTensorList() && real.isTensorList()) {
+      const auto fakes = fake.toTensorList();
+      const auto reals = real.toTensorList();
+      TORCH_CHECK(fakes.size() == reals.size(), "OPREG_DEBUG: ", definition.name(), ": ", impl,
+                  " returned ", what, " with ", reals.size(), " tensors, but the op's fake gives ",
+                  fakes.size());
+      for (size_t i = 0; i < reals.size(); ++i) {
+        same(fakes.get(i), reals.get(i), what + " element " + std::to_string(i));
+      }
+    } else if ((fake.isTensor() || fake.isNone()) && (real.isTensor() || real.isNone())) {
+      same(fake.isTensor() ? fake.toTensor() : at::Tensor(),
+           real.isTensor() ? real.toTensor() : at::Tensor(), what);
+    }
   }
 }
 
@@ -750,12 +795,30 @@ class Trampoline final : public c10::OperatorKernel {
       detail::throw_no_fake(d.name(), "its fake is registered from Python and is not there");
     }
     const CallInputs inputs = inputs_of(d, *stack);
+    const CallDevices devices = devices_of(inputs);
+    if (devices.mixed) {  // a meta tensor beside real ones: whatever fails, say so
+      const std::string piece =
+          d.fake_source == FakeSource::kExplicit ? "the fake" : "the fallback on meta tensors";
+      std::string why;
+      try {
+        run_checked(d, *d.meta, piece, op, keys, stack, inputs, devices,
+                    /*compare_with_fake=*/false);
+        return;
+      } catch (const c10::Error& error) {
+        why = error.what_without_backtrace();
+      } catch (const std::exception& error) {  // a Python piece raised
+        why = error.what();
+        why = why.substr(0, why.find("\n\nAt:\n"));  // its Python stack is not the point
+      }
+      TORCH_CHECK(
+          false, d.name(), ": ", piece,
+          " failed on a call with tensors on several devices (a meta tensor among them): ", why);
+    }
     if (d.fake_source == FakeSource::kExplicit) {
-      run_checked(d, *d.meta, kFake, op, keys, stack, inputs, devices_of(inputs),
+      run_checked(d, *d.meta, kFake, op, keys, stack, inputs, devices,
                   /*compare_with_fake=*/false);
       return;
     }
-    const std::optional<c10::Device> device = devices_of(inputs).device;
     check_dtypes(d, *stack);
     const size_t base = stack->size() - d.schema().arguments().size();
     try {
@@ -765,7 +828,7 @@ class Trampoline final : public c10::OperatorKernel {
     } catch (const std::exception& error) {  // a Python fallback raised
       detail::throw_no_fake(d.name(), error.what());
     }
-    check_outputs(d, *stack, base, inputs, "the fallback on meta tensors", device);
+    check_outputs(d, *stack, base, inputs, "the fallback on meta tensors", devices.device);
   }
 
   const OpEntry* entry_;

@@ -16,10 +16,11 @@ EXAMPLES = sorted(path.name for path in (REPO / "examples").iterdir() if path.is
 
 
 def files_under(folder):
+    # pip byte-compiles the installed Python files: their __pycache__ is not a source.
     return {
         path.relative_to(folder).as_posix(): path.read_bytes()
         for path in sorted(folder.rglob("*"))
-        if path.is_file()
+        if path.is_file() and "__pycache__" not in path.parts
     }
 
 

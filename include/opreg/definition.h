@@ -33,7 +33,10 @@ namespace opreg {
     "it accepts extra leading dimensions on every tensor argument: vmap calls it once")      \
   X(vmap_per_example_loop,                                                                   \
     "vmap loops over the examples (only for ops whose output shapes depend on the data)")    \
-  X(random, "it draws random numbers: torch.vmap's randomness argument applies to it")
+  X(random, "it draws random numbers: torch.vmap's randomness argument applies to it")       \
+  X(cuda_graph_unsafe,                                                                       \
+    "a CUDA graph cannot capture it (a host side effect or synchronisation): it is tagged "  \
+    "torch.Tag.cudagraph_unsafe, so torch.compile's CUDA graphs leave it out")
 
 struct OpFlags {
 #define OPREG_FLAG_FIELD(flag, promise) bool flag = false;

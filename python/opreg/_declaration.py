@@ -72,6 +72,7 @@ class OpDeclaration:
     batch_polymorphic: bool = False
     vmap_per_example_loop: bool = False
     random: bool = False
+    cuda_graph_unsafe: bool = False
     replace: bool = False
     origin: str = ""
     # Python-side pieces, registered once the core accepted the definition:
@@ -226,9 +227,18 @@ def op_overload(qualname: str) -> torch._ops.OpOverload:
     return getattr(packet, name.split(".")[1] if "." in name else "default")
 
 
+def _registered_form(qualname: str) -> tuple[str, bool] | None:
+    """What torch.ops' handle of an op caches: its schema and its tags (from the flags)."""
+    try:
+        report = _C.describe_op(qualname)
+    except ValueError:
+        return None
+    return report.schema, report.flags.as_dict()["cuda_graph_unsafe"]
+
+
 def _forget(qualname: str, schema_changed: bool) -> None:
-    """Drop opreg's Python-side registrations of an op; with a new schema, also torch.ops'
-    cached handle, so that the next access reads the new schema."""
+    """Drop opreg's Python-side registrations of an op; with a new schema (or new tags), also
+    torch.ops' cached handle, so that the next access reads the new one."""
     registration = _registrations.pop(qualname, None)
     if registration is not None:
         for library in registration.libraries:
@@ -309,17 +319,12 @@ def define(*declarations: OpDeclaration) -> list[torch._ops.OpOverload]:
     changes anything: all are defined, or none and the earlier definitions stay. Then the
     Python-side pieces (fakes, the decomposition under compile) replace the earlier ones."""
     builders = [declaration.builder() for declaration in declarations]
-    schemas_before = {}
-    for declaration in declarations:
-        try:
-            schemas_before[declaration.qualname] = _C.describe_op(declaration.qualname).schema
-        except ValueError:
-            schemas_before[declaration.qualname] = None
+    registered_before = {d.qualname: _registered_form(d.qualname) for d in declarations}
     _C.define_all(builders)
     for declaration in declarations:
         qualname = declaration.qualname
-        schema_now = _C.describe_op(qualname).schema
-        _forget(qualname, schema_changed=schemas_before[qualname] not in (None, schema_now))
+        before = registered_before[qualname]
+        _forget(qualname, schema_changed=before not in (None, _registered_form(qualname)))
         library = torch.library.Library(qualname.split("::")[0], "FRAGMENT")
         if declaration.fake is not None:
             torch.library.register_fake(qualname, _checked_fake(declaration), lib=library)

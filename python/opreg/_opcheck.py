@@ -4,8 +4,10 @@ Checks: torch.library.opcheck's own tests; every kernel against the fallback (eq
 declares bitwise, else within the C++ core's per-dtype tolerance, opreg::testing::tolerance);
 fake against real (shapes, dtypes, strides, devices); gradcheck in float64 and the kernel path's
 gradients against the fallback's; vmap against a loop of single calls (each combination of
-batched arguments, depths 1 to 3); and torch.compile(fullgraph=True) against eager, with dynamic
-shapes. Checks that do not apply to an op are reported as skipped, with the reason.
+batched arguments, depths 1 to 3); torch.compile(fullgraph=True) against eager, with dynamic
+shapes; on CUDA, a CUDA graph's replay with new input values against eager (cuda_graph), and a
+call on a side stream whose inputs are still being written there (stream). Checks that do not
+apply to an op are reported as skipped, with the reason.
 """
 
 from __future__ import annotations
@@ -25,7 +27,16 @@ from opreg import _C
 from opreg._public import public
 from opreg._registry import AutogradSupport, describe_op
 
-CHECKS = ("torch_opcheck", "kernel_vs_fallback", "fake_vs_real", "gradients", "vmap", "compile")
+CHECKS = (
+    "torch_opcheck",
+    "kernel_vs_fallback",
+    "fake_vs_real",
+    "gradients",
+    "vmap",
+    "compile",
+    "cuda_graph",
+    "stream",
+)
 
 _DTYPES = {
     "Float": torch.float32,
@@ -518,6 +529,128 @@ def _check_compile(op, sample, device, backend="aot_eager"):
     return True, error, ""
 
 
+# CUDA graphs and streams. Note [Checking stream use]: a kernel must run on PyTorch's current
+# stream. A launch on another stream is a race that usually goes unseen, so the stream check
+# makes it visible: the inputs are written on a side stream behind a long pending computation,
+# poisoned until then, and the op is called on that side stream without waiting. A kernel on the
+# side stream reads the values; one on another stream reads the poison.
+
+
+def _needs_cuda(device: str) -> None:
+    if torch.device(device).type != "cuda":
+        raise _Skipped("needs a CUDA device")
+
+
+def _new_values(tensor: torch.Tensor) -> torch.Tensor:
+    """Other values of the kind the op was given: fresh random floats, the same integers (or
+    booleans) in another order, so that they stay values the op accepts."""
+    if tensor.is_floating_point() or tensor.is_complex():
+        return _random_tensor(tensor.shape, tensor.dtype, tensor.device)
+    flat = tensor.reshape(-1)
+    return flat[torch.randperm(flat.numel(), device=tensor.device)].reshape(tensor.shape)
+
+
+def _poison(tensor: torch.Tensor) -> None:
+    if tensor.is_floating_point() or tensor.is_complex():
+        tensor.fill_(float("nan"))
+    elif tensor.dtype == torch.bool:
+        tensor.logical_not_()
+    else:
+        tensor.fill_(-1)
+
+
+def _compare_outputs(op, got: Any, want: Any, what: str) -> tuple[bool, float, str]:
+    """The op against itself on the same values: equal within kernel_vs_fallback's tolerance
+    (exactly, for an op that declares bitwise), NaN where NaN."""
+    got, want = _outputs(got), _outputs(want)
+    tensors = lambda values: [v for v in values if isinstance(v, torch.Tensor)]  # noqa: E731
+    error = _max_error(tensors(got), tensors(want))
+    bitwise = describe_op(_qualified(op)).flags["bitwise"]
+    for index, (g, w) in enumerate(zip(got, want, strict=True)):
+        if not isinstance(g, torch.Tensor):
+            same = g == w
+        elif g.shape != w.shape or g.dtype != w.dtype:
+            same = False
+        elif not _values_comparable(op) or not g.numel():
+            same = True
+        else:
+            atol, rtol = _tolerance(g.dtype, bitwise)
+            same = bool(
+                torch.isclose(g, w.to(g.device), rtol=rtol, atol=atol, equal_nan=True).all()
+            )
+        if not same:
+            return False, error, f"output {index}: {what} differs from eager on the same inputs"
+    return True, error, ""
+
+
+def _written_arguments(op) -> list[str]:
+    return [
+        a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write
+    ]
+
+
+def _written(op, sample: Sample) -> list[Any]:
+    """The values of the arguments the op writes, by the schema's alias annotations."""
+    names = [a.name for a in op._schema.arguments]
+    values = dict(zip(names, sample.args, strict=False)) | sample.kwargs
+    return [values.get(name) for name in _written_arguments(op)]
+
+
+def _check_cuda_graph(op, sample, device):
+    _needs_cuda(device)
+    if describe_op(_qualified(op)).flags["cuda_graph_unsafe"]:
+        raise _Skipped("the op declares cuda_graph_unsafe")
+    static = _clone(sample)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up first, as torch.cuda.graphs asks
+        for _ in range(2):
+            op(*_clone(static).args, **_clone(static).kwargs)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = op(*static.args, **static.kwargs)
+    inputs = _tensors((static.args, static.kwargs))
+    with torch.no_grad():
+        for tensor in inputs:
+            if tensor.numel():
+                tensor.copy_(_new_values(tensor))
+    fresh = _clone(static)  # the new values, before the replay writes any mutated input
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = op(*fresh.args, **fresh.kwargs)
+    passed, error, message = _compare_outputs(op, captured, eager, "the graph's replay")
+    for name, replayed, called in zip(
+        _written_arguments(op), _written(op, static), _written(op, fresh), strict=True
+    ):
+        if passed and not _compare_outputs(op, replayed, called, "")[0]:
+            passed, message = False, f"argument '{name}' (written by the op): the graph's replay "
+            message += "leaves other values in it than eager does"
+    return passed, error, message
+
+
+def _check_stream(op, sample, device):
+    _needs_cuda(device)
+    want = op(*_clone(sample).args, **_clone(sample).kwargs)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        given = _clone(sample)  # on the side stream: the buffers belong to it
+        sources = [t.clone() for t in _tensors((given.args, given.kwargs))]
+        for tensor in _tensors((given.args, given.kwargs)):
+            _poison(tensor)
+        # Long enough that a kernel on another stream runs before the values below arrive.
+        pending = torch.randn(2048, 2048, device=device)
+        for _ in range(8):
+            pending = torch.tanh(pending @ pending)
+        for tensor, source in zip(_tensors((given.args, given.kwargs)), sources, strict=True):
+            tensor.copy_(source)
+        got = op(*given.args, **given.kwargs)
+    side.synchronize()
+    return _compare_outputs(op, got, want, "a call on a side stream")
+
+
 _RUNNERS: dict[str, Callable[..., tuple[bool, float, str]]] = {
     "torch_opcheck": _check_torch_opcheck,
     "kernel_vs_fallback": _check_kernel_vs_fallback,
@@ -525,6 +658,8 @@ _RUNNERS: dict[str, Callable[..., tuple[bool, float, str]]] = {
     "gradients": _check_gradients,
     "vmap": _check_vmap,
     "compile": _check_compile,
+    "cuda_graph": _check_cuda_graph,
+    "stream": _check_stream,
 }
 
 

@@ -111,8 +111,14 @@ struct OpEntry {
   mutable std::atomic<int64_t> calls_in_flight{0};
   DefinitionPtr owner;  // read and written under the registry lock
   std::vector<DefinitionPtr> retired;
-  // The registered schema (as text, parsed, and with the module that registers its fake).
-  std::optional<std::pair<std::string, std::pair<c10::FunctionSchema, std::string>>> registered;
+  // The registered schema, with what else its registration carries.
+  struct Registered {
+    std::string text;  // the schema as text: what tells two schemas apart
+    c10::FunctionSchema schema;
+    std::string python_module;  // the module that registers its fake (empty: none)
+    std::vector<at::Tag> tags;
+  };
+  std::optional<Registered> registered;
   std::unique_ptr<torch::Library> schema_library;
   std::map<c10::DispatchKey, std::unique_ptr<torch::Library>> trampolines;
   std::vector<c10::BoxedKernel> functors;
@@ -837,8 +843,16 @@ class Trampoline final : public c10::OperatorKernel {
 
 // ---- publishing --------------------------------------------------------------------------------
 
+// The tags an op's flags give its schema: what torch.compile reads (cudagraph trees skip ops
+// tagged cudagraph_unsafe).
+std::vector<at::Tag> tags_of(const OpFlags& flags) {
+  std::vector<at::Tag> tags;
+  if (flags.cuda_graph_unsafe) tags.push_back(at::Tag::cudagraph_unsafe);
+  return tags;
+}
+
 void register_schema(OpEntry& entry, const c10::FunctionSchema& schema,
-                     const std::string& python_module) {
+                     const std::string& python_module, const std::vector<at::Tag>& tags) {
   auto library = std::make_unique<torch::Library>(torch::Library::FRAGMENT, entry.ns, std::nullopt,
                                                   "opreg", 0);
   if (!python_module.empty()) {
@@ -847,7 +861,7 @@ void register_schema(OpEntry& entry, const c10::FunctionSchema& schema,
     library->set_python_module(modules->insert(python_module).first->c_str());
   }
   try {
-    library->def(c10::FunctionSchema(schema));
+    library->def(c10::FunctionSchema(schema), tags);
   } catch (const c10::Error& error) {
     TORCH_CHECK_VALUE(false, entry.qualified,
                       ": cannot define the op: ", error.what_without_backtrace());
@@ -855,7 +869,7 @@ void register_schema(OpEntry& entry, const c10::FunctionSchema& schema,
   std::ostringstream text;
   text << schema;
   entry.schema_library = std::move(library);
-  entry.registered = {text.str(), {schema, python_module}};
+  entry.registered = OpEntry::Registered{text.str(), schema, python_module, tags};
 }
 
 void add_trampoline(OpEntry& entry, c10::DispatchKey key) {
@@ -888,14 +902,18 @@ DefinitionPtr publish(OpEntry& entry, DefinitionPtr definition,
     store(nullptr);
     return previous;
   }
-  if (!entry.registered || entry.registered->first != definition->schema_text() ||
-      entry.registered->second.second != definition->spec.python_module) {
+  const auto tags = tags_of(definition->spec.flags);
+  if (!entry.registered || entry.registered->text != definition->schema_text() ||
+      entry.registered->python_module != definition->spec.python_module ||
+      entry.registered->tags != tags) {
     auto earlier = entry.registered;
     entry.schema_library.reset();  // the entry stays: trampolines are registered on it
     try {
-      register_schema(entry, definition->schema(), definition->spec.python_module);
+      register_schema(entry, definition->schema(), definition->spec.python_module, tags);
     } catch (...) {
-      if (earlier) register_schema(entry, earlier->second.first, earlier->second.second);
+      if (earlier) {
+        register_schema(entry, earlier->schema, earlier->python_module, earlier->tags);
+      }
       throw;
     }
   }

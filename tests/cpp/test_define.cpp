@@ -192,7 +192,8 @@ TEST(Define, OneBuilderTakesBoxedFactoriesAndFlagsByName) {
   EXPECT_CONTAINS(opreg::describe(report), "dtypes:   x: Float");
   EXPECT_CONTAINS(error_of([] { opreg::OpBuilder("opreg_cpp::boxed2").flag("quick", true); }),
                   "opreg: op 'opreg_cpp::boxed2': no flag named 'quick'; the flags are: bitwise "
-                  "allow_mixed_devices batch_polymorphic vmap_per_example_loop random");
+                  "allow_mixed_devices batch_polymorphic vmap_per_example_loop random "
+                  "cuda_graph_unsafe");
 }
 
 // Adding a flag to OPREG_OP_FLAGS gives the typed builder its method and the report its field.
@@ -205,6 +206,23 @@ TEST(Define, OneBuilderTakesBoxedFactoriesAndFlagsByName) {
   }
 OPREG_OP_FLAGS(OPREG_TEST_FLAG)
 #undef OPREG_TEST_FLAG
+
+bool tagged_cudagraph_unsafe(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").hasTag(at::Tag::cudagraph_unsafe);
+}
+
+TEST(Define, CudaGraphUnsafeTagsTheSchemaAndAReplaceFollowsTheDefinition) {
+  opreg::op("opreg_cpp::graph_unsafe(Tensor x) -> Tensor").fallback(twice).define();
+  EXPECT_FALSE(tagged_cudagraph_unsafe("opreg_cpp::graph_unsafe"));
+  opreg::op("opreg_cpp::graph_unsafe(Tensor x) -> Tensor")
+      .fallback(twice)
+      .cuda_graph_unsafe()
+      .replace()
+      .define();
+  EXPECT_TRUE(tagged_cudagraph_unsafe("opreg_cpp::graph_unsafe"));
+  opreg::op("opreg_cpp::graph_unsafe(Tensor x) -> Tensor").fallback(twice).replace().define();
+  EXPECT_FALSE(tagged_cudagraph_unsafe("opreg_cpp::graph_unsafe"));
+}
 
 TEST(Define, TheTypedBuilderTakesAFactoryAsAKernel) {
   auto op = opreg::op("opreg_cpp::factory_kernel(Tensor x) -> Tensor")

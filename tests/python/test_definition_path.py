@@ -22,6 +22,7 @@ def test_the_python_declaration_has_every_flag_of_the_core():
         "batch_polymorphic",
         "vmap_per_example_loop",
         "random",
+        "cuda_graph_unsafe",
     ]
     for flag in flags:
         assert fields[flag].default is False, flag

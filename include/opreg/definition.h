@@ -38,6 +38,17 @@ namespace opreg {
     "a CUDA graph cannot capture it (a host side effect or synchronisation): it is tagged "  \
     "torch.Tag.cudagraph_unsafe, so torch.compile's CUDA graphs leave it out")
 
+// How DTensor (torch.distributed.tensor) runs the op on sharded tensors. The strategy is registered
+// from Python (python/opreg/_dtensor.py) once torch.distributed.tensor is imported; C++ records it.
+//   kNone:      no strategy: DTensor refuses calls on DTensors (an error naming the op).
+//   kReplicate: inputs are gathered (replicated) and every rank computes the whole output.
+//   kPointwise: elementwise: any shard of the broadcast output is computed from the same shard of
+//               the inputs (inputs broadcast along a dim are replicated), so nothing is gathered.
+//   kPython:    a strategy function given to the Python front (torch's register_sharding form).
+// Without a declaration, a batch_polymorphic op whose schema fits kPointwise (Tensor and scalar
+// arguments, Tensor outputs, no mutation) and is not random gets kPointwise; others get kNone.
+enum class Sharding { kNone, kReplicate, kPointwise, kPython };
+
 struct OpFlags {
 #define OPREG_FLAG_FIELD(flag, promise) bool flag = false;
   OPREG_OP_FLAGS(OPREG_FLAG_FIELD)
@@ -96,6 +107,8 @@ class OPREG_API OpBuilder {
   OpBuilder& flag(const std::string& name, bool on);  // a ValueError for unknown names
   OpBuilder& backward(Backward backward, SetupContext setup_context);
   OpBuilder& autograd(AutogradPolicy policy);
+  // The op's DTensor sharding (see Sharding); without it, the default described there.
+  OpBuilder& sharding(Sharding sharding);
   OpBuilder& vmap(VmapRule rule);
   OpBuilder& replace(bool replace = true);
   OpBuilder& origin(std::string where);

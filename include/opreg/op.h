@@ -171,6 +171,13 @@ class Op<Ret(Args...)> {
     return std::move(*this);
   }
 
+  // How DTensor runs the op on sharded tensors (see Sharding in opreg/definition.h). Without it,
+  // batch_polymorphic() ops that fit get Sharding::kPointwise, others Sharding::kNone.
+  Op&& sharding(Sharding sharding) && {
+    builder_.sharding(sharding);
+    return std::move(*this);
+  }
+
   // An explicit vmap rule (see opreg/vmap.h). Without one (and without batch_polymorphic() or
   // vmap_per_example_loop()) the fallback runs on batched tensors.
   Op&& vmap(VmapRule rule) && {

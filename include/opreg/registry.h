@@ -35,6 +35,7 @@ struct OpReport {
   AutogradSupport autograd = AutogradSupport::kFallback;
   VmapSupport vmap = VmapSupport::kFallback;
   OpFlags flags;
+  Sharding sharding = Sharding::kNone;  // as declared, or the default (see Sharding)
   std::vector<std::pair<std::string, std::vector<std::string>>> dtypes;  // declared, per argument
 };
 
@@ -43,6 +44,7 @@ OPREG_API std::string describe(const DeviceServing& serving);
 OPREG_API std::string describe(FakeSource fake);
 OPREG_API std::string describe(AutogradSupport autograd);
 OPREG_API std::string describe(VmapSupport vmap);
+OPREG_API std::string describe(Sharding sharding);
 // The whole report, one line per aspect (what `python3 -m opreg info` prints for an op).
 OPREG_API std::string describe(const OpReport& report);
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch  # noqa: F401  (loads libtorch before the core library)
 
-from opreg import _C, _registry
+from opreg import _C, _dtensor, _registry
 from opreg._aot import AotKernel, load_triton_bundle, triton_kernels
 from opreg._declaration import AutogradContext, kernel_status
 from opreg._front import register_triton_op, register_vmap_op
@@ -31,6 +31,7 @@ from opreg._registry import (
     FakeSource,
     OpReport,
     ServingKind,
+    Sharding,
     VmapSupport,
     accelerated_device_types,
     cmake_dir,
@@ -67,6 +68,7 @@ __all__ = [
     "OpcheckReport",
     "Sample",
     "ServingKind",
+    "Sharding",
     "TraceRecord",
     "TritonKernelLike",
     "VmapInfo",
@@ -106,4 +108,6 @@ __version__: str = _C.version  # project(opreg VERSION ...) in CMakeLists.txt
 
 # The shipped ops (torch.ops.opreg.*), defined in C++ through the same API users have.
 load_library(_registry.shipped_ops_library())
+# DTensor strategies of every op: now if torch.distributed.tensor is imported, else at its import.
+_dtensor.install()
 del _C

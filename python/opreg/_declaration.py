@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from opreg import _C
+from opreg import _C, _dtensor
 from opreg._public import public
 from opreg._registry import op_name
 from opreg._triton import AotLaunch, decomposition, functional_tensor_mode
@@ -66,6 +66,9 @@ class OpDeclaration:
     backward: Callable[..., Any] | None = None
     setup_context: Callable[..., Any] | None = None
     vmap: Callable[..., Any] | None = None  # rule(batch_size, randomness, in_dims, args)
+    # DTensor: "pointwise", "replicate", "none", a strategy function (torch's register_sharding
+    # form), or None for the core's default (include/opreg/definition.h, Sharding).
+    sharding: str | Callable[..., Any] | None = None
     # The flags (OPREG_OP_FLAGS in include/opreg/definition.h):
     bitwise: bool = False
     allow_mixed_devices: bool = False
@@ -107,6 +110,10 @@ class OpDeclaration:
         for flag, _promise in _C.op_flags():
             builder.flag(flag, getattr(self, flag))
         builder.autograd(self.autograd)
+        if callable(self.sharding):
+            builder.sharding(_C.Sharding.PYTHON)
+        elif self.sharding is not None:
+            builder.sharding(_C.Sharding.__members__[self.sharding.upper()])
         if self.backward is not None:
             builder.backward(self.backward, self.setup_context, AutogradContext, self.schema)
         if self.vmap is not None:
@@ -339,4 +346,6 @@ def define(*declarations: OpDeclaration) -> list[torch._ops.OpOverload]:
         _registrations[qualname] = _Registration(
             qualname, [library], declaration.kernel_status, declaration.jit_kernels
         )
+        strategy = declaration.sharding if callable(declaration.sharding) else None
+        _dtensor.declare(qualname, strategy)
     return [op_overload(declaration.qualname) for declaration in declarations]

@@ -23,6 +23,7 @@ from opreg._declaration import (
     parse_schema,
 )
 from opreg._public import public
+from opreg._registry import Sharding
 from opreg._triton import AotLaunch, triton_status, uses_wrap_triton
 from opreg._vmap import explicit_rule, vmap_fn_companion
 
@@ -197,6 +198,7 @@ def _check_options(qualname: str, options: Mapping[str, Any]) -> None:
             f"{where}: setup_context is given without backward; it only prepares the backward's "
             "ctx, so give both (as torch.library.register_autograd)"
         )
+    _check_sharding(qualname, options["sharding"])
     if not isinstance(options["replace"], bool):
         raise TypeError(f"{where}: replace must be True or False, got {options['replace']!r}")
     dtypes = options["dtypes"]
@@ -212,6 +214,22 @@ def _check_options(qualname: str, options: Mapping[str, Any]) -> None:
         raise TypeError(
             f"{where}: dtypes must map argument names to lists of torch dtypes, got {dtypes!r}"
         )
+
+
+_SHARDINGS = ("pointwise", "replicate", "none")
+
+
+def _check_sharding(qualname: str, sharding: Any) -> None:
+    """sharding= is a kind by name (or opreg.Sharding), a strategy function, or None."""
+    if sharding is None or callable(sharding) or sharding in _SHARDINGS:
+        return
+    if isinstance(sharding, Sharding) and sharding is not Sharding.PYTHON:
+        return
+    raise (ValueError if isinstance(sharding, str | Sharding) else TypeError)(
+        f"opreg: op '{qualname}': sharding must be 'pointwise', 'replicate', 'none' or a "
+        "strategy function (as torch.distributed.tensor.experimental.register_sharding takes), "
+        f"got {sharding!r}"
+    )
 
 
 def _flags(qualname: str, options: dict[str, Any]) -> dict[str, bool]:
@@ -288,6 +306,7 @@ def register_triton_op(
     traceable: bool | None = None,
     aot: AotLaunch | None = None,
     dtypes: Mapping[str, Sequence[torch.dtype]] | None = None,
+    sharding: str | Sharding | Callable[..., Any] | None = None,
     replace: bool = False,
     **flags: bool,
 ) -> Callable[[Callable[..., Any]], torch._ops.OpOverload]:
@@ -303,7 +322,11 @@ def register_triton_op(
     ``triton_device_types`` instead of ``triton_fn``, which then only runs when torch.compile
     traces the op); ``dtypes`` ({argument: [dtypes]}, checked on every call); ``traceable``
     (default: whether triton_fn uses opreg.wrap_triton) to let torch.compile see the Triton
-    kernels; ``replace`` to redefine an existing op. The flags, each ``False`` by default, are
+    kernels; ``sharding`` for DTensor: ``"pointwise"`` (elementwise: each rank computes its
+    shard), ``"replicate"`` (inputs gathered), ``"none"`` (DTensor refuses calls), or a strategy
+    function as torch.distributed.tensor.experimental.register_sharding takes; without it a
+    ``batch_polymorphic`` op whose schema fits gets ``"pointwise"`` (docs/distributed.md);
+    ``replace`` to redefine an existing op. The flags, each ``False`` by default, are
     the core's (OPREG_OP_FLAGS in include/opreg/definition.h); ``vmap_loop`` is another
     spelling of ``vmap_per_example_loop``. Each flag and what it promises:
     """
@@ -328,6 +351,7 @@ def register_triton_op(
             aot=aot,
             autograd=autograd,
             dtypes=dtypes,
+            sharding=sharding,
             replace=replace,
         )
         _check_options(qualname, given)
@@ -338,6 +362,8 @@ def register_triton_op(
             if given[keyword] is not None:
                 check_signature(qualname, keyword, given[keyword], full_schema)
         _check_autograd_and_vmap_signatures(qualname, given, full_schema)
+        if callable(sharding):
+            check_signature(qualname, "sharding", sharding, full_schema)
 
         kernel_types = _device_types(qualname, "triton_device_types", triton_device_types)
         usable, why = triton_status()
@@ -392,6 +418,7 @@ def register_triton_op(
             backward=backward,
             setup_context=setup_context,
             vmap=rule,
+            sharding=sharding.value if isinstance(sharding, Sharding) else sharding,
             replace=replace,
             origin=origin,
             decompose_with=decompose_with,

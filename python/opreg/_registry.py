@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from opreg import _C
+from opreg import _C, _dtensor
 from opreg._public import public
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -48,6 +48,16 @@ class VmapSupport(enum.Enum):
 
 
 @public
+class Sharding(enum.Enum):
+    """How DTensor runs the op on sharded tensors (docs/distributed.md, "DTensor")."""
+
+    NONE = "none"
+    REPLICATE = "replicate"
+    POINTWISE = "pointwise"
+    PYTHON = "python"  # a strategy function given to the Python front
+
+
+@public
 @dataclass(frozen=True)
 class DeviceServing:
     """A device type with a kernel (``kind`` KERNEL) or with a kernel that was not registered
@@ -69,7 +79,7 @@ class DeviceServing:
 @dataclass(frozen=True)
 class OpReport:
     """One opreg op: where it came from and what serves it. ``flags`` holds the core's flags
-    (``bitwise``, ``random``, ...), each True or False."""
+    (``bitwise``, ``random``, ...), each True or False; ``sharding`` how DTensor runs it."""
 
     name: str
     schema: str
@@ -79,6 +89,7 @@ class OpReport:
     autograd: AutogradSupport
     vmap: VmapSupport
     flags: Mapping[str, bool]
+    sharding: Sharding = Sharding.NONE
     dtypes: tuple[tuple[str, tuple[str, ...]], ...] = ()
     words: str = field(default="", repr=False, compare=False)
 
@@ -100,6 +111,7 @@ def _report(raw: _C.OpReport) -> OpReport:
         autograd=AutogradSupport[raw.autograd.name],
         vmap=VmapSupport[raw.vmap.name],
         flags=MappingProxyType(raw.flags.as_dict()),
+        sharding=Sharding[raw.sharding.name],
         dtypes=tuple((arg, tuple(types)) for arg, types in raw.dtypes),
         words=raw.describe(),
     )
@@ -167,6 +179,7 @@ def load_library(path: str | Path) -> None:
         raise FileNotFoundError(f"opreg.load_library: no library at {path}")
     _C.load_library(str(path.resolve()))
     torch.ops.loaded_libraries.add(str(path.resolve()))
+    _dtensor.sync()  # the library's ops, and those it replaced, when DTensor is imported
 
 
 @public

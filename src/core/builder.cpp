@@ -99,6 +99,11 @@ OpBuilder& OpBuilder::autograd(AutogradPolicy policy) {
   return *this;
 }
 
+OpBuilder& OpBuilder::sharding(Sharding sharding) {
+  live(state_).sharding = sharding;
+  return *this;
+}
+
 OpBuilder& OpBuilder::vmap(VmapRule rule) {
   live(state_).vmap_rule = std::move(rule);
   return *this;
@@ -166,6 +171,20 @@ std::string describe(VmapSupport vmap) {
   TORCH_INTERNAL_ASSERT(false, "unknown vmap support");
 }
 
+std::string describe(Sharding sharding) {
+  switch (sharding) {
+    case Sharding::kNone:
+      return "none (DTensor refuses calls on DTensors)";
+    case Sharding::kReplicate:
+      return "replicate (DTensor gathers the inputs; every rank computes the whole output)";
+    case Sharding::kPointwise:
+      return "pointwise (each rank computes its shard of the output)";
+    case Sharding::kPython:
+      return "a strategy function (registered from Python)";
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown sharding");
+}
+
 std::string describe(const OpReport& report) {
   std::ostringstream text;
   text << report.name << "\n  schema:   " << report.schema << "\n  origin:   " << report.origin;
@@ -176,7 +195,8 @@ std::string describe(const OpReport& report) {
   }
   text << "\n  others:   fallback"
        << "\n  fake:     " << describe(report.fake) << "\n  autograd: " << describe(report.autograd)
-       << "\n  vmap:     " << describe(report.vmap);
+       << "\n  vmap:     " << describe(report.vmap)
+       << "\n  dtensor:  " << describe(report.sharding);
   std::string flags;
 #define OPREG_FLAG_WORD(flag, promise) \
   if (report.flags.flag) flags += std::string(flags.empty() ? "" : ", ") + #flag;

@@ -88,6 +88,7 @@ struct Definition {
   c10::KernelFunction autograd;
   c10::KernelFunction vmap;
   std::optional<c10::KernelFunction> randomness;
+  Sharding sharding = Sharding::kNone;  // resolved: as declared, or the default
 
   const ServedKernel* kernel_at(c10::DispatchKey key) const {
     for (const auto& served : kernels) {
@@ -365,6 +366,52 @@ std::vector<std::pair<size_t, std::vector<c10::ScalarType>>> resolve_dtype_rules
   return rules;
 }
 
+// Why the schema does not fit Sharding::kPointwise (empty when it does): DTensor's pointwise
+// strategy shards Tensor (and Tensor?) arguments and Tensor outputs, and opreg's Python side
+// checks at the call that the output has the inputs' broadcast shape.
+std::string why_not_pointwise(const c10::FunctionSchema& schema) {
+  bool any_tensor = false;
+  for (const auto& argument : schema.arguments()) {
+    const auto& type = argument.type();
+    const bool tensor = type->kind() == c10::TypeKind::TensorType ||
+                        type->isSubtypeOf(*c10::OptionalType::ofTensor());
+    if (argument.alias_info() != nullptr) {
+      return "argument '" + argument.name() + "' is mutated or aliased (" + type->str() + ")";
+    }
+    if (!tensor && (type->isSubtypeOf(*c10::ListType::ofTensors()) ||
+                    type->isSubtypeOf(*c10::ListType::ofOptionalTensors()))) {
+      return "argument '" + argument.name() + "' is a " + type->str();
+    }
+    any_tensor = any_tensor || tensor;
+  }
+  if (!any_tensor) return "it has no Tensor argument";
+  if (schema.returns().empty()) return "it returns nothing";
+  for (size_t i = 0; i < schema.returns().size(); ++i) {
+    const auto& ret = schema.returns()[i];
+    if (ret.type()->kind() != c10::TypeKind::TensorType || ret.alias_info() != nullptr) {
+      return "output " + std::to_string(i) + " is a " + ret.type()->str() +
+             (ret.alias_info() != nullptr ? " aliasing an input" : "");
+    }
+  }
+  return "";
+}
+
+// The declared sharding, or the default: pointwise for a batch-polymorphic op that fits it and
+// draws no random numbers (a shard-wise call would draw other numbers), none otherwise.
+Sharding resolve_sharding(const OpBuilder::State& spec, const detail::OpIdentity& op) {
+  const std::string why_not = why_not_pointwise(op.schema);
+  if (spec.sharding) {
+    TORCH_CHECK_VALUE(*spec.sharding != Sharding::kPointwise || why_not.empty(), op.name,
+                      ": sharding pointwise needs Tensor or scalar arguments and Tensor outputs, "
+                      "none of them mutated, but ",
+                      why_not, " in the schema '", op.schema_text,
+                      "'; declare Sharding::kReplicate, kNone, or a strategy function (Python)");
+    return *spec.sharding;
+  }
+  const bool fits = spec.flags.batch_polymorphic && !spec.flags.random && why_not.empty();
+  return fits ? Sharding::kPointwise : Sharding::kNone;
+}
+
 c10::KernelFunction make_piece(const Definition& definition, const KernelFactory& factory,
                                const std::string& label, detail::FallbackPtr fallback) {
   TORCH_INTERNAL_ASSERT(static_cast<bool>(factory.make), definition.name(), ": no factory for ",
@@ -433,6 +480,7 @@ DefinitionPtr build(OpBuilder::State spec, const std::vector<std::string>& devic
   TORCH_CHECK_VALUE(static_cast<bool>(declared.fallback.make), qualified,
                     ": the declaration has no fallback");
   definition->dtype_rules = resolve_dtype_rules(declared, op);
+  definition->sharding = resolve_sharding(declared, op);
 
   for (size_t i = 0; i < op.schema.arguments().size(); ++i) {
     if (op.schema.arguments()[i].type()->kind() == c10::TypeKind::TensorType) {
@@ -980,6 +1028,7 @@ OpReport report_of(const Definition& definition) {
   report.autograd = detail::autograd_support(spec.autograd);
   report.vmap = detail::vmap_support(spec.vmap_rule, spec.flags);
   report.flags = spec.flags;
+  report.sharding = definition.sharding;
   for (const auto& [index, dtypes] : definition.dtype_rules) {
     std::vector<std::string> names;
     for (auto dtype : dtypes) names.emplace_back(c10::toString(dtype));

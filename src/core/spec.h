@@ -35,6 +35,7 @@ struct OpBuilder::State {
   OpFlags flags;
   AutogradDeclaration autograd;
   VmapRule vmap_rule;
+  std::optional<Sharding> sharding;  // nullopt: the default (see Sharding)
   bool replace = false;
   std::string origin;
   const void* caller = nullptr;

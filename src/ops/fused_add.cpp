@@ -70,6 +70,7 @@ const auto fused_add_op =
         .kernel(fused_add_triton, opreg::on({"cuda"}).name("triton_aot").accepts(triton_accepts))
         .backward(fused_add_backward)
         .batch_polymorphic()
+        .sharding(opreg::Sharding::kPointwise)  // elementwise: DTensor runs it on each shard
         .define();
 // [fused_add_declaration.end]
 // [fused_add.end]

@@ -173,9 +173,15 @@ PYBIND11_MODULE(_C, m) {
       .value("BATCH_POLYMORPHIC", opreg::VmapSupport::kBatchPolymorphic)
       .value("FALLBACK", opreg::VmapSupport::kFallback)
       .value("PER_EXAMPLE_LOOP", opreg::VmapSupport::kPerExampleLoop);
+  py::enum_<opreg::Sharding>(m, "Sharding")
+      .value("NONE", opreg::Sharding::kNone)
+      .value("REPLICATE", opreg::Sharding::kReplicate)
+      .value("POINTWISE", opreg::Sharding::kPointwise)
+      .value("PYTHON", opreg::Sharding::kPython);
   m.def("describe_fake", py::overload_cast<opreg::FakeSource>(&opreg::describe));
   m.def("describe_autograd", py::overload_cast<opreg::AutogradSupport>(&opreg::describe));
   m.def("describe_vmap", py::overload_cast<opreg::VmapSupport>(&opreg::describe));
+  m.def("describe_sharding", py::overload_cast<opreg::Sharding>(&opreg::describe));
   py::class_<opreg::OpReport>(m, "OpReport")
       .def_readonly("name", &opreg::OpReport::name)
       .def_readonly("schema", &opreg::OpReport::schema)
@@ -185,6 +191,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("autograd", &opreg::OpReport::autograd)
       .def_readonly("vmap", &opreg::OpReport::vmap)
       .def_readonly("flags", &opreg::OpReport::flags)
+      .def_readonly("sharding", &opreg::OpReport::sharding)
       .def_readonly("dtypes", &opreg::OpReport::dtypes)
       .def("describe", [](const opreg::OpReport& r) { return opreg::describe(r); });
   m.def("describe_ops", &opreg::describe_ops);

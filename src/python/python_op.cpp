@@ -431,6 +431,9 @@ void bind_op_builder(py::module& m) {
           [](OpBuilder& builder, const std::string& name, bool on) { builder.flag(name, on); },
           py::arg("name"), py::arg("on"))
       .def(
+          "sharding", [](OpBuilder& builder, Sharding sharding) { builder.sharding(sharding); },
+          py::arg("sharding"))
+      .def(
           "backward",
           [](OpBuilder& builder, const py::object& backward, const py::object& setup_context,
              const py::object& make_context, const std::string& schema) {

@@ -240,3 +240,70 @@ TEST(Define, TheTypedBuilderTakesAFactoryAsAKernel) {
 }
 
 }  // namespace
+
+namespace {
+
+at::Tensor add(const at::Tensor& x, const at::Tensor& y) { return x + y; }
+at::Tensor sum_all(const std::vector<at::Tensor>& xs) { return at::stack(xs).sum(0); }
+
+opreg::Sharding sharding_of(const std::string& name) { return opreg::describe_op(name).sharding; }
+
+TEST(DefineSharding, BatchPolymorphicOpsThatFitArePointwiseByDefault) {
+  opreg::op("opreg_cpp::shard_default(Tensor x, Tensor y) -> Tensor")
+      .fallback(add)
+      .batch_polymorphic()
+      .define();
+  EXPECT_EQ(sharding_of("opreg_cpp::shard_default"), opreg::Sharding::kPointwise);
+  EXPECT_CONTAINS(opreg::describe(opreg::describe_op("opreg_cpp::shard_default")),
+                  "dtensor:  pointwise (each rank computes its shard of the output)");
+  // Not batch-polymorphic, random, or a schema pointwise does not fit: no strategy.
+  opreg::op("opreg_cpp::shard_plain(Tensor x, Tensor y) -> Tensor").fallback(add).define();
+  opreg::op("opreg_cpp::shard_random(Tensor x, Tensor y) -> Tensor")
+      .fallback(add)
+      .batch_polymorphic()
+      .random()
+      .define();
+  opreg::op("opreg_cpp::shard_list(Tensor[] xs) -> Tensor")
+      .fallback(sum_all)
+      .batch_polymorphic()
+      .define();
+  for (const char* name :
+       {"opreg_cpp::shard_plain", "opreg_cpp::shard_random", "opreg_cpp::shard_list"}) {
+    EXPECT_EQ(sharding_of(name), opreg::Sharding::kNone) << name;
+  }
+}
+
+TEST(DefineSharding, ADeclarationOverridesTheDefault) {
+  opreg::op("opreg_cpp::shard_replicate(Tensor x, Tensor y) -> Tensor")
+      .fallback(add)
+      .batch_polymorphic()
+      .sharding(opreg::Sharding::kReplicate)
+      .define();
+  EXPECT_EQ(sharding_of("opreg_cpp::shard_replicate"), opreg::Sharding::kReplicate);
+  opreg::op("opreg_cpp::shard_declared(Tensor x, Tensor y) -> Tensor")
+      .fallback(add)
+      .sharding(opreg::Sharding::kPointwise)
+      .define();
+  EXPECT_EQ(sharding_of("opreg_cpp::shard_declared"), opreg::Sharding::kPointwise);
+  opreg::op("opreg_cpp::shard_declared(Tensor x, Tensor y) -> Tensor")
+      .fallback(add)
+      .sharding(opreg::Sharding::kNone)
+      .replace()
+      .define();
+  EXPECT_EQ(sharding_of("opreg_cpp::shard_declared"), opreg::Sharding::kNone);
+}
+
+TEST(DefineSharding, PointwiseIsRefusedWhereTheSchemaDoesNotFit) {
+  EXPECT_CONTAINS(error_of([] {
+                    opreg::op("opreg_cpp::shard_bad_list(Tensor[] xs) -> Tensor")
+                        .fallback(sum_all)
+                        .sharding(opreg::Sharding::kPointwise)
+                        .define();
+                  }),
+                  "opreg_cpp::shard_bad_list: sharding pointwise needs Tensor or scalar arguments "
+                  "and Tensor outputs, none of them mutated, but argument 'xs' is a Tensor[] in "
+                  "the schema");
+  EXPECT_FALSE(opreg::is_defined("opreg_cpp::shard_bad_list"));
+}
+
+}  // namespace

@@ -130,6 +130,21 @@ def test_reports_are_typed_and_described():
     assert text.startswith("opreg::fused_add\n  schema:")
     assert "autograd: backward" in text
     assert "vmap:     batch-polymorphic" in text
+    assert report.sharding is opreg.Sharding.POINTWISE  # declared in C++: .sharding(kPointwise)
+    assert "dtensor:  pointwise" in text
+
+
+def test_the_sharding_option_goes_through_the_builder():
+    """Not a flag: OpDeclaration's field, one line in builder(), the binding's method."""
+    fields = {f.name: f for f in dataclasses.fields(OpDeclaration)}
+    assert fields["sharding"].default is None  # the core's default
+    declaration = OpDeclaration(
+        schema="opreg_path::sharded(Tensor x) -> Tensor",
+        fallback=lambda x: x * 2,
+        sharding="replicate",
+    )
+    _C.define_all([declaration.builder()])
+    assert opreg.describe_op("opreg_path::sharded").sharding is opreg.Sharding.REPLICATE
 
 
 def test_kernel_status_answers_for_cpp_ops():

@@ -20,15 +20,18 @@ WORLD_SIZE = 2
 TOLERANCE = {"rtol": 1e-12, "atol": 1e-14}
 
 
-def run_torchrun(out_folder: Path, timeout: float = 120, backend: str = "gloo") -> None:
-    """torchrun --standalone picks a free localhost port; a hang is killed with its workers."""
+def run_torchrun(
+    out_folder: Path, timeout: float = 120, backend: str = "gloo", script: str = "ddp_training.py"
+) -> None:
+    """torchrun --standalone runs tests/python/<script> OUT on WORLD_SIZE CPU processes, on a
+    free localhost port; a hang is killed with its workers."""
     command = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
         f"--nproc_per_node={WORLD_SIZE}",
-        str(REPO / "tests" / "python" / "ddp_training.py"),
+        str(REPO / "tests" / "python" / script),
         str(out_folder),
     ]
     environment = {**os.environ, "OMP_NUM_THREADS": "1", ddp_training.BACKEND_VARIABLE: backend}

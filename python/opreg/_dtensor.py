@@ -1,0 +1,261 @@
+"""DTensor (torch.distributed.tensor) sharding strategies for opreg ops. Each op's sharding, as
+its report says (``OpReport.sharding``: declared, or the core's default), becomes a strategy
+registered through torch's public ``torch.distributed.tensor.experimental.register_sharding``,
+so that DTensor calls the op on the local shards instead of refusing it or gathering.
+
+Importing torch.distributed.tensor costs about as much again as importing torch, so opreg never
+imports it: while it is not imported, a one-shot import hook waits for it and then registers
+every op; once it is, each definition (``register_triton_op``, ``opreg.load_library``)
+registers its ops at once. One strategy function is registered per ``OpOverload`` and reads the
+op's current definition at each propagation, so a replaced op serves its new sharding."""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from opreg import _C
+
+_DTENSOR = "torch.distributed.tensor"
+
+# The strategy functions given to the Python front (sharding=fn), by op name: the current
+# definition's (a definition without one removes its op's entry).
+_strategies: dict[str, Callable[..., Any]] = {}
+# The OpOverloads whose strategy opreg registered, by id (the value keeps the object alive).
+_registered: dict[int, torch._ops.OpOverload] = {}
+_lock = threading.RLock()
+
+
+def declare(qualname: str, strategy: Callable[..., Any] | None) -> None:
+    """Record a Python-front op's strategy function (None: it has none), then register."""
+    with _lock:
+        if strategy is None:
+            _strategies.pop(qualname, None)
+        else:
+            _strategies[qualname] = strategy
+    sync([qualname])
+
+
+def sync(qualnames: Iterable[str] | None = None) -> None:
+    """Register the strategies of these ops (None: every opreg op) with DTensor, if it is
+    imported; else the import hook registers them all when it is."""
+    module = sys.modules.get(_DTENSOR)
+    if module is None or not hasattr(module, "DTensor"):
+        return  # not imported, or still being imported: the hook runs once it is
+    with _lock:
+        names = [r.name for r in _C.describe_ops()] if qualnames is None else list(qualnames)
+        for name in names:
+            _register(name)
+        _forget_cached_propagations()
+
+
+def _overload(qualname: str) -> torch._ops.OpOverload:
+    namespace, name = qualname.split("::")
+    packet = getattr(getattr(torch.ops, namespace), name.split(".")[0])
+    return getattr(packet, name.split(".")[1] if "." in name else "default")
+
+
+def _register(qualname: str) -> None:
+    if _C.describe_op(qualname).sharding == _C.Sharding.NONE:
+        return  # DTensor refuses the call, naming the op (or opreg's strategy says why, below)
+    overload = _overload(qualname)
+    if id(overload) in _registered:
+        return
+    from torch.distributed.tensor.experimental import register_sharding
+
+    register_sharding(overload)(_strategy_for(qualname, overload))
+    _registered[id(overload)] = overload
+
+
+def _strategy_for(qualname: str, overload: torch._ops.OpOverload) -> Callable[..., Any]:
+    """The function registered for `overload`: it serves the op's current sharding."""
+
+    def strategy(*args: Any, **kwargs: Any) -> list[tuple[list[Any], list[Any]]]:
+        sharding = _C.describe_op(qualname).sharding
+        if sharding == _C.Sharding.POINTWISE:
+            return pointwise(qualname, overload, args, kwargs)
+        if sharding == _C.Sharding.REPLICATE:
+            return replicate(overload, args, kwargs)
+        if sharding == _C.Sharding.PYTHON and qualname in _strategies:
+            return _strategies[qualname](*args, **kwargs)
+        if sharding == _C.Sharding.PYTHON:
+            raise NotImplementedError(
+                f"opreg: op '{qualname}' declares a DTensor strategy function "
+                "(Sharding::kPython), but none was given; pass it as sharding=fn to the Python "
+                "front, see docs/distributed.md"
+            )
+        raise NotImplementedError(
+            f"opreg: op '{qualname}' has no DTensor sharding strategy (its current definition "
+            "declares none); declare one with sharding= (Python) or .sharding(...) (C++), see "
+            "docs/distributed.md"
+        )
+
+    strategy.__name__ = f"opreg_sharding[{qualname}]"
+    return strategy
+
+
+def _is_spec(value: Any) -> bool:
+    """A DTensor argument as register_sharding passes it (a DTensorSpec: global shape and
+    placements); tensors that are not DTensors do not come here."""
+    return hasattr(value, "placements") and hasattr(value, "tensor_meta")
+
+
+def replicate(
+    overload: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
+) -> list[tuple[list[Any], list[Any]]]:
+    """Gather every DTensor input; every rank computes the whole output."""
+    from torch.distributed.tensor import Replicate
+
+    values = [*args, *kwargs.values()]
+    outputs = [Replicate()] * len(overload._schema.returns)
+    return [(outputs, [Replicate() if _is_spec(v) else None for v in values])]
+
+
+def pointwise(
+    qualname: str, overload: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
+) -> list[tuple[list[Any], list[Any]]]:
+    """Shard(d) of the broadcast output from Shard of the same dim of each input (Replicate for
+    an input broadcast along d), or everything replicated; DTensor picks the cheapest."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    values = [*args, *kwargs.values()]
+    shape = torch.broadcast_shapes(*(v.shape for v in values if _is_spec(v)))
+    _check_output_shape(qualname, overload, args, kwargs, shape)
+    outputs = len(overload._schema.returns)
+    choices = [([Replicate()] * outputs, [Replicate() if _is_spec(v) else None for v in values])]
+    for dim in range(len(shape)):
+        inputs: list[Any] = []
+        for value in values:
+            own = dim - (len(shape) - len(value.shape)) if _is_spec(value) else -1
+            if not _is_spec(value):
+                inputs.append(None)
+            elif own >= 0 and value.shape[own] == shape[dim]:
+                inputs.append(Shard(own))
+            else:  # broadcast along dim: every rank needs all of it
+                inputs.append(Replicate())
+        choices.append(([Shard(dim)] * outputs, inputs))
+    return choices
+
+
+def _check_output_shape(
+    qualname: str,
+    overload: torch._ops.OpOverload,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    shape: torch.Size,
+) -> None:
+    """A pointwise op's outputs have its inputs' broadcast shape. The default (every fitting
+    batch_polymorphic op) may be wrong for an op that is not elementwise; an op whose output
+    shape differs (e.g. `seeds -> (..., n)`) is refused here rather than sharded wrongly. Runs
+    the op on meta tensors once per new input shape (DTensor caches the propagation)."""
+    if not all(isinstance(size, int) for size in shape):
+        return  # symbolic sizes (under compile): nothing to compare without a hint
+
+    def meta(value: Any) -> Any:
+        if not _is_spec(value):
+            return value
+        return torch.empty(value.shape, dtype=value.tensor_meta.dtype, device="meta")
+
+    result = overload(*map(meta, args), **{k: meta(v) for k, v in kwargs.items()})
+    results = result if isinstance(result, tuple | list) else (result,)
+    for index, output in enumerate(results):
+        if tuple(output.shape) != tuple(shape):
+            raise ValueError(
+                f"opreg: op '{qualname}': its DTensor sharding is pointwise (declared, or the "
+                f"default for batch_polymorphic ops), but output {index} has shape "
+                f"{list(output.shape)}, not its inputs' broadcast shape {list(shape)}, so the op "
+                "is not elementwise; declare sharding='replicate', 'none' or a strategy function"
+            )
+
+
+def _forget_cached_propagations() -> None:
+    """DTensor caches each op's sharding propagation by the op and its inputs' specs (one cache
+    in C++, one in Python), and register_sharding clears neither: an op replaced with another
+    sharding would keep its old one for inputs seen before. Clearing them takes torch
+    internals (torch 2.13: the two functions below); tests/python/test_dtensor.py replaces an
+    op's sharding after a call and fails if this stops working."""
+    from torch.distributed.tensor import DTensor
+
+    clear = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if clear is not None:
+        clear()
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    cached = getattr(propagator.propagate_op_sharding, "cache_clear", None)
+    if cached is not None:
+        cached()
+
+
+# ---- waiting for torch.distributed.tensor ------------------------------------------------------
+
+
+class _RegisterAfterImport(importlib.abc.MetaPathFinder):
+    """Finds torch.distributed.tensor with the other finders and wraps its loader, so that its
+    ops are registered once its module has run; removes itself from sys.meta_path then."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _DTENSOR:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _LoaderThenRegister(spec.loader)
+        return spec
+
+
+class _LoaderThenRegister(importlib.abc.Loader):
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        _stop_waiting()
+        try:
+            sync()
+        except Exception as error:  # never break the user's import
+            warnings.warn(
+                f"opreg: DTensor sharding strategies were not registered: {error}",
+                stacklevel=2,
+            )
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_resource_reader, ...
+        return getattr(self._loader, name)
+
+
+_hook: _RegisterAfterImport | None = None
+
+
+def _stop_waiting() -> None:
+    global _hook
+    if _hook is not None and _hook in sys.meta_path:
+        sys.meta_path.remove(_hook)
+    _hook = None
+
+
+def install() -> None:
+    """At ``import opreg``: register now if DTensor is imported, else wait for its import."""
+    global _hook
+    if _DTENSOR in sys.modules:
+        sync()
+    elif torch.distributed.is_available() and _hook is None:
+        _hook = _RegisterAfterImport()
+        sys.meta_path.insert(0, _hook)

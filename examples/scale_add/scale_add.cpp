@@ -85,7 +85,8 @@ const auto scale_add =
         .kernel(scale_add_fused, opreg::KernelOptions<>().name("fused").accepts(is_same_dtype))
         .fake(scale_add_fake)
         .backward(scale_add_backward, scale_add_setup)
-        .batch_polymorphic()  // elementwise: extra leading dims are more elements
+        .batch_polymorphic()                    // elementwise: extra leading dims are more elements
+        .sharding(opreg::Sharding::kPointwise)  // and DTensor may run it on each shard
         .dtypes("x", kFloatingTypes)
         .dtypes("y", kFloatingTypes)
         .define();

@@ -45,8 +45,9 @@ namespace opreg {
 //   kPointwise: elementwise: any shard of the broadcast output is computed from the same shard of
 //               the inputs (inputs broadcast along a dim are replicated), so nothing is gathered.
 //   kPython:    a strategy function given to the Python front (torch's register_sharding form).
-// Without a declaration, a batch_polymorphic op whose schema fits kPointwise (Tensor and scalar
-// arguments, Tensor outputs, no mutation) and is not random gets kPointwise; others get kNone.
+// Without a declaration: kNone. kPointwise needs Tensor and scalar arguments and Tensor outputs,
+// nothing mutated; it is declared, never assumed from batch_polymorphic (which does not mean
+// elementwise: a row softmax is batch-polymorphic, and pointwise would shard its rows' dim).
 enum class Sharding { kNone, kReplicate, kPointwise, kPython };
 
 struct OpFlags {

@@ -172,7 +172,7 @@ class Op<Ret(Args...)> {
   }
 
   // How DTensor runs the op on sharded tensors (see Sharding in opreg/definition.h). Without it,
-  // batch_polymorphic() ops that fit get Sharding::kPointwise, others Sharding::kNone.
+  // Sharding::kNone: DTensor refuses the op.
   Op&& sharding(Sharding sharding) && {
     builder_.sharding(sharding);
     return std::move(*this);

@@ -152,10 +152,9 @@ def _check_output_shape(
     kwargs: dict[str, Any],
     shape: torch.Size,
 ) -> None:
-    """A pointwise op's outputs have its inputs' broadcast shape. The default (every fitting
-    batch_polymorphic op) may be wrong for an op that is not elementwise; an op whose output
-    shape differs (e.g. `seeds -> (..., n)`) is refused here rather than sharded wrongly. Runs
-    the op on meta tensors once per new input shape (DTensor caches the propagation)."""
+    """A pointwise op's outputs have its inputs' broadcast shape: an op declared pointwise whose
+    output shape differs (e.g. `seeds -> (..., n)`) is refused here rather than sharded wrongly.
+    Runs the op on meta tensors once per new input shape (DTensor caches the propagation)."""
     if not all(isinstance(size, int) for size in shape):
         return  # symbolic sizes (under compile): nothing to compare without a hint
 
@@ -169,8 +168,8 @@ def _check_output_shape(
     for index, output in enumerate(results):
         if tuple(output.shape) != tuple(shape):
             raise ValueError(
-                f"opreg: op '{qualname}': its DTensor sharding is pointwise (declared, or the "
-                f"default for batch_polymorphic ops), but output {index} has shape "
+                f"opreg: op '{qualname}': its DTensor sharding is declared pointwise, but "
+                f"output {index} has shape "
                 f"{list(output.shape)}, not its inputs' broadcast shape {list(shape)}, so the op "
                 "is not elementwise; declare sharding='replicate', 'none' or a strategy function"
             )

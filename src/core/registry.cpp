@@ -396,8 +396,10 @@ std::string why_not_pointwise(const c10::FunctionSchema& schema) {
   return "";
 }
 
-// The declared sharding, or the default: pointwise for a batch-polymorphic op that fits it and
-// draws no random numbers (a shard-wise call would draw other numbers), none otherwise.
+// The declared sharding, or none. Pointwise is never a default, not even for batch-polymorphic
+// ops: batch_polymorphic promises extra leading dims, not elementwise work (a row softmax is
+// batch-polymorphic), and a pointwise strategy on such an op would shard the dims it reduces
+// over and return wrong numbers without an error.
 Sharding resolve_sharding(const OpBuilder::State& spec, const detail::OpIdentity& op) {
   const std::string why_not = why_not_pointwise(op.schema);
   if (spec.sharding) {
@@ -408,8 +410,7 @@ Sharding resolve_sharding(const OpBuilder::State& spec, const detail::OpIdentity
                       "'; declare Sharding::kReplicate, kNone, or a strategy function (Python)");
     return *spec.sharding;
   }
-  const bool fits = spec.flags.batch_polymorphic && !spec.flags.random && why_not.empty();
-  return fits ? Sharding::kPointwise : Sharding::kNone;
+  return Sharding::kNone;
 }
 
 c10::KernelFunction make_piece(const Definition& definition, const KernelFactory& factory,

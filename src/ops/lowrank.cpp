@@ -212,7 +212,6 @@ const auto lowrank_delta_output_op =
         .dtypes("x", {at::kFloat, at::kDouble})
         .dtypes("seeds", {at::kLong})
         .batch_polymorphic()
-        .sharding(opreg::Sharding::kNone)  // a contraction, not elementwise (docs/distributed.md)
         .define();
 
 const auto lowrank_gradient_op =
@@ -225,7 +224,6 @@ const auto lowrank_gradient_op =
         .dtypes("fitness", {at::kFloat, at::kDouble})
         .dtypes("seeds", {at::kLong})
         .batch_polymorphic()
-        .sharding(opreg::Sharding::kNone)  // a contraction, not elementwise (docs/distributed.md)
         .define();
 
 }  // namespace

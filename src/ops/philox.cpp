@@ -222,7 +222,6 @@ const auto philox_uniform_op =
         .dtypes("seeds", {at::kLong})
         .autograd(opreg::AutogradPolicy::kNone)
         .batch_polymorphic()
-        .sharding(opreg::Sharding::kNone)  // seeds -> (..., n) is not elementwise
         .bitwise()
         .define();
 
@@ -243,7 +242,6 @@ const auto philox_normal_op =
         .dtypes("seeds", {at::kLong})
         .autograd(opreg::AutogradPolicy::kNone)
         .batch_polymorphic()
-        .sharding(opreg::Sharding::kNone)  // seeds -> (..., n) is not elementwise
         .define();
 // [philox.end]
 

@@ -248,15 +248,20 @@ at::Tensor sum_all(const std::vector<at::Tensor>& xs) { return at::stack(xs).sum
 
 opreg::Sharding sharding_of(const std::string& name) { return opreg::describe_op(name).sharding; }
 
-TEST(DefineSharding, BatchPolymorphicOpsThatFitArePointwiseByDefault) {
+TEST(DefineSharding, NoOpIsPointwiseUnlessItSaysSo) {
+  // batch_polymorphic is not elementwise (a row softmax is batch-polymorphic): no default.
   opreg::op("opreg_cpp::shard_default(Tensor x, Tensor y) -> Tensor")
       .fallback(add)
       .batch_polymorphic()
       .define();
-  EXPECT_EQ(sharding_of("opreg_cpp::shard_default"), opreg::Sharding::kPointwise);
-  EXPECT_CONTAINS(opreg::describe(opreg::describe_op("opreg_cpp::shard_default")),
+  EXPECT_EQ(sharding_of("opreg_cpp::shard_default"), opreg::Sharding::kNone);
+  opreg::op("opreg_cpp::shard_pointwise(Tensor x, Tensor y) -> Tensor")
+      .fallback(add)
+      .batch_polymorphic()
+      .sharding(opreg::Sharding::kPointwise)
+      .define();
+  EXPECT_CONTAINS(opreg::describe(opreg::describe_op("opreg_cpp::shard_pointwise")),
                   "dtensor:  pointwise (each rank computes its shard of the output)");
-  // Not batch-polymorphic, random, or a schema pointwise does not fit: no strategy.
   opreg::op("opreg_cpp::shard_plain(Tensor x, Tensor y) -> Tensor").fallback(add).define();
   opreg::op("opreg_cpp::shard_random(Tensor x, Tensor y) -> Tensor")
       .fallback(add)
@@ -267,8 +272,8 @@ TEST(DefineSharding, BatchPolymorphicOpsThatFitArePointwiseByDefault) {
       .fallback(sum_all)
       .batch_polymorphic()
       .define();
-  for (const char* name :
-       {"opreg_cpp::shard_plain", "opreg_cpp::shard_random", "opreg_cpp::shard_list"}) {
+  for (const char* name : {"opreg_cpp::shard_default", "opreg_cpp::shard_plain",
+                           "opreg_cpp::shard_random", "opreg_cpp::shard_list"}) {
     EXPECT_EQ(sharding_of(name), opreg::Sharding::kNone) << name;
   }
 }

@@ -40,7 +40,8 @@ def _tanh_setup(ctx, inputs, output) -> None:
     fake_fn=lambda x, scale: torch.empty_like(x),
     triton_fn=None,
     name="opreg_dtensor_test::scaled_tanh",
-    batch_polymorphic=True,  # elementwise: DTensor gets a pointwise strategy by default
+    batch_polymorphic=True,
+    sharding="pointwise",  # elementwise: each rank computes its shard
     setup_context=_tanh_setup,
     backward=lambda ctx, grad: (
         grad * ctx.scale * (1 - torch.tanh(ctx.saved_tensors[0]) ** 2),
@@ -66,7 +67,7 @@ def _softmax_sharding(x, dim):
     fake_fn=lambda x, dim: torch.empty_like(x),
     triton_fn=None,
     name="opreg_dtensor_test::softmax",
-    batch_polymorphic=True,  # but not elementwise: the default pointwise would be wrong
+    batch_polymorphic=True,  # but not elementwise: pointwise would be wrong
     sharding=_softmax_sharding,
 )
 def softmax(x: torch.Tensor, dim: int) -> torch.Tensor:

@@ -37,14 +37,15 @@ def sharding_of(name: str) -> opreg.Sharding:
 # ---- the declaration ---------------------------------------------------------------------------
 
 
-def test_batch_polymorphic_ops_are_pointwise_by_default():
+def test_no_op_is_pointwise_unless_it_says_so():
+    # batch_polymorphic is not elementwise (a row softmax is batch-polymorphic): no default.
     define("default_bp", batch_polymorphic=True)
     define("default_plain")
     define("default_random", batch_polymorphic=True, random=True)
-    assert sharding_of("default_bp") is opreg.Sharding.POINTWISE
-    assert sharding_of("default_plain") is opreg.Sharding.NONE
-    assert sharding_of("default_random") is opreg.Sharding.NONE  # shards would draw other numbers
-    words = opreg.describe_op("opreg_dtensor_unit::default_bp").describe()
+    for name in ("default_bp", "default_plain", "default_random"):
+        assert sharding_of(name) is opreg.Sharding.NONE, name
+    define("declared_pointwise", batch_polymorphic=True, sharding="pointwise")
+    words = opreg.describe_op("opreg_dtensor_unit::declared_pointwise").describe()
     assert "dtensor:  pointwise (each rank computes its shard of the output)" in words
 
 
@@ -155,7 +156,7 @@ def test_strategies_are_registered_when_dtensor_is_imported_or_at_definition(dte
 
         def define(name):
             opreg.register_vmap_op(lambda x: x * 2, fake_fn=None, name=name,
-                                   schema="(Tensor x) -> Tensor", batch_polymorphic=True)
+                                   schema="(Tensor x) -> Tensor", sharding="pointwise")
 
         define("opreg_reg::early")
         from torch.distributed.tensor import DTensor
@@ -191,10 +192,11 @@ def test_ops_without_a_strategy_are_refused_by_name_on_one_rank():
         except NotImplementedError as error:
             print("refused:", error)
 
-        # A batch_polymorphic op that is not elementwise gets pointwise by default; one whose
-        # output shape is not its inputs' is refused at the call rather than sharded wrongly.
+        # An op declared pointwise whose output shape is not its inputs' is refused at the
+        # call rather than sharded wrongly.
         opreg.register_vmap_op(lambda x: x.sum(-1), fake_fn=None, name="opreg_one::rowsum",
-                               schema="(Tensor x) -> Tensor", batch_polymorphic=True)
+                               schema="(Tensor x) -> Tensor", batch_polymorphic=True,
+                               sharding="pointwise")
         try:
             torch.ops.opreg_one.rowsum(distribute_tensor(torch.ones(4, 3), mesh, [Shard(0)]))
         except RuntimeError as error:
@@ -202,7 +204,8 @@ def test_ops_without_a_strategy_are_refused_by_name_on_one_rank():
 
         # Registered pointwise, then redefined with none: opreg's strategy refuses, naming it.
         opreg.register_vmap_op(lambda x: x * 2, fake_fn=None, name="opreg_one::twice",
-                               schema="(Tensor x) -> Tensor", batch_polymorphic=True)
+                               schema="(Tensor x) -> Tensor", batch_polymorphic=True,
+                               sharding="pointwise")
         rows = distribute_tensor(torch.ones(4, 3), mesh, [Shard(0)])
         print("before:", torch.ops.opreg_one.twice(rows).placements)
         opreg.register_vmap_op(lambda x: x * 2, fake_fn=None, name="opreg_one::twice",
@@ -225,10 +228,9 @@ def test_ops_without_a_strategy_are_refused_by_name_on_one_rank():
         "registered." in out
     ), out
     assert (
-        "refused: opreg: op 'opreg_one::rowsum': its DTensor sharding is pointwise (declared, or "
-        "the default for batch_polymorphic ops), but output 0 has shape [4], not its inputs' "
-        "broadcast shape [4, 3], so the op is not elementwise; declare sharding='replicate', "
-        "'none' or a strategy function" in out
+        "refused: opreg: op 'opreg_one::rowsum': its DTensor sharding is declared pointwise, "
+        "but output 0 has shape [4], not its inputs' broadcast shape [4, 3], so the op is not "
+        "elementwise; declare sharding='replicate', 'none' or a strategy function" in out
     ), out
 
 
@@ -261,8 +263,8 @@ def test_elementwise_ops_run_shard_wise(ranks):
             assert saved["placements"][name] == ["Shard(dim=0)"], (rank, name)
             assert saved["local_shapes"][name] == half, (rank, name)
         # The Python fallbacks saw each rank's rows only. softmax over dim 0 needs whole columns:
-        # its strategy allows no Shard(0), so DTensor gathered its input (the default pointwise
-        # would have normalized each rank's half of the column).
+        # its strategy allows no Shard(0), so DTensor gathered its input (pointwise would have
+        # normalized each rank's half of the column).
         assert saved["placements"]["columns"] == ["Replicate()"], rank
         assert saved["seen_shapes"] == [
             ("scaled_tanh", half),

@@ -82,6 +82,8 @@ class OpDeclaration:
     decompose_with: tuple[Callable[..., Any], list[str] | None] | None = None
     kernel_status: str = ""
     jit_kernels: list[Any] = field(default_factory=list)
+    # vmap_fn's companion op (`<name>_vmap`): the op whose vmap calls it, defined together with it.
+    companion_of: str | None = None
 
     @property
     def qualname(self) -> str:
@@ -194,9 +196,61 @@ class _Registration:
     libraries: list[torch.library.Library]
     kernel_status: str
     jit_kernels: list[Any]
+    # The one record of vmap_fn companions: a companion's registration names the op it was
+    # defined with (companion_of), and that op's current one names the companion its vmap calls
+    # (companion). Both change only once the core accepted a definition.
+    companion_of: str | None = None
+    companion: str | None = None
 
 
 _registrations: dict[str, _Registration] = {}
+
+
+def companion_owner(name: str) -> str | None:
+    """The op whose current definition's vmap calls ``name`` as its vmap_fn companion, or None."""
+    registration = _registrations.get(name)
+    owner = registration.companion_of if registration is not None else None
+    if owner is None:
+        return None
+    owner_registration = _registrations.get(owner)
+    if owner_registration is None or owner_registration.companion != name:
+        return None  # the owner was defined again without vmap_fn: the companion serves nothing
+    return owner
+
+
+def refuse_companion(name: str, where: str) -> None:
+    """Defining ``name`` on its own while it is an op's vmap_fn companion would change that op's
+    vmap and not the op: refused, naming both."""
+    owner = companion_owner(name)
+    if owner is not None:
+        raise ValueError(
+            f"{where}: op '{name}' is the vmap_fn companion of '{owner}' (defined with it; "
+            f"torch.vmap of '{owner}' calls it), so defining '{name}' on its own would change "
+            f"what '{owner}' computes under torch.vmap and not '{owner}' itself; replace "
+            f"'{owner}' instead (register_triton_op(..., vmap_fn=..., name='{owner}', "
+            "replace=True)), or choose another name"
+        )
+
+
+def _check_companions(declarations: Sequence[OpDeclaration]) -> None:
+    """No definition takes over a companion from its op, and no companion overwrites an op of
+    its own."""
+    defining = {d.qualname for d in declarations}
+    for declaration in declarations:
+        name, owner = declaration.qualname, declaration.companion_of
+        if owner is None:
+            if companion_owner(name) not in (None, *defining):
+                refuse_companion(name, "opreg")
+            continue
+        registration = _registrations.get(name)
+        made_by_owner = registration is not None and registration.companion_of == owner
+        if not made_by_owner and _registered_form(name) is not None:
+            raise ValueError(
+                f"opreg: op '{owner}': its vmap_fn is served by a companion op named '{name}', "
+                f"but '{name}' is an op of its own, not the companion of '{owner}', and "
+                f"defining '{owner}' with vmap_fn would replace it; rename one of the two, or "
+                f"give '{owner}' a vmap rule (vmap=) instead of vmap_fn"
+            )
 
 
 def python_kernel_status(name: str) -> str | None:
@@ -325,6 +379,7 @@ def define(*declarations: OpDeclaration) -> list[torch._ops.OpOverload]:
     """Defines the ops together through the C++ core, which validates everything before it
     changes anything: all are defined, or none and the earlier definitions stay. Then the
     Python-side pieces (fakes, the decomposition under compile) replace the earlier ones."""
+    _check_companions(declarations)
     builders = [declaration.builder() for declaration in declarations]
     registered_before = {d.qualname: _registered_form(d.qualname) for d in declarations}
     _C.define_all(builders)
@@ -343,8 +398,14 @@ def define(*declarations: OpDeclaration) -> list[torch._ops.OpOverload]:
                 decomposition(triton_fn, declaration.fallback, device_types),
                 lib=library,
             )
+        companion = next((d.qualname for d in declarations if d.companion_of == qualname), None)
         _registrations[qualname] = _Registration(
-            qualname, [library], declaration.kernel_status, declaration.jit_kernels
+            qualname,
+            [library],
+            declaration.kernel_status,
+            declaration.jit_kernels,
+            companion_of=declaration.companion_of,
+            companion=companion,
         )
         strategy = declaration.sharding if callable(declaration.sharding) else None
         _dtensor.declare(qualname, strategy)

@@ -22,6 +22,7 @@ from opreg._declaration import (
     check_signature,
     define,
     parse_schema,
+    refuse_companion,
     registration_of,
 )
 from opreg._front import _device_types, _schema
@@ -394,6 +395,7 @@ def _new_op(
     if schema is not None:
         check_signature(name, "fn", fn, full_schema)
     signature = full_schema[len(name) :]
+    refuse_companion(name, f"opreg.{api}")
     previous = _defined.get(name)
     if previous is None or not previous._is_current():
         try:

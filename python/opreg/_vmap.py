@@ -108,5 +108,6 @@ def vmap_fn_companion(
         replace=replace,
         origin=origin,
         kernel_status="vmap_fn serves every device",
+        companion_of=qualname,
     )
     return rule, declaration

@@ -330,7 +330,7 @@ def register_triton_op(
     the core's (OPREG_OP_FLAGS in include/opreg/definition.h); ``vmap_loop`` is another
     spelling of ``vmap_per_example_loop``. Each flag and what it promises:
     """
-    del max_vmap_level, device_types  # see "Coming from EvoX": opreg needs neither
+    del max_vmap_level  # see "Coming from EvoX": opreg needs neither it nor device_types
 
     def decorator(fn: Callable[..., Any]) -> torch._ops.OpOverload:
         qualname = _qualified_name(name, fn)
@@ -365,6 +365,7 @@ def register_triton_op(
         if callable(sharding):
             check_signature(qualname, "sharding", sharding, full_schema)
 
+        _device_types(qualname, "device_types", device_types)  # checked as EvoX's torch does
         kernel_types = _device_types(qualname, "triton_device_types", triton_device_types)
         usable, why = triton_status()
         kernels = []

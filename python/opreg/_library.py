@@ -468,12 +468,16 @@ def custom_op(
     as opreg's reference; ``"cpu"`` also gives the reference); usable as a decorator. ``tags``
     are accepted and not applied. Re-using a name replaces the op."""
     del tags
+    types = _device_list(f"opreg.custom_op: op '{name}'", device_types)
+    for device in types:
+        if device is not None:
+            _device_types(name, "custom_op's device_types", device)
 
     def define_op(fn: Callable[..., Any]) -> CustomOpDef:
         op = _new_op(
             "custom_op", name, fn, mutates_args=mutates_args, schema=schema, triton_fn=None
         )
-        for device in _device_list(f"opreg.custom_op: op '{name}'", device_types):
+        for device in types:
             if device is None or device.strip().lower() == "cpu":
                 op._reference = fn
             else:

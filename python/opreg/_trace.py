@@ -26,7 +26,17 @@ class Trace:
         return [TraceRecord(*r) for r in self._scope.records()]
 
     def impls(self, op: str | None = None) -> list[str]:
-        """The implementations that ran, in order, for one op or all."""
+        """The implementations that ran, in order, for one op ("namespace::name") or all."""
+        if op is not None and not isinstance(op, str):
+            raise TypeError(
+                "opreg.trace(): impls(op) takes an op name like 'namespace::name' or None, got "
+                f"{type(op).__name__} {op!r}"
+            )
+        if op is not None and "::" not in op:
+            raise ValueError(
+                f"opreg.trace(): impls(op): op {op!r} has no namespace; records name ops as "
+                "'namespace::name'"
+            )
         return [r.impl for r in self.records if op is None or r.op == op]
 
 
@@ -48,8 +58,13 @@ class _TraceBlock:
         return Trace(self._scope)
 
     def __exit__(self, *exc_info: object) -> None:
-        assert self._scope is not None
-        self._scope.close()
+        if self._scope is None:
+            raise RuntimeError(
+                "opreg.trace(): __exit__ was called on a trace whose block was not entered "
+                "(or was already exited); use it as `with opreg.trace() as t:`"
+            )
+        scope, self._scope = self._scope, None
+        scope.close()
 
 
 @public

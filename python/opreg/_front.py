@@ -156,6 +156,19 @@ def _check_options(qualname: str, options: Mapping[str, Any]) -> None:
         )
     if options["vmap"] is not None and options["vmap_fn"] is not None:
         raise TypeError(f"{where}: give vmap (a rule) or vmap_fn, not both")
+    if options["vmap_fn"] is None:
+        for keyword in ("fake_vmap_fn", "vmap_wrap_inputs"):
+            if options[keyword] is not None:
+                raise ValueError(
+                    f"{where}: {keyword} is given without vmap_fn; it is only used with "
+                    "vmap_fn, so it would never run: give vmap_fn too, or leave it out"
+                )
+    traceable = options["traceable"]
+    if traceable is not None and not isinstance(traceable, bool):
+        raise TypeError(
+            f"{where}: traceable must be True, False or None (None: whether triton_fn uses "
+            f"opreg.wrap_triton), got {traceable!r}"
+        )
     out_dims = options["vmap_out_dims"]
     if not (
         out_dims is None
@@ -192,6 +205,11 @@ def _check_options(qualname: str, options: Mapping[str, Any]) -> None:
         raise ValueError(
             f"{where}: autograd='error' refuses gradients, but a backward is given; "
             "leave one of them out"
+        )
+    if options["autograd"] == "none" and options["backward"] is not None:
+        raise ValueError(
+            f"{where}: autograd='none' declares outputs without gradients, but a backward is "
+            "given (it would serve the gradients); leave one of them out"
         )
     if options["setup_context"] is not None and options["backward"] is None:
         raise ValueError(
@@ -254,6 +272,22 @@ def _flags(qualname: str, options: dict[str, Any]) -> dict[str, bool]:
             )
         flags[flag] = value
     return flags
+
+
+def _check_vmap_flags(qualname: str, given: Mapping[str, Any], flags: Mapping[str, bool]) -> None:
+    """A vmap rule (vmap=, or vmap_fn's) serves torch.vmap; flags choosing another way are refused
+    rather than silently overridden by the rule. ``flags`` are the keywords as given."""
+    if given["vmap"] is None and given["vmap_fn"] is None:
+        return
+    rule = "vmap (a rule)" if given["vmap"] is not None else "vmap_fn"
+    for keyword, value in flags.items():
+        flag = _FLAG_ALIASES.get(keyword, keyword)
+        if value and flag in ("batch_polymorphic", "vmap_per_example_loop"):
+            raise ValueError(
+                f"opreg: op '{qualname}': {rule} and {keyword}=True are both given; under "
+                f"torch.vmap the rule would serve every call and {keyword} would never apply: "
+                "give one of them"
+            )
 
 
 def _check_autograd_and_vmap_signatures(
@@ -353,9 +387,11 @@ def register_triton_op(
             dtypes=dtypes,
             sharding=sharding,
             replace=replace,
+            traceable=traceable,
         )
         _check_options(qualname, given)
         op_flags = _flags(qualname, flags)
+        _check_vmap_flags(qualname, given, flags)
         _check_callables(qualname, {k: given[k] for k in _CALLABLE_KEYWORDS})
         full_schema = _schema(qualname, fn, schema, mutates_args)
         for keyword in ("fallback", "fake_fn", "triton_fn", "triton_accepts"):

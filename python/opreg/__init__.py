@@ -24,7 +24,7 @@ from opreg._library import (
     register_vmap,
     triton_op,
 )
-from opreg._opcheck import CheckRow, OpcheckError, OpcheckReport, Sample
+from opreg._opcheck import CheckRow, OpcheckError, OpcheckReport, Sample, register_samples
 from opreg._registry import (
     AutogradSupport,
     DeviceServing,
@@ -91,6 +91,7 @@ __all__ = [
     "register_autograd",
     "register_fake",
     "register_kernel",
+    "register_samples",
     "register_torch_dispatch",
     "register_triton_device_type",
     "register_triton_op",
@@ -108,6 +109,8 @@ __version__: str = _C.version  # project(opreg VERSION ...) in CMakeLists.txt
 
 # The shipped ops (torch.ops.opreg.*), defined in C++ through the same API users have.
 load_library(_registry.shipped_ops_library())
+from opreg import _shipped_samples  # noqa: E402, F401  (their opcheck samples)
+
 # DTensor strategies of every op: now if torch.distributed.tensor is imported, else at its import.
 _dtensor.install()
 del _C

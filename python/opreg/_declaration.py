@@ -357,6 +357,7 @@ def _checked_fake(declaration: OpDeclaration) -> Callable[..., Any]:
                 f"{len(returns)} outputs"
             )
         device = _single_device([*args, *kwargs.values()])
+        meta_call = device is None and any(t.is_meta for t in inputs)
         for index, (value, kind) in enumerate(zip(values, returns, strict=True)):
             if isinstance(kind, torch.TensorType) and not isinstance(value, torch.Tensor):
                 raise TypeError(
@@ -367,6 +368,14 @@ def _checked_fake(declaration: OpDeclaration) -> Callable[..., Any]:
                 raise RuntimeError(
                     f"opreg: op '{qualname}': its fake returned output {index} on "
                     f"{value.device}, expected {device} (the device of its inputs)"
+                )
+            if meta_call and isinstance(value, torch.Tensor) and not value.is_meta:
+                raise RuntimeError(
+                    f"opreg: op '{qualname}': its fake returned output {index} on "
+                    f"{value.device} for a call with a meta tensor among its arguments; such a "
+                    "call computes shapes, not values, so its outputs must be meta tensors (its "
+                    "values would be uninitialised memory). Put every tensor argument on one "
+                    "device"
                 )
             if not declared_alias[index]:
                 _check_no_alias(qualname, index, value, inputs)

@@ -358,8 +358,8 @@ def register_triton_op(
     (default: whether triton_fn uses opreg.wrap_triton) to let torch.compile see the Triton
     kernels; ``sharding`` for DTensor: ``"pointwise"`` (elementwise: each rank computes its
     shard), ``"replicate"`` (inputs gathered), ``"none"`` (DTensor refuses calls), or a strategy
-    function as torch.distributed.tensor.experimental.register_sharding takes; without it a
-    ``batch_polymorphic`` op whose schema fits gets ``"pointwise"`` (docs/distributed.md);
+    function as torch.distributed.tensor.experimental.register_sharding takes; without it
+    ``"none"`` (docs/distributed.md);
     ``replace`` to redefine an existing op. The flags, each ``False`` by default, are
     the core's (OPREG_OP_FLAGS in include/opreg/definition.h); ``vmap_loop`` is another
     spelling of ``vmap_per_example_loop``. Each flag and what it promises:

@@ -169,6 +169,49 @@ def _scalar_samples(op: torch._ops.OpOverload) -> list[Sample]:
     return samples
 
 
+def _overload(api: str, op: Any) -> torch._ops.OpOverload:
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        op = op.default
+    if not isinstance(op, torch._ops.OpOverload):
+        raise TypeError(
+            f"{api}: op must be an op (torch.ops.<namespace>.<name>, or what "
+            f"register_triton_op returns), got {type(op).__name__}"
+        )
+    return op
+
+
+# Samples registered for ops whose arguments the schema cannot describe (ranks and sizes that
+# must agree), by qualified name: opcheck uses them when it is given none.
+_REGISTERED_SAMPLES: dict[str, Callable[[str], Iterable[Sample | tuple]]] = {}
+
+
+@public
+def register_samples(op: Any, samples: Callable[[str], Iterable[Sample | tuple]]) -> None:
+    """The samples :func:`opreg.opcheck` (and ``python3 -m opreg check``) uses for ``op`` when it
+    is given none: ``samples(device)`` returns them (``opreg.Sample`` or argument tuples) on that
+    device. For ops whose arguments must agree in ways the schema does not say."""
+    op = _overload("opreg.register_samples", op)
+    if not callable(samples):
+        raise TypeError(
+            f"opreg.register_samples: {_qualified(op)}: samples must be a function of the device "
+            f"returning samples, got {type(samples).__name__}"
+        )
+    _REGISTERED_SAMPLES[_qualified(op)] = samples
+
+
+def _default_samples(op: torch._ops.OpOverload, device: str) -> list[Sample]:
+    registered = _REGISTERED_SAMPLES.get(_qualified(op))
+    if registered is None:
+        return generate_samples(op, device)
+    samples = list(registered(device))
+    if not samples:
+        raise ValueError(
+            f"opreg.opcheck: {_qualified(op)}: its registered samples function gave no sample "
+            f"on {device}"
+        )
+    return [_as_sample(op, sample, index) for index, sample in enumerate(samples)]
+
+
 def generate_samples(op: torch._ops.OpOverload, device: str) -> list[Sample]:
     """Random samples from the schema: sizes 0, 1 and odd, a non-contiguous and an offset view,
     every dtype the op declares (float32 and float64 otherwise); for ops without tensor
@@ -759,16 +802,11 @@ def opcheck(
 ) -> OpcheckReport:
     """Check an opreg op on every sample and device; raise OpcheckError naming each failure.
 
-    ``samples``: ``opreg.Sample(args, kwargs)`` or argument tuples; generated from the schema
-    when omitted (sizes 0, 1 and odd, non-contiguous and offset views, declared dtypes).
+    ``samples``: ``opreg.Sample(args, kwargs)`` or argument tuples; when omitted, those of
+    :func:`opreg.register_samples`, else generated from the schema (sizes 0, 1 and odd,
+    non-contiguous and offset views, declared dtypes).
     """
-    if isinstance(op, torch._ops.OpOverloadPacket):
-        op = op.default
-    if not isinstance(op, torch._ops.OpOverload):
-        raise TypeError(
-            "opreg.opcheck: op must be an op (torch.ops.<namespace>.<name>, or what "
-            f"register_triton_op returns), got {type(op).__name__}"
-        )
+    op = _overload("opreg.opcheck", op)
     name = _qualified(op)
     checks = (checks,) if isinstance(checks, str) else tuple(checks)
     unknown = set(checks) - set(CHECKS)
@@ -800,7 +838,7 @@ def opcheck(
             ]
             continue
         if given_samples is None:
-            device_samples = generate_samples(op, device)
+            device_samples = _default_samples(op, device)
         else:
             device_samples = [_to_device(s, device) for s in given_samples]
         for index, sample in enumerate(device_samples):

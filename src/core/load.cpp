@@ -10,7 +10,9 @@
 // and one exception lists the library and each failure. The library stays mapped: its code may
 // still be referenced, and libraries that define ops are never unloaded (define() pins them).
 // A library opened some other way (torch.ops.load_library, a plain dlopen) gets no such
-// protection: a failing definition there throws out of its static initializer.
+// protection: a failing definition there throws out of its static initializer. A load_library
+// called from a library's static initializers (a library that loads another) records its
+// failure in the outer load instead of throwing.
 #include "opreg/registry.h"
 
 #include <dlfcn.h>
@@ -94,7 +96,9 @@ void record_loaded_definition(const std::string& qualified, std::shared_ptr<cons
 
 }  // namespace detail
 
-void load_library(const std::string& path) {
+namespace {
+
+void load_once(const std::string& path) {
   const std::string truncated = truncated_elf(path);
   TORCH_CHECK_VALUE(truncated.empty(), "opreg::load_library: cannot load '", path,
                     "': the file is a truncated shared library (", truncated, ")");
@@ -133,6 +137,26 @@ void load_library(const std::string& path) {
     failed_loads()[handle] = failures.str();
   }
   TORCH_CHECK_VALUE(false, failures.str());
+}
+
+}  // namespace
+
+void load_library(const std::string& path) {
+  LoadContext* outer = t_load;
+  if (outer == nullptr) {
+    load_once(path);
+    return;
+  }
+  // Called from another library's static initializers: an exception would terminate the
+  // process. The failure becomes one of the outer library's, which then fails as a whole.
+  const std::string what = "opreg::load_library('" + path + "')";
+  try {
+    load_once(path);
+  } catch (const c10::Error& error) {
+    outer->failures.emplace_back(what, error.what_without_backtrace());
+  } catch (const std::exception& error) {
+    outer->failures.emplace_back(what, error.what());
+  }
 }
 
 }  // namespace opreg

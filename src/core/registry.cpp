@@ -842,6 +842,30 @@ class Trampoline final : public c10::OperatorKernel {
   inline static const std::string kFallback = "the fallback";
   inline static const std::string kFake = "the fake";
 
+  // A call with a meta tensor among real ones is served at Meta, as torch.library serves it: it
+  // computes shapes, not values. A fake that then returns a real tensor (`empty_like` of the CPU
+  // argument) would hand out uninitialised memory as a result.
+  static void check_meta_outputs(const Definition& d, const torch::jit::Stack& stack,
+                                 const std::string& piece) {
+    const size_t returns = d.schema().returns().size();
+    for (size_t i = 0; i < returns; ++i) {
+      const c10::IValue& output = stack[stack.size() - returns + i];
+      std::vector<at::Tensor> tensors;
+      if (output.isTensor()) {
+        tensors.push_back(output.toTensor());
+      } else if (output.isTensorList()) {
+        tensors = output.toTensorVector();
+      }
+      for (const auto& tensor : tensors) {
+        TORCH_CHECK(!tensor.defined() || tensor.is_meta(), d.name(), ": ", piece,
+                    " returned output ", i, " on ", tensor.device(),
+                    " for a call with a meta tensor among its arguments; such a call computes "
+                    "shapes, not values, so its outputs must be meta tensors (its values would be "
+                    "uninitialised memory). Put every tensor argument on one device");
+      }
+    }
+  }
+
   // Without an explicit fake, the fallback runs on meta tensors; when it cannot, the error says
   // that the op needs a fake.
   static void run_meta(const Definition& d, const c10::OperatorHandle& op, c10::DispatchKeySet keys,
@@ -858,6 +882,7 @@ class Trampoline final : public c10::OperatorKernel {
       try {
         run_checked(d, *d.meta, piece, op, keys, stack, inputs, devices,
                     /*compare_with_fake=*/false);
+        check_meta_outputs(d, *stack, piece);
         return;
       } catch (const c10::Error& error) {
         why = error.what_without_backtrace();

@@ -113,7 +113,8 @@ class VmapKernel final : public c10::OperatorKernel {
     // Without a rule, only the fallback's own random ops, run at this vmap level, can draw the
     // same numbers for every example.
     const bool same_draws = random_ && randomness == Randomness::kSame;
-    if (!rule_ && (same_draws || (!batch_polymorphic_ && !per_example_loop_))) {
+    const bool polymorphic_call = batch_polymorphic_ && same_logical_rank(args);
+    if (!rule_ && (same_draws || (!polymorphic_call && !per_example_loop_))) {
       run_fallback(op, keys, stack);
       return;
     }
@@ -134,7 +135,7 @@ class VmapKernel final : public c10::OperatorKernel {
       trace("vmap:rule", unwrapped);
       c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::FuncTorchBatched);
       result = rule_(VmapInfo{batch_size, randomness}, unwrapped.in_dims, unwrapped.values);
-    } else if (batch_polymorphic_) {
+    } else if (polymorphic_call) {
       trace("vmap:batch-polymorphic", unwrapped);
       result = batch_polymorphic(op, std::move(unwrapped), batch_size);
     } else {
@@ -226,6 +227,23 @@ class VmapKernel final : public c10::OperatorKernel {
                   "batch-polymorphic, or ask for the per-example loop. The fallback said: ",
                   error.what_without_backtrace());
     }
+  }
+
+  // Note [Batch-polymorphic calls need one rank]: the op gets every tensor argument with the
+  // batch as one more leading dim. Per example, arguments of different ranks broadcast aligned
+  // from the right ((3,) with (3, 3)); with the batch in front they would not ((B, 3) with
+  // (B, 3, 3) pairs the batch with a row). So only calls whose tensor arguments all have one
+  // rank (per example) are made batch-polymorphic; the others run the fallback, which PyTorch
+  // batches.
+  static bool same_logical_rank(const std::vector<c10::IValue>& args) {
+    std::optional<int64_t> rank;
+    for (const auto& arg : args) {
+      if (!arg.isTensor() || !arg.toTensor().defined()) continue;
+      const int64_t dim = arg.toTensor().dim();  // a BatchedTensor's dims are per example
+      if (rank && *rank != dim) return false;
+      rank = dim;
+    }
+    return true;
   }
 
   // Every tensor argument gets the batch as its leading dim (unbatched ones are expanded, a

@@ -3,6 +3,8 @@
 // raises one clear error, rolls the good op back, and keeps the process alive.
 #include <ATen/ATen.h>
 
+#include <cstdlib>
+
 #if defined(OPREG_OTHER_VERSION)  // as if built against the headers of another minor version
 #include <opreg/version.h>
 #undef OPREG_VERSION_MINOR
@@ -26,6 +28,12 @@ const auto first =
     opreg::op("opreg_failing::twice(Tensor x) -> Tensor").fallback(identity).define();
 const auto second =
     opreg::op("opreg_failing::twice(Tensor x) -> Tensor").fallback(identity).define();
+#elif defined(OPREG_NESTED_LOAD)  // loads the library OPREG_NESTED_LIBRARY names as it loads
+const bool nested = [] {
+  const char* path = std::getenv("OPREG_NESTED_LIBRARY");
+  opreg::load_library(path != nullptr ? path : "OPREG_NESTED_LIBRARY is not set");
+  return true;
+}();
 #elif defined(OPREG_SIGNATURE_MISMATCH)
 const auto mismatch =
     opreg::op("opreg_failing::mismatch(Tensor x, Tensor y) -> Tensor").fallback(identity).define();

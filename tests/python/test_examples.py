@@ -48,7 +48,7 @@ def test_command_line_prints_the_example_folder():
     unknown = cli("example-source", "nope")
     assert unknown.returncode == 2 and "Traceback" not in unknown.stderr, unknown
     assert unknown.stderr.startswith("python -m opreg example-source: "), unknown.stderr
-    assert "no example named 'nope'; available: scale_add" in unknown.stderr
+    assert "no example named 'nope'; available: deploy, scale_add" in unknown.stderr
 
 
 def test_readme_commands_build_the_installed_example_and_call_its_op(tmp_path):

@@ -1,6 +1,8 @@
 // include/opreg/autograd.h: gradients for opreg ops. An explicit backward has the shape of
 // torch.library.register_autograd: setup_context(ctx, inputs, outputs) saves what backward needs;
-// backward(ctx, grad_outputs) returns one gradient per input (undefined where there is none).
+// backward(ctx, grad_outputs) gets one gradient per output (undefined for outputs that are not
+// differentiable: integer tensors, numbers) and returns one per input (undefined where there is
+// none).
 // Without a backward, the op's AutogradPolicy decides (see Note [Autograd policies]).
 #pragma once
 

@@ -67,6 +67,8 @@ class OpregBackward : public torch::autograd::Node {
   std::shared_ptr<const AutogradDeclaration> declaration;
   AutogradContext ctx;
   std::vector<detail::OutputMeta> outputs;  // per differentiable output
+  std::vector<size_t> positions;            // each differentiable output's index in the returns
+  size_t num_returns = 0;
 
   std::string name() const override { return op->name + "Backward"; }
 
@@ -84,8 +86,14 @@ class OpregBackward : public torch::autograd::Node {
       detail::record_trace(op_name, "backward",
                            grads.empty() || !grads[0].defined() ? "-" : grads[0].device().str());
     }
+    // One gradient per output of the op, as torch.autograd.Function's backward gets them:
+    // zeros for a differentiable output that got none, undefined (None in Python) for the
+    // others (integer outputs, numbers).
+    torch::autograd::variable_list per_output(num_returns);
     for (size_t i = 0; i < grads.size(); ++i) {
-      if (!grads[i].defined()) grads[i] = at::zeros_symint(outputs[i].sizes, outputs[i].options);
+      per_output[positions[i]] = grads[i].defined()
+                                     ? std::move(grads[i])
+                                     : at::zeros_symint(outputs[i].sizes, outputs[i].options);
     }
     TORCH_CHECK(!released_, op_name,
                 ": backward ran a second time through the same graph, whose saved values were "
@@ -101,7 +109,7 @@ class OpregBackward : public torch::autograd::Node {
     ctx.in_backward_ = true;
     auto result = [&] {
       try {
-        return declaration->backward(ctx, grads);
+        return declaration->backward(ctx, per_output);
       } catch (...) {
         ctx.in_backward_ = false;
         throw;
@@ -288,12 +296,15 @@ class AutogradKernel final : public c10::OperatorKernel {
     }
     const size_t num_returns = schema.returns().size();
     std::vector<c10::IValue> outputs(stack->end() - num_returns, stack->end());
-    for (auto& output : outputs) {
+    node->num_returns = num_returns;
+    for (size_t index = 0; index < num_returns; ++index) {
+      const auto& output = outputs[index];
       if (!output.isTensor()) continue;
       auto tensor = output.toTensor();
       if (!tensor.defined() || !torch::autograd::isDifferentiableType(tensor.scalar_type())) {
         continue;
       }
+      node->positions.push_back(index);
       node->outputs.push_back(
           {c10::SymDimVector(tensor.sym_sizes().begin(), tensor.sym_sizes().end()),
            tensor.options()});

@@ -44,6 +44,27 @@ TEST(Autograd, ExplicitBackwardRunsAfterTheKernel) {
   EXPECT_EQ(out.grad_fn()->name(), "opreg_ad::mulBackward");
 }
 
+std::tuple<at::Tensor, at::Tensor> with_sign(const at::Tensor& x) {
+  return {x * 2, at::gt(x, 0).to(at::kLong)};
+}
+
+TEST(Autograd, ABackwardGetsOneGradientPerOutputUndefinedForIntegerOutputs) {
+  std::vector<bool> defined;
+  auto op = opreg::op("opreg_ad::with_sign(Tensor x) -> (Tensor, Tensor)")
+                .fallback(with_sign)
+                .backward([&](opreg::AutogradContext&, const std::vector<at::Tensor>& grads) {
+                  for (const auto& grad : grads) defined.push_back(grad.defined());
+                  return std::vector<at::Tensor>{grads[0] * 2};
+                })
+                .define();
+  auto x = at::randn({3}).requires_grad_();
+  auto [value, sign] = op(x);
+  EXPECT_FALSE(sign.requires_grad());
+  auto grads = grad_of(value, {x});
+  EXPECT_TRUE(at::allclose(grads[0], at::full({3}, 2.0)));
+  EXPECT_EQ(defined, (std::vector<bool>{true, false}));
+}
+
 TEST(Autograd, NoGradMeansNoNodeAndTheKernelRuns) {
   auto op = opreg::op("opreg_ad::mul_nograd(Tensor x, Tensor y) -> Tensor")
                 .fallback(mul)

@@ -11,30 +11,6 @@ namespace {
 at::Tensor identity(const at::Tensor& x) { return x.clone(); }
 at::Tensor add(const at::Tensor& x, const at::Tensor& y) { return x + y; }
 
-// The fifth sweep: exceptions that are not c10::Errors lost the op's name.
-TEST(Errors, WhatUserCodeThrowsNamesTheOpAndThePiece) {
-  auto op = opreg::op("opreg_err::throws(Tensor x) -> Tensor")
-                .fallback([](const at::Tensor& x) -> at::Tensor {
-                  if (x.numel() == 1) throw std::logic_error("logic!");
-                  throw 42;
-                })
-                .kernel([](const at::Tensor& x) { return x; },
-                        opreg::on({"cpu"}).name("picky").accepts([](const at::Tensor& x) -> bool {
-                          if (x.numel() == 3) throw std::runtime_error("accepts threw");
-                          return false;
-                        }))
-                .define();
-  EXPECT_EQ(error_of([&] { op(at::ones({1})); }), "opreg_err::throws: fallback threw: logic!");
-  EXPECT_EQ(error_of([&] { op(at::ones({2})); }),
-            "opreg_err::throws: fallback threw something that is not a std::exception");
-  EXPECT_EQ(error_of([&] { op(at::ones({3})); }),
-            "opreg_err::throws: the accepts predicate of kernel:picky threw: accepts threw");
-  EXPECT_THROW(opreg::op("opreg_err::oom(Tensor x) -> Tensor")
-                   .fallback([](const at::Tensor&) -> at::Tensor { throw std::bad_alloc(); })
-                   .define()(at::ones({1})),
-               std::bad_alloc);
-}
-
 TEST(Errors, BadSchemaNamesTheOpAndThePosition) {
   auto message = error_of(
       [] { opreg::op("opreg_err::bad(Tensor x, Tensr y) -> Tensor").fallback(add).define(); });

@@ -10,7 +10,6 @@
 #include <utility>
 
 #include <ATen/core/Tensor.h>
-#include <c10/util/Exception.h>
 
 #include "opreg/definition.h"
 #include "opreg/trace.h"
@@ -33,24 +32,6 @@ std::string trace_device_of(const Args&... args) {
   return device;
 }
 
-// Runs a piece of the user's C++ code. What it throws that is not a c10::Error (a
-// std::logic_error, `throw 42`) is said with the op and the piece, as a c10::Error; c10 errors
-// and std::bad_alloc (MemoryError in Python) pass as they are. The message is built only then.
-template <class Ret, class Fn>
-Ret run_user_code(const std::string& op, const char* what, const std::string& label, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const c10::Error&) {
-    throw;
-  } catch (const std::bad_alloc&) {
-    throw;
-  } catch (const std::exception& error) {
-    TORCH_CHECK(false, op, ": ", what, label, " threw: ", error.what());
-  } catch (...) {
-    TORCH_CHECK(false, op, ": ", what, label, " threw something that is not a std::exception");
-  }
-}
-
 // A callable run as is (the fallback, a fake), its calls traced under the context's label.
 template <class Ret, class... Args>
 KernelFactory typed_kernel(std::function<Ret(Args...)> fn) {
@@ -58,7 +39,7 @@ KernelFactory typed_kernel(std::function<Ret(Args...)> fn) {
     return c10::KernelFunction::makeFromUnboxedLambda(
         [fn, op = context.op, label = context.label](Args... args) -> Ret {
           if (trace_enabled()) record_trace(op, label, trace_device_of(args...));
-          return run_user_code<Ret>(op, "", label, [&]() -> Ret { return fn(args...); });
+          return fn(args...);
         });
   }};
 }
@@ -69,19 +50,17 @@ KernelFactory typed_kernel(std::function<Ret(Args...)> kernel, std::function<boo
                            std::function<Ret(Args...)> fallback) {
   if (!accepts) return typed_kernel(std::move(kernel));
   return {[=](const KernelContext& context) {
-    return c10::KernelFunction::makeFromUnboxedLambda([=, op = context.op,
-                                                       label = context.label](Args... args) -> Ret {
-      const bool accepted = run_user_code<bool>(op, "the accepts predicate of ", label,
-                                                [&] { return accepts(args...); });
-      if (!accepted) {
-        if (trace_enabled()) {
-          record_trace(op, "fallback(declined by " + label + ")", trace_device_of(args...));
-        }
-        return run_user_code<Ret>(op, "", "fallback", [&]() -> Ret { return fallback(args...); });
-      }
-      if (trace_enabled()) record_trace(op, label, trace_device_of(args...));
-      return run_user_code<Ret>(op, "", label, [&]() -> Ret { return kernel(args...); });
-    });
+    return c10::KernelFunction::makeFromUnboxedLambda(
+        [=, op = context.op, label = context.label](Args... args) -> Ret {
+          if (!accepts(args...)) {
+            if (trace_enabled()) {
+              record_trace(op, "fallback(declined by " + label + ")", trace_device_of(args...));
+            }
+            return fallback(args...);
+          }
+          if (trace_enabled()) record_trace(op, label, trace_device_of(args...));
+          return kernel(args...);
+        });
   }};
 }
 

@@ -74,6 +74,10 @@ inline KernelOptions<> on(std::vector<std::string> device_types) {
 // The dispatcher's handle of "ns::name" or "ns::name.overload"; a ValueError when there is none.
 OPREG_API c10::OperatorHandle find_operator(const std::string& qualified);
 
+// A ValueError, naming the op, when a handle's C++ signature does not fit the op's schema.
+OPREG_API void check_handle_signature(const c10::OperatorHandle& handle,
+                                      const c10::FunctionSchema& handle_signature);
+
 // A callable handle on a defined op: calls go through the dispatcher, like any PyTorch op.
 template <class Sig>
 class OpHandle;
@@ -86,11 +90,15 @@ class OpHandle<Ret(Args...)> {
   const std::string& name() const { return name_; }
   Ret operator()(Args... args) const { return typed().call(std::forward<Args>(args)...); }
 
-  // The dispatcher's handle, looked up on first use. It stays valid when the op is replaced or
-  // undefined: opreg keeps an op's dispatcher entry for the life of the process.
+  // The dispatcher's handle, looked up (and its signature checked) on first use. It stays valid
+  // when the op is replaced or undefined: opreg keeps an op's dispatcher entry for the life of the
+  // process.
   c10::TypedOperatorHandle<Ret(Args...)> typed() const {
-    std::call_once(
-        found_, [this] { cached_.emplace(find_operator(name_).template typed<Ret(Args...)>()); });
+    std::call_once(found_, [this] {
+      auto handle = find_operator(name_);
+      check_handle_signature(handle, c10::inferFunctionSchemaFlattenedReturns<Ret(Args...)>());
+      cached_.emplace(handle.template typed<Ret(Args...)>());
+    });
     return *cached_;
   }
 

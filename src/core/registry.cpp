@@ -1153,6 +1153,20 @@ c10::OperatorHandle find_operator(const std::string& qualified) {
   return *handle;
 }
 
+void check_handle_signature(const c10::OperatorHandle& handle,
+                            const c10::FunctionSchema& handle_signature) {
+  const auto& schema = handle.schema();
+  if (auto difference = c10::findSchemaDifferences(handle_signature, schema)) {
+    std::ostringstream signature_text, schema_text;
+    signature_text << handle_signature;
+    schema_text << schema;
+    TORCH_CHECK_VALUE(false, "opreg: op '", qualified_name_of(schema),
+                      "': the handle's C++ signature does not match the schema: ", *difference,
+                      " (the handle's signature reads as '", signature_text.str(),
+                      "', the schema is '", schema_text.str(), "')");
+  }
+}
+
 namespace detail {
 
 void throw_no_fake(const std::string& op, const std::string& reason) {

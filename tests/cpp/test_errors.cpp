@@ -11,6 +11,61 @@ namespace {
 at::Tensor identity(const at::Tensor& x) { return x.clone(); }
 at::Tensor add(const at::Tensor& x, const at::Tensor& y) { return x + y; }
 
+// The fifth sweep: exceptions that are not c10::Errors lost the op's name.
+TEST(Errors, WhatUserCodeThrowsNamesTheOpAndThePiece) {
+  auto op = opreg::op("opreg_err::throws(Tensor x) -> Tensor")
+                .fallback([](const at::Tensor& x) -> at::Tensor {
+                  if (x.numel() == 1) throw std::logic_error("logic!");
+                  throw 42;
+                })
+                .kernel([](const at::Tensor& x) { return x; },
+                        opreg::on({"cpu"}).name("picky").accepts([](const at::Tensor& x) -> bool {
+                          if (x.numel() == 3) throw std::runtime_error("accepts threw");
+                          return false;
+                        }))
+                .define();
+  EXPECT_EQ(error_of([&] { op(at::ones({1})); }), "opreg_err::throws: fallback threw: logic!");
+  EXPECT_EQ(error_of([&] { op(at::ones({2})); }),
+            "opreg_err::throws: fallback threw something that is not a std::exception");
+  EXPECT_EQ(error_of([&] { op(at::ones({3})); }),
+            "opreg_err::throws: the accepts predicate of kernel:picky threw: accepts threw");
+  // Other std::exceptions (Python's errors coming back through the dispatcher, say) pass as is.
+  struct Passing : std::exception {
+    const char* what() const noexcept override { return "passing"; }
+  };
+  EXPECT_THROW(opreg::op("opreg_err::passes(Tensor x) -> Tensor")
+                   .fallback([](const at::Tensor&) -> at::Tensor { throw Passing(); })
+                   .define()(at::ones({1})),
+               Passing);
+  EXPECT_THROW(opreg::op("opreg_err::oom(Tensor x) -> Tensor")
+                   .fallback([](const at::Tensor&) -> at::Tensor { throw std::bad_alloc(); })
+                   .define()(at::ones({1})),
+               std::bad_alloc);
+}
+
+// The fifth sweep: a handle whose signature does not fit the schema (here the returns) got a
+// PyTorch internal assert when the call's result was unboxed.
+TEST(Errors, AHandleWithTheWrongSignatureNamesTheOp) {
+  opreg::op("opreg_err::one_out(Tensor x) -> Tensor").fallback(identity).define();
+  opreg::OpHandle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&)> two_outs(
+      "opreg_err::one_out");
+  auto message = error_of([&] { two_outs(at::ones({1})); });
+  EXPECT_EQ(message.rfind("opreg: op 'opreg_err::one_out': the handle's C++ signature does not "
+                          "match the schema",
+                          0),
+            0u)
+      << message;
+  EXPECT_NE(message.find("the schema is 'opreg_err::one_out(Tensor x) -> Tensor'"),
+            std::string::npos)
+      << message;
+  opreg::OpHandle<at::Tensor(double)> wrong_argument("opreg_err::one_out");
+  message = error_of([&] { wrong_argument(1.0); });
+  EXPECT_NE(message.find("the handle's C++ signature does not match the schema"), std::string::npos)
+      << message;
+  opreg::OpHandle<at::Tensor(const at::Tensor&)> right("opreg_err::one_out");
+  EXPECT_TRUE(right(at::ones({2})).equal(at::ones({2})));
+}
+
 TEST(Errors, BadSchemaNamesTheOpAndThePosition) {
   auto message = error_of(
       [] { opreg::op("opreg_err::bad(Tensor x, Tensr y) -> Tensor").fallback(add).define(); });

@@ -5,11 +5,17 @@
 #pragma once
 
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
 
+#if defined(__GLIBCXX__)
+#include <cxxabi.h>
+#endif
+
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 
 #include "opreg/definition.h"
 #include "opreg/trace.h"
@@ -32,6 +38,33 @@ std::string trace_device_of(const Args&... args) {
   return device;
 }
 
+// Runs a piece of the user's C++ code. What it throws as a std::runtime_error or
+// std::logic_error (or what is no std::exception at all: `throw 42`) is said with the op and the
+// piece, as a c10::Error. Everything else passes as it is: c10 errors, std::bad_alloc
+// (MemoryError in Python), and Python's errors coming back through the dispatcher from a piece of
+// PyTorch written in Python, which must reach Python as what they are. The message is built only
+// on a throw.
+template <class Ret, class Fn>
+Ret run_user_code(const std::string& op, const char* what, const std::string& label, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::runtime_error& error) {
+    TORCH_CHECK(false, op, ": ", what, label, " threw: ", error.what());
+  } catch (const std::logic_error& error) {
+    TORCH_CHECK(false, op, ": ", what, label, " threw: ", error.what());
+  } catch (const std::exception&) {
+    throw;
+#if defined(__GLIBCXX__)
+  } catch (const abi::__forced_unwind&) {
+    throw;  // a cancelled thread's unwinding must go on
+#endif
+  } catch (...) {
+    TORCH_CHECK(false, op, ": ", what, label, " threw something that is not a std::exception");
+  }
+}
+
 // A callable run as is (the fallback, a fake), its calls traced under the context's label.
 template <class Ret, class... Args>
 KernelFactory typed_kernel(std::function<Ret(Args...)> fn) {
@@ -39,7 +72,7 @@ KernelFactory typed_kernel(std::function<Ret(Args...)> fn) {
     return c10::KernelFunction::makeFromUnboxedLambda(
         [fn, op = context.op, label = context.label](Args... args) -> Ret {
           if (trace_enabled()) record_trace(op, label, trace_device_of(args...));
-          return fn(args...);
+          return run_user_code<Ret>(op, "", label, [&]() -> Ret { return fn(args...); });
         });
   }};
 }
@@ -50,17 +83,19 @@ KernelFactory typed_kernel(std::function<Ret(Args...)> kernel, std::function<boo
                            std::function<Ret(Args...)> fallback) {
   if (!accepts) return typed_kernel(std::move(kernel));
   return {[=](const KernelContext& context) {
-    return c10::KernelFunction::makeFromUnboxedLambda(
-        [=, op = context.op, label = context.label](Args... args) -> Ret {
-          if (!accepts(args...)) {
-            if (trace_enabled()) {
-              record_trace(op, "fallback(declined by " + label + ")", trace_device_of(args...));
-            }
-            return fallback(args...);
-          }
-          if (trace_enabled()) record_trace(op, label, trace_device_of(args...));
-          return kernel(args...);
-        });
+    return c10::KernelFunction::makeFromUnboxedLambda([=, op = context.op,
+                                                       label = context.label](Args... args) -> Ret {
+      const bool accepted = run_user_code<bool>(op, "the accepts predicate of ", label,
+                                                [&] { return accepts(args...); });
+      if (!accepted) {
+        if (trace_enabled()) {
+          record_trace(op, "fallback(declined by " + label + ")", trace_device_of(args...));
+        }
+        return run_user_code<Ret>(op, "", "fallback", [&]() -> Ret { return fallback(args...); });
+      }
+      if (trace_enabled()) record_trace(op, label, trace_device_of(args...));
+      return run_user_code<Ret>(op, "", label, [&]() -> Ret { return kernel(args...); });
+    });
   }};
 }
 

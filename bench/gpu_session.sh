@@ -57,7 +57,18 @@ fi
 
 step python tests
 export OPREG_TEST_OPS="$PWD/build/gpu-tests/libopreg_test_ops.so"
+if [ -n "${PYTEST_WORKERS:-}" ]; then  # one pytest over all files, spread by file (pytest-xdist)
+  log="$WORK/logs/pytest-all.log"
+  # -v names each test as it ends, and SIGINT at the limit still prints the summary: a run cut
+  # short says which tests failed (seen: a cut -q run printed only dots and Fs).
+  timeout -s INT -k 20 "${PYTEST_TIMEOUT:-420}" python3 -m pytest -v -rfE -p no:cacheprovider \
+    -n "$PYTEST_WORKERS" --dist loadfile ${GPU_TESTS:-tests/python} > "$log" 2>&1
+  echo "pytest: rc=$? $(tail -1 "$log")"
+  grep -E "(FAILED|ERROR) |Fatal Python error" "$log" | head -40
+  GPU_TESTS=none
+fi
 for file in ${GPU_TESTS:-tests/python/test_*.py}; do
+  [ "$file" = none ] && break
   log="$WORK/logs/pytest-$(basename "${file%%::*}" .py).log"
   timeout 300 python3 -m pytest -q -p no:cacheprovider "$file" > "$log" 2>&1
   echo "$(basename "$file"): rc=$? $(tail -1 "$log")"

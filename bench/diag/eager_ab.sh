@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# bench/diag/eager_ab.sh: eager-overhead A/B of this tree against an older one in one lease:
+# bench/eager_overhead.py run RUNS times for each build, alternating (new1, base1, new2, ...),
+# each run a fresh process with its own interleaved batches. The base tree travels in
+# .carry/b0 (`git archive <commit> | tar -x -C .carry/b0`) and is installed to /tmp/opreg-base;
+# this tree must be installed already (bench/gpu_session.sh). Each run's results are written to
+# $WORK/ab/<new|base><i>/ (WORK defaults to a new temporary folder). Needs a CUDA GPU.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+WORK=${WORK:-$(mktemp -d)}
+RUNS=${RUNS:-3}
+BASE=/tmp/opreg-base
+mkdir -p "$WORK/ab" "$WORK/logs"
+# The system compiler, as bench/gpu_session.sh says why (the machine's default g++ emits code for
+# a newer libstdc++ than the one Python loads: a base built with it crashes on import).
+for candidate in /usr/bin/g++ /usr/bin/g++-12 /usr/bin/g++-11; do
+  [ -x "$candidate" ] && export CXX="$candidate" CC="${candidate/g++/gcc}" CUDAHOSTCXX="$candidate" && break
+done
+if ! PYTHONPATH="$BASE" python3 -c "import opreg" 2> /dev/null; then
+  rm -rf "$BASE"
+  python3 -m pip install -q --no-build-isolation --no-deps --target "$BASE" \
+    --config-settings=cmake.define.OPREG_NLOHMANN_JSON_INCLUDE_DIR="$PWD/.carry/include" \
+    .carry/b0 > "$WORK/logs/base-build.log" 2>&1 || { tail -30 "$WORK/logs/base-build.log"; exit 1; }
+fi
+for i in $(seq 1 "$RUNS"); do
+  for build in new base; do
+    out="$WORK/ab/$build$i"
+    mkdir -p "$out"
+    if [ "$build" = new ]; then
+      OPREG_BENCH_OUT="$out" timeout 200 python3 bench/eager_overhead.py > "$out/log" 2>&1
+    else
+      (cd .carry/b0 && PYTHONPATH="$BASE" OPREG_BENCH_OUT="$out" \
+        timeout 200 python3 bench/eager_overhead.py > "$out/log" 2>&1)
+    fi
+    echo "$build$i: rc=$? $(grep -c '' "$out/log") lines"
+  done
+done

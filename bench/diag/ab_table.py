@@ -71,8 +71,8 @@ def main() -> None:
     lines = [
         f"# {args.title}",
         "",
-        f"{result['date']}; {machine['gpu']}, torch {machine['torch']}, triton {machine['triton']}, "
-        f"Python {machine['python']}, {machine['cpu_count']} CPUs",
+        f"{result['date']}; {machine['gpu']}, torch {machine['torch']}, "
+        f"triton {machine['triton']}, Python {machine['python']}, {machine['cpu_count']} CPUs",
         "",
         args.method,
         "",

@@ -6,6 +6,8 @@
 //   fallback:          the default: the fallback runs on batched tensors and PyTorch batches its
 //                      ATen ops;
 //   per-example loop:  only when asked for (data-dependent output shapes), warned once.
+// Declared together, batch_polymorphic serves the calls whose tensor arguments all have one
+// logical rank and the per-example loop the others (which the fallback serves otherwise).
 #pragma once
 
 #include <cstdint>

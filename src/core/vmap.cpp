@@ -144,11 +144,11 @@ class VmapKernel final : public c10::OperatorKernel {
       result = per_example_loop(op, unwrapped, batch_size);
     }
     // Batch-polymorphic ops promise their outputs keep the batch as dim 0; the checks say so.
-    const char* source = rule_                ? "the vmap rule"
-                         : batch_polymorphic_ ? "the batch-polymorphic call"
-                                              : "the per-example loop";
+    const char* source = rule_              ? "the vmap rule"
+                         : polymorphic_call ? "the batch-polymorphic call"
+                                            : "the per-example loop";
     const char* promise =
-        rule_ || !batch_polymorphic_
+        rule_ || !polymorphic_call
             ? ""
             : " (an op declared batch_polymorphic keeps the batch as its outputs' first dim)";
     TORCH_CHECK(result.outputs.size() == num_returns, op_->name, ": ", source, " returned ",

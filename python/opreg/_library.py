@@ -302,6 +302,9 @@ class CustomOpDef:
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             self._check_callable("register_kernel", fn)
+            check_signature(
+                self._qualname, "register_kernel's fn", fn, self._qualname + self._schema
+            )
             reference = self._reference
             kernels = dict(self._kernels)
             for device in types:
@@ -440,6 +443,9 @@ def triton_op(
         op = _new_op("triton_op", name, fn, mutates_args=mutates_args, schema=schema, triton_fn=fn)
         if fallback is not None:
             op._check_callable("triton_op", fallback, "fallback")
+            check_signature(
+                op._qualname, "triton_op's fallback", fallback, op._qualname + op._schema
+            )
             op._reference = fallback
         _publish(op)
         try:

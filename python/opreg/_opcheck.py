@@ -808,16 +808,31 @@ def opcheck(
     """
     op = _overload("opreg.opcheck", op)
     name = _qualified(op)
+    if not isinstance(checks, str | Iterable):
+        raise TypeError(
+            f"opreg.opcheck: {name}: checks must be a check's name or a list of them (known: "
+            f"{CHECKS}), got {type(checks).__name__}"
+        )
     checks = (checks,) if isinstance(checks, str) else tuple(checks)
-    unknown = set(checks) - set(CHECKS)
+    unknown = [check for check in checks if check not in CHECKS]
     if unknown:
-        raise ValueError(f"opreg.opcheck: unknown checks {sorted(unknown)}; known: {CHECKS}")
+        raise ValueError(f"opreg.opcheck: {name}: unknown checks {unknown!r}; known: {CHECKS}")
     if samples is not None and (
         isinstance(samples, str | torch.Tensor | Sample) or not isinstance(samples, Iterable)
     ):
         raise TypeError(
             f"opreg.opcheck: {name}: samples must be a list of opreg.Sample or of argument "
             f"tuples, got {type(samples).__name__}"
+        )
+    if progress is not None and not callable(progress):
+        raise TypeError(
+            f"opreg.opcheck: {name}: progress must be a function taking one str (or None), "
+            f"got {type(progress).__name__}"
+        )
+    if not isinstance(raise_on_failure, bool):
+        raise TypeError(
+            f"opreg.opcheck: {name}: raise_on_failure must be a bool, "
+            f"got {type(raise_on_failure).__name__}"
         )
     given_samples = None if samples is None else list(samples)
     if given_samples == []:

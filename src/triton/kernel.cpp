@@ -405,6 +405,10 @@ std::unique_ptr<KernelImpl> parse_fields(const nlohmann::json& manifest, Manifes
   for (const auto& param : params) {
     auto name = in.string(param, "name");
     auto type = in.string(param, "type");
+    for (const auto& earlier : kernel->params) {
+      TORCH_CHECK_VALUE(earlier.name != name, in.context(), ": field 'params' names parameter '",
+                        name, "' twice");
+    }
     kernel->params.push_back({name, type,
                               parse_type(in.context() + ", parameter '" + name + "'", type),
                               pointee_dtype(type)});
@@ -467,6 +471,15 @@ std::unique_ptr<KernelImpl> parse_fields(const nlohmann::json& manifest, Manifes
       config << (config.tellp() > 0 ? " " : "") << key << "=" << value;
     }
     variant->config_text = config.str();
+    for (size_t earlier = 0; earlier < kernel->variants.size(); ++earlier) {
+      const auto& other = *kernel->variants[earlier];
+      TORCH_CHECK_VALUE(other.arch != variant->arch ||
+                            other.assumptions_text != variant->assumptions_text ||
+                            other.config_text != variant->config_text,
+                        in.context(), ": repeats variant ", earlier, " (arch ", variant->arch,
+                        ", assumptions ", variant->assumptions_text, ", config '",
+                        variant->config_text, "'): one of them would never be launched");
+    }
     std::vector<int> param_sizes;
     for (const auto& size : in.array(raw, "param_sizes")) {
       TORCH_CHECK_VALUE(

@@ -206,6 +206,31 @@ def test_configs_are_checked_and_zero_variants_is_an_error(tmp_path, configs, me
     assert_one_line_error(run_aot(scale_spec(configs=configs), tmp_path), message)
 
 
+# The fifth sweep: these compiled (Triton took or ignored them) or wrote duplicate variants.
+@pytest.mark.parametrize(
+    ("configs", "message"),
+    [
+        ("[{ num_stages = -1 }]", "'configs.num_stages' must be a pipeline depth of at least 1"),
+        ("[{ num_stages = 0 }]", "'configs.num_stages' must be a pipeline depth of at least 1"),
+        ("[{ maxnreg = 0 }]", "'configs.maxnreg' must be a register count from 1 to 255, got 0"),
+        ("[{ maxnreg = 300 }]", "'configs.maxnreg' must be a register count from 1 to 255"),
+        (
+            "[{ num_warps = 4 }, { num_warps = 8 }, { num_warps = 4 }]",
+            "'configs' must be a list without repeats, got {'num_warps': 4}",
+        ),
+    ],
+)
+def test_config_values_triton_would_misuse_are_refused(tmp_path, configs, message):
+    assert_one_line_error(run_aot(scale_spec(configs=configs), tmp_path), message)
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_top_level_keys_are_refused(tmp_path):
+    # A misspelled 'targets' would have compiled for the default targets.
+    result = run_aot("target = ['sm_90']\n" + scale_spec(), tmp_path)
+    assert_one_line_error(result, "unknown top-level keys ['target']; a spec has 'targets'")
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
@@ -450,6 +475,32 @@ def test_manifest_fields_are_checked(aot_bundle, tmp_path, change, message):
     text = str(error.value)
     assert f"opreg: Triton manifest {folder}/bad.json: kernel '{name}', variant 0" in text, text
     assert message in text
+    assert name not in {k["name"] for k in opreg.triton_kernels()}
+
+
+def repeated_param(m, _):
+    m["params"].append(dict(m["params"][1]))
+
+
+def repeated_variant(m, folder):
+    m["variants"].insert(1, dict(m["variants"][0]))
+
+
+@pytest.mark.parametrize(
+    ("change", "where", "message"),
+    [
+        (repeated_param, "", "field 'params' names parameter 'out_ptr' twice"),
+        (repeated_variant, ", variant 1", "repeats variant 0 (arch "),
+    ],
+)
+def test_manifest_repeats_are_refused(aot_bundle, tmp_path, change, where, message):
+    # The fifth sweep: a repeated parameter or variant loaded (one variant never launched).
+    name = f"opreg_rel_repeat_{change.__name__}"
+    folder = corrupted_bundle(aot_bundle, tmp_path, name, change)
+    with pytest.raises(ValueError) as error:
+        opreg.load_triton_bundle(folder)
+    text = str(error.value)
+    assert f"opreg: Triton manifest {folder}/bad.json: kernel '{name}'{where}: {message}" in text
     assert name not in {k["name"] for k in opreg.triton_kernels()}
 
 

@@ -57,6 +57,7 @@ MAX_WARPS = 32  # 1024 threads per block
 # know, so a misspelled one would silently compile with the default.
 CONFIG_KEYS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 MAX_CTAS = 16
+MAX_REGISTERS = 255  # per thread, on every NVIDIA GPU Triton compiles for
 MAX_INT32 = 2**31 - 1
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 TARGET = re.compile(r"(?:sm_|cuda:)(\d{2,4})")
@@ -98,6 +99,11 @@ def load_spec(path: Path) -> tuple[list[KernelSpec], Path]:
         ) from None
     except tomllib.TOMLDecodeError as error:
         raise SpecError(f"{path}: not valid TOML: {error}") from None
+    unknown = sorted(set(data) - {"targets", "kernel"})
+    if unknown:
+        raise SpecError(
+            f"{path}: unknown top-level keys {unknown}; a spec has 'targets' and [[kernel]] tables"
+        )
     targets = data.get("targets", ["sm_80", "sm_90"])
     raws = data.get("kernel", [])
     if not isinstance(raws, list) or not all(isinstance(raw, dict) for raw in raws):
@@ -175,6 +181,15 @@ def check_kernel_spec(spec: KernelSpec, path: Path) -> None:
             fail("configs.num_warps", f"a power of two from 1 to {MAX_WARPS}", warps)
         if not 1 <= config.get("num_ctas", 1) <= MAX_CTAS:
             fail("configs.num_ctas", f"from 1 to {MAX_CTAS}", config["num_ctas"])
+        if config.get("num_stages", 1) < 1:
+            fail("configs.num_stages", "a pipeline depth of at least 1", config["num_stages"])
+        if not 1 <= config.get("maxnreg", 1) <= MAX_REGISTERS:
+            fail(
+                "configs.maxnreg", f"a register count from 1 to {MAX_REGISTERS}", config["maxnreg"]
+            )
+    repeated = [c for i, c in enumerate(spec.configs) if c in spec.configs[:i]]
+    if repeated:
+        fail("configs", "a list without repeats", repeated[0])
     targets = spec.targets
     if not isinstance(targets, list) or not targets:
         fail("targets", "a non-empty list of GPU targets like ['sm_80', 'sm_90']", targets)

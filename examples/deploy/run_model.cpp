@@ -38,7 +38,17 @@ Arguments parse(int argc, char** argv) {
       if (arg == "--library") {
         args.libraries.push_back(value);
       } else {
-        args.timed_runs = std::stoi(value);
+        size_t used = 0;
+        int runs = -1;
+        try {
+          runs = std::stoi(value, &used);
+        } catch (const std::exception&) {
+        }
+        if (used != value.size() || runs < 1) {
+          throw std::invalid_argument("--time takes a number of runs (1 or more), got '" + value +
+                                      "'");
+        }
+        args.timed_runs = runs;
       }
     } else if (arg.rfind("--", 0) == 0) {
       throw std::invalid_argument("unknown option or missing value: " + arg);

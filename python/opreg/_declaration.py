@@ -15,7 +15,7 @@ import torch.utils._pytree as pytree
 
 from opreg import _C, _dtensor
 from opreg._public import public
-from opreg._registry import op_name
+from opreg._registry import op_name, op_overload
 from opreg._triton import AotLaunch, decomposition, functional_tensor_mode
 
 
@@ -280,12 +280,6 @@ def kernel_status(name: str) -> str:
     report = _C.describe_op(name)  # a ValueError naming the op when there is none
     served = [f"{k.device_type}: {k.describe()}" for k in report.kernels]
     return "; ".join(served or ["no kernels: the fallback serves every device"])
-
-
-def op_overload(qualname: str) -> torch._ops.OpOverload:
-    namespace, name = qualname.split("::")
-    packet = getattr(getattr(torch.ops, namespace), name.split(".")[0])
-    return getattr(packet, name.split(".")[1] if "." in name else "default")
 
 
 def _registered_form(qualname: str) -> tuple[str, bool] | None:

@@ -57,16 +57,12 @@ def sync(qualnames: Iterable[str] | None = None) -> None:
         _forget_cached_propagations()
 
 
-def _overload(qualname: str) -> torch._ops.OpOverload:
-    namespace, name = qualname.split("::")
-    packet = getattr(getattr(torch.ops, namespace), name.split(".")[0])
-    return getattr(packet, name.split(".")[1] if "." in name else "default")
-
-
 def _register(qualname: str) -> None:
     if _C.describe_op(qualname).sharding == _C.Sharding.NONE:
         return  # DTensor refuses the call, naming the op (or opreg's strategy says why, below)
-    overload = _overload(qualname)
+    from opreg._registry import op_overload  # _registry imports this module
+
+    overload = op_overload(qualname)
     if id(overload) in _registered:
         return
     from torch.distributed.tensor.experimental import register_sharding

@@ -129,6 +129,13 @@ def describe_op(name: str) -> OpReport:
     return _report(_C.describe_op(op_name(name, "describe_op")))
 
 
+def op_overload(qualname: str) -> torch._ops.OpOverload:
+    """torch.ops' handle of a defined op, 'ns::name' or 'ns::name.overload'."""
+    namespace, name = qualname.split("::")
+    packet = getattr(getattr(torch.ops, namespace), name.split(".")[0])
+    return getattr(packet, name.split(".")[1] if "." in name else "default")
+
+
 def op_name(name: Any, function: str) -> str:
     """A qualified op name given to a public function, type-checked with a message naming it."""
     if not isinstance(name, str):

@@ -9,8 +9,9 @@ from typing import Any, NamedTuple
 import torch
 import torch.utils._pytree as pytree
 
-from opreg._declaration import OpDeclaration, op_overload
+from opreg._declaration import OpDeclaration
 from opreg._public import public
+from opreg._registry import op_overload
 
 
 @public

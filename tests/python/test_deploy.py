@@ -75,6 +75,9 @@ def test_cpu_package_runs_from_cpp_without_python(tmp_path):
     for args, message in [
         (("out/model.pt2", "--time"), "unknown option or missing value: --time"),
         (("out/model.pt2",), "expected PACKAGE INPUTS OUTPUTS, got 1 paths"),
+        (("a", "b", "c", "--time", "abc"), "--time takes a number of runs (1 or more), got 'abc'"),
+        (("a", "b", "c", "--time", "5x"), "--time takes a number of runs (1 or more), got '5x'"),
+        (("a", "b", "c", "--time", "0"), "--time takes a number of runs (1 or more), got '0'"),
         (
             ("nope.pt2", "out/inputs.pt", "out/o.pt", "--library", "nope.so"),
             "cannot load 'nope.so'",

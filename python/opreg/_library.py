@@ -162,7 +162,9 @@ class CustomOpDef:
     def _declaration(self) -> OpDeclaration:
         reference = self._reference
         # Under Triton's interpreter the function runs on CPU tensors, as with torch, and stays
-        # opaque to torch.compile (interpreted launches cannot be traced).
+        # opaque to torch.compile (interpreted launches cannot be traced). It is no reference for
+        # autograd or vmap: its launches neither record gradients nor take batched tensors.
+        has_reference = reference is not None
         decompose = self._triton_fn is not None and not (_interpreted() and reference is None)
         if reference is None and self._triton_fn is not None and _interpreted():
             reference = _without_hop(self._triton_fn)
@@ -187,13 +189,13 @@ class CustomOpDef:
             fallback_label="" if reference is not None else "no reference",
             fake=fake,
             kernels=kernels,
-            autograd="fallback" if reference is not None else "error",
+            autograd="fallback" if has_reference else "error",
             backward=self._adapted_backward(),
             setup_context=self._adapted_setup_context(),
             vmap=None
             if self._vmap is None
             else explicit_rule(self._qualname, self._adapted_vmap()),
-            vmap_per_example_loop=reference is None and self._vmap is None,
+            vmap_per_example_loop=not has_reference and self._vmap is None,
             replace=True,
             origin=self._origin,
             decompose_with=(self._triton_fn, None) if decompose and usable else None,

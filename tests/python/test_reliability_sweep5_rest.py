@@ -1,16 +1,21 @@
 """Regression tests for the fifth adversarial sweep's findings fixed after its first round: the
 functions given to custom_op's register_kernel and to triton_op(fallback=) were not checked
 against the schema until their first call, and opcheck's keyword arguments of the wrong type
-failed deep inside it ('int' object is not callable)."""
+failed deep inside it ('int' object is not callable); under Triton's interpreter, a triton_op with
+no reference ran its Triton function as the reference for vmap (which failed: 'Cannot access
+storage of BatchedTensorImpl') and for autograd (the output silently did not require grad)."""
 
 from __future__ import annotations
 
 import itertools
+import os
 
 import pytest
 import torch
 
 import opreg
+import triton
+from triton import language as tl
 
 _names = itertools.count()
 
@@ -89,3 +94,40 @@ def test_opcheck_progress_gets_each_step():
     )
     assert report.rows and lines
     assert all(line.startswith("opreg::fused_add cpu ") for line in lines)
+
+
+@triton.jit
+def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, x + tl.load(y_ptr + offsets, mask=mask), mask=mask)
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="runs Triton's interpreter on CPU"
+)
+def test_an_interpreted_triton_op_without_reference_is_no_reference_for_vmap_or_autograd():
+    name = f"sweep5r::interpreted{next(_names)}"
+
+    @opreg.triton_op(name, mutates_args=())
+    def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        opreg.wrap_triton(add_kernel)[(triton.cdiv(x.numel(), 64),)](x, y, out, x.numel(), BLOCK=64)
+        return out
+
+    x, y = torch.randn(4, 5), torch.randn(4, 5)
+    torch.testing.assert_close(add(x, y), x + y)
+    with opreg.trace() as calls:
+        torch.testing.assert_close(torch.vmap(add)(x, y), x + y)
+    assert "vmap:per-example loop" in calls.impls(name)
+    with pytest.raises(RuntimeError, match=rf"{name}: an input requires grad, but the op has no"):
+        add(x.requires_grad_(), y)
+
+    @add.register_kernel("cpu")  # a reference: autograd and vmap go through its ATen ops
+    def _(x, y):
+        return x + y
+
+    x.grad = None
+    add(x, y).sum().backward()
+    torch.testing.assert_close(x.grad, torch.ones_like(x))

@@ -18,6 +18,7 @@
 #include <torch/library.h>
 
 #include "op_internal.h"
+#include "opreg/detail/typed_kernels.h"
 #include "opreg/trace.h"
 
 namespace opreg {
@@ -109,7 +110,10 @@ class OpregBackward : public torch::autograd::Node {
     ctx.in_backward_ = true;
     auto result = [&] {
       try {
-        return declaration->backward(ctx, per_output);
+        // A throw of no std::exception would otherwise reach the autograd engine's thread,
+        // which catches only std::exceptions: the process would terminate.
+        return detail::run_user_code<std::vector<at::Tensor>>(
+            op_name, "", "backward", [&] { return declaration->backward(ctx, per_output); });
       } catch (...) {
         ctx.in_backward_ = false;
         throw;
@@ -311,7 +315,10 @@ class AutogradKernel final : public c10::OperatorKernel {
       torch::autograd::set_history(tensor, detail::NodePtr(node));
     }
 
-    if (spec_->setup_context) spec_->setup_context(ctx, inputs, outputs);
+    if (spec_->setup_context) {
+      detail::run_user_code<void>(op_->name, "", "setup_context",
+                                  [&] { spec_->setup_context(ctx, inputs, outputs); });
+    }
     for (const auto& tensor : ctx.to_save_) {
       bool is_output = false;
       for (const auto& output : outputs) {

@@ -32,6 +32,7 @@
 #include <atomic>
 #include <cctype>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -295,6 +296,15 @@ c10::FunctionSchema parse_schema(const OpBuilder::State& spec) {
                           message.substr(expected + 9, message.find_first_of(" \n", expected + 9) -
                                                            (expected + 9)));
       }
+      // Other internal asserts of the parser's say what is wrong after PyTorch's bug-report
+      // request ("... please report a bug to PyTorch. Non-default positional argument follows
+      // default argument. Parameter b in ..."): keep what they say, not the assert.
+      constexpr const char* kReport = "please report a bug to PyTorch. ";
+      const size_t report = message.find(kReport);
+      if (message.find("INTERNAL ASSERT") != std::string::npos && report != std::string::npos) {
+        TORCH_CHECK_VALUE(false, "opreg: op '", qualified, "': cannot parse schema '", text,
+                          "': ", message.substr(report + std::strlen(kReport)));
+      }
       TORCH_CHECK_VALUE(false, "opreg: op '", qualified, "': cannot parse schema '", text,
                         "': ", error.what_without_backtrace());
     } catch (const std::out_of_range&) {  // std::stoll of an int default
@@ -430,6 +440,12 @@ void add_kernel(Definition& definition, const KernelDeclaration& kernel,
     TORCH_CHECK_VALUE(!explicit_device || device_type != "meta", op, ": kernel '", kernel.name,
                       "' lists device type 'meta'; meta tensors are served by the fake "
                       "(.fake(fn) in C++, fake_fn= in Python), not by a kernel");
+    // As the Python fronts refuse them: a device ('cuda:0') or nothing is no device type.
+    TORCH_CHECK_VALUE(
+        !explicit_device || (!device_type.empty() && device_type.find(':') == std::string::npos),
+        op, ": kernel '", kernel.name, "' lists '", device_type,
+        "', which is not a device type (expected a name like 'cuda', without an "
+        "index: a kernel serves every device of its type)");
     definition.serving.push_back(
         {device_type, DeviceServing::Kind::kSkipped, kernel.name, why_not});
     return;
@@ -521,6 +537,10 @@ DefinitionPtr build(OpBuilder::State spec, const std::vector<std::string>& devic
     definition->meta = make_piece(*definition, declared.fallback, "fallback(meta)", nullptr);
   }
   for (const auto& kernel : declared.kernels) {
+    TORCH_CHECK_VALUE(!kernel.device_types || !kernel.device_types->empty(), definition->name(),
+                      ": kernel '", kernel.name,
+                      "' lists no device type, so it would serve nothing; name its device types "
+                      "(opreg::on({\"cuda\"})), or leave them out to follow the accelerated ones");
     const auto& types = kernel.device_types ? *kernel.device_types : device_types;
     for (const auto& raw : types) {
       add_kernel(*definition, kernel, normalize_device_type(raw), kernel.device_types.has_value());

@@ -19,6 +19,7 @@
 #include <ATen/functorch/BatchedTensorImpl.h>
 #include <ATen/functorch/DynamicLayer.h>
 #include <ATen/functorch/PlumbingHelper.h>
+#include <c10/core/WrapDimMinimal.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <c10/util/ScopeExit.h>
@@ -27,6 +28,7 @@
 #include <mutex>
 
 #include "op_internal.h"
+#include "opreg/detail/typed_kernels.h"
 #include "opreg/trace.h"
 
 namespace opreg {
@@ -134,7 +136,9 @@ class VmapKernel final : public c10::OperatorKernel {
       unwrapped_inputs = unwrapped.values;
       trace("vmap:rule", unwrapped);
       c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::FuncTorchBatched);
-      result = rule_(VmapInfo{batch_size, randomness}, unwrapped.in_dims, unwrapped.values);
+      result = detail::run_user_code<VmapResult>(op_->name, "", "the vmap rule", [&] {
+        return rule_(VmapInfo{batch_size, randomness}, unwrapped.in_dims, unwrapped.values);
+      });
     } else if (polymorphic_call) {
       trace("vmap:batch-polymorphic", unwrapped);
       result = batch_polymorphic(op, std::move(unwrapped), batch_size);
@@ -270,6 +274,7 @@ class VmapKernel final : public c10::OperatorKernel {
 
   VmapResult per_example_loop(const c10::OperatorHandle& op, const Unwrapped& unwrapped,
                               int64_t batch_size) const {
+    if (batch_size == 0) return empty_batch(op, unwrapped);
     std::vector<std::vector<at::Tensor>> per_output;
     for (int64_t b = 0; b < batch_size; ++b) {
       std::vector<c10::IValue> args;
@@ -291,6 +296,41 @@ class VmapKernel final : public c10::OperatorKernel {
     VmapResult result;
     for (auto& tensors : per_output) {
       result.outputs.emplace_back(at::stack(tensors));
+      result.out_dims.emplace_back(0);
+    }
+    return result;
+  }
+
+  // A batch of no examples has no example to call the op on: the op's fake, on meta tensors of
+  // one example's shape, gives the outputs' shapes and dtypes, and each output is empty along
+  // the batch, on the batch's device.
+  VmapResult empty_batch(const c10::OperatorHandle& op, const Unwrapped& unwrapped) const {
+    std::optional<c10::Device> device;
+    std::vector<c10::IValue> args;
+    for (size_t i = 0; i < unwrapped.values.size(); ++i) {
+      const auto& value = unwrapped.values[i];
+      if (!value.isTensor() || !value.toTensor().defined()) {
+        args.push_back(value);
+        continue;
+      }
+      const auto& tensor = value.toTensor();
+      auto sizes = tensor.sizes().vec();
+      if (unwrapped.in_dims[i]) {
+        if (!device) device = tensor.device();
+        sizes.erase(sizes.begin() + c10::maybe_wrap_dim(*unwrapped.in_dims[i], tensor.dim()));
+      }
+      args.emplace_back(at::empty(sizes, tensor.options().device(at::kMeta)));
+    }
+    TORCH_INTERNAL_ASSERT(device.has_value(), "an empty batch with no batched tensor");
+    VmapResult result;
+    for (auto& output : call_below(op, std::move(args))) {
+      TORCH_CHECK(output.isTensor(), op_->name,
+                  ": the per-example loop supports tensor outputs only; an output is ",
+                  output.tagKind());
+      const auto& example = output.toTensor();
+      auto sizes = example.sizes().vec();
+      sizes.insert(sizes.begin(), 0);
+      result.outputs.emplace_back(at::empty(sizes, example.options().device(*device)));
       result.out_dims.emplace_back(0);
     }
     return result;

@@ -65,6 +65,32 @@ TEST(Autograd, ABackwardGetsOneGradientPerOutputUndefinedForIntegerOutputs) {
   EXPECT_EQ(defined, (std::vector<bool>{true, false}));
 }
 
+// The sixth sweep: a backward throwing no std::exception (`throw 42`) terminated the process
+// from the autograd engine; std::logic_error lost the op's name.
+TEST(Autograd, WhatABackwardOrSetupContextThrowsNamesTheOp) {
+  auto op = opreg::op("opreg_ad::throwing(Tensor x) -> Tensor")
+                .fallback([](const at::Tensor& x) { return x * 2; })
+                .backward(
+                    [](opreg::AutogradContext&,
+                       const std::vector<at::Tensor>& grads) -> std::vector<at::Tensor> {
+                      if (grads[0].numel() == 1) throw std::logic_error("logic!");
+                      throw 42;
+                    },
+                    [](opreg::AutogradContext&, const std::vector<c10::IValue>& inputs,
+                       const std::vector<c10::IValue>&) {
+                      if (inputs[0].toTensor().numel() == 3) throw std::runtime_error("setup!");
+                    })
+                .define();
+  auto one = at::ones({1}).requires_grad_();
+  EXPECT_EQ(error_of([&] { grad_of(op(one), {one}); }),
+            "opreg_ad::throwing: backward threw: logic!");
+  auto two = at::ones({2}).requires_grad_();
+  EXPECT_EQ(error_of([&] { grad_of(op(two), {two}); }),
+            "opreg_ad::throwing: backward threw something that is not a std::exception");
+  auto three = at::ones({3}).requires_grad_();
+  EXPECT_EQ(error_of([&] { op(three); }), "opreg_ad::throwing: setup_context threw: setup!");
+}
+
 TEST(Autograd, NoGradMeansNoNodeAndTheKernelRuns) {
   auto op = opreg::op("opreg_ad::mul_nograd(Tensor x, Tensor y) -> Tensor")
                 .fallback(mul)

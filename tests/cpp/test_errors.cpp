@@ -166,6 +166,22 @@ TEST(Errors, KernelForMetaIsRefused) {
   EXPECT_CONTAINS(message, "lists device type 'meta'");
 }
 
+// The sixth sweep: these were accepted, the kernel serving nothing (recorded as skipped, or not
+// at all), where the Python fronts refuse them.
+TEST(Errors, KernelsListingNoDeviceTypeAreRefused) {
+  for (const std::vector<std::string>& types :
+       {std::vector<std::string>{}, {"cuda:0"}, {""}, {"cpu", " "}}) {
+    auto message = error_of([&] {
+      opreg::op("opreg_err::no_device_type(Tensor x) -> Tensor")
+          .fallback(identity)
+          .kernel(identity, opreg::on(types).name("k"))
+          .define();
+    });
+    EXPECT_EQ(message.rfind("opreg_err::no_device_type: kernel 'k' lists ", 0), 0u) << message;
+  }
+  EXPECT_THROW(opreg::describe_op("opreg_err::no_device_type"), c10::ValueError);
+}
+
 TEST(Errors, TwoKernelsForOneDeviceType) {
   auto message = error_of([] {
     opreg::op("opreg_err::two_kernels(Tensor x) -> Tensor")

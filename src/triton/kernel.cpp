@@ -12,6 +12,7 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <unordered_map>
 
@@ -398,6 +399,13 @@ std::unique_ptr<KernelImpl> parse_fields(const nlohmann::json& manifest, Manifes
                     ": field 'kernel' must be a C identifier, got ",
                     ManifestReader::shown(manifest.at("kernel")));
   in.set_kernel(kernel->name);
+  for (const auto& item : manifest.items()) {
+    static const std::set<std::string> kKnown = {"format", "kernel", "source", "params",
+                                                 "variants"};
+    TORCH_CHECK_VALUE(kKnown.count(item.key()), in.context(), ": unknown field ",
+                      ManifestReader::shown(item.key()),
+                      "; a manifest has format, kernel, source, params and variants");
+  }
   if (manifest.contains("source")) kernel->source = in.string(manifest, "source");
   const auto& params = in.array(manifest, "params");
   TORCH_CHECK_VALUE(params.size() <= kMaxParams, in.context(), ": field 'params' has ",
@@ -954,6 +962,11 @@ std::vector<std::pair<std::string, size_t>> index_entries(const std::string& tex
     TORCH_CHECK_VALUE(is_plain_file_name(line), "opreg: ", escaped(index_path), " line ", number,
                       ": expected the file name of a manifest beside it, got '", escaped(line),
                       "'");
+    for (const auto& [earlier, earlier_number] : entries) {
+      TORCH_CHECK_VALUE(earlier != line, "opreg: ", escaped(index_path), " line ", number,
+                        " lists '", escaped(line), "' again (line ", earlier_number,
+                        "): each manifest is listed once");
+    }
     entries.emplace_back(line, number);
   }
   return entries;

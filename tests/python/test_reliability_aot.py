@@ -225,6 +225,15 @@ def test_config_values_triton_would_misuse_are_refused(tmp_path, configs, messag
     assert not (tmp_path / "out").exists()
 
 
+def test_an_argument_in_both_signature_and_constexprs_is_refused(tmp_path):
+    # The sixth sweep: it failed later, on a parameter-size mismatch that did not say why.
+    signature = '{ x_ptr = "*fp32", out_ptr = "*fp32", n = "i64", factor = "fp32", BLOCK = "i32" }'
+    result = run_aot(scale_spec(signature=signature), tmp_path)
+    assert_one_line_error(
+        result, "'constexprs' must be arguments not also in the signature", "['BLOCK']"
+    )
+
+
 def test_unknown_top_level_keys_are_refused(tmp_path):
     # A misspelled 'targets' would have compiled for the default targets.
     result = run_aot("target = ['sm_90']\n" + scale_spec(), tmp_path)
@@ -478,6 +487,10 @@ def test_manifest_fields_are_checked(aot_bundle, tmp_path, change, message):
     assert name not in {k["name"] for k in opreg.triton_kernels()}
 
 
+def unknown_field(m, _):
+    m["kernel_name"] = "x" * 100
+
+
 def repeated_param(m, _):
     m["params"].append(dict(m["params"][1]))
 
@@ -491,10 +504,14 @@ def repeated_variant(m, folder):
     [
         (repeated_param, "", "field 'params' names parameter 'out_ptr' twice"),
         (repeated_variant, ", variant 1", "repeats variant 0 (arch "),
+        (unknown_field, "", 'unknown field "kernel_name"; a manifest has format, kernel'),
     ],
 )
-def test_manifest_repeats_are_refused(aot_bundle, tmp_path, change, where, message):
-    # The fifth sweep: a repeated parameter or variant loaded (one variant never launched).
+def test_manifest_repeats_and_unknown_fields_are_refused(
+    aot_bundle, tmp_path, change, where, message
+):
+    # The fifth and sixth sweeps: a repeated parameter or variant loaded (one variant never
+    # launched), and so did a field of no meaning (an 80 MB one).
     name = f"opreg_rel_repeat_{change.__name__}"
     folder = corrupted_bundle(aot_bundle, tmp_path, name, change)
     with pytest.raises(ValueError) as error:
@@ -628,6 +645,8 @@ def load_error(folder) -> str:
         ("é.json\n".encode(), "opreg: cannot read {dir}/é.json (listed in index.txt line 1)"),
         (b"../k.json\n", "opreg: {dir}/index.txt line 1: expected the file name of a manifest "
          "beside it, got '../k.json'"),
+        (b"k.json\n\n k.json\n", "opreg: {dir}/index.txt line 3 lists 'k.json' again (line 1): "
+         "each manifest is listed once"),  # the sixth sweep: loaded, the kernel listed twice
     ],
 )  # fmt: skip
 def test_an_index_that_is_not_text_names_the_index_and_line(tmp_path, content, message):

@@ -156,6 +156,9 @@ def check_kernel_spec(spec: KernelSpec, path: Path) -> None:
             )
     if not isinstance(spec.constexprs, dict):
         fail("constexprs", "a table of argument name = value", spec.constexprs)
+    both = [name for name in spec.constexprs if name in spec.signature]
+    if both:
+        fail("constexprs", "arguments not also in the signature (each is one or the other)", both)
     for key in ("equal_to_1", "do_not_specialize"):
         value = getattr(spec, key)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):

@@ -15,7 +15,7 @@ import torch.utils._pytree as pytree
 
 from opreg import _C, _dtensor
 from opreg._public import public
-from opreg._registry import op_name, op_overload
+from opreg._registry import forget_compiled_code, op_name, op_overload
 from opreg._triton import AotLaunch, decomposition, functional_tensor_mode
 
 
@@ -24,10 +24,18 @@ class AutogradContext:
     """The ``ctx`` of setup_context and backward: save tensors with ``save_for_backward``, any
     other value as an attribute."""
 
-    def __init__(self, cpp: _C.AutogradContext) -> None:
+    def __init__(self, cpp: _C.AutogradContext, op: str = "") -> None:
         object.__setattr__(self, "_cpp", cpp)
+        object.__setattr__(self, "_op", op)
 
     def save_for_backward(self, *tensors: torch.Tensor) -> None:
+        for index, tensor in enumerate(tensors):
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(
+                    f"opreg: op '{self._op}': ctx.save_for_backward takes tensors, got "
+                    f"{type(tensor).__name__} {tensor!r} as its argument {index}; keep other "
+                    "values as attributes of ctx (ctx.name = value)"
+                )
         self._cpp.save_for_backward(list(tensors))
 
     @property
@@ -117,7 +125,9 @@ class OpDeclaration:
         elif self.sharding is not None:
             builder.sharding(_C.Sharding.__members__[self.sharding.upper()])
         if self.backward is not None:
-            builder.backward(self.backward, self.setup_context, AutogradContext, self.schema)
+            qualname = self.schema.split("(")[0]
+            context = lambda cpp: AutogradContext(cpp, qualname)  # noqa: E731
+            builder.backward(self.backward, self.setup_context, context, self.schema)
         if self.vmap is not None:
             builder.vmap(self.vmap, self.schema)
         builder.replace(self.replace)
@@ -142,6 +152,8 @@ def parse_schema(qualname: str, schema: str) -> torch._C.FunctionSchema:
         elif "INTERNAL ASSERT" in why and "expected " in str(error):
             expected = str(error).rsplit("expected ", 1)[1].split()[0]
             why = f"a list default holds a value that is not a {expected}"
+        elif "INTERNAL ASSERT" in why and "please report a bug to PyTorch. " in why:
+            why = why.split("please report a bug to PyTorch. ", 1)[1]  # what the assert says
         raise ValueError(f"opreg: op '{qualname}': cannot parse schema '{schema}': {why}") from None
 
 
@@ -412,4 +424,6 @@ def define(*declarations: OpDeclaration) -> list[torch._ops.OpOverload]:
         )
         strategy = declaration.sharding if callable(declaration.sharding) else None
         _dtensor.declare(qualname, strategy)
+    if any(registered_before[d.qualname] is not None for d in declarations):
+        forget_compiled_code()
     return [op_overload(declaration.qualname) for declaration in declarations]

@@ -23,7 +23,7 @@ from opreg._declaration import (
     parse_schema,
 )
 from opreg._public import public
-from opreg._registry import Sharding
+from opreg._registry import Sharding, caller_origin
 from opreg._triton import AotLaunch, triton_status, uses_wrap_triton
 from opreg._vmap import explicit_rule, vmap_fn_companion
 
@@ -309,11 +309,14 @@ def _check_autograd_and_vmap_signatures(
         )
     if given["vmap"] is not None:
         check_positional(qualname, "vmap", given["vmap"], ["info", "in_dims", *positional])
-
-
-def _origin(depth: int = 3) -> str:
-    frame = inspect.stack()[depth]
-    return f"{frame.filename}:{frame.lineno}"
+    out_dims = given["vmap_out_dims"]
+    sequence = isinstance(out_dims, (tuple, list))
+    if given["vmap_fn"] is not None and sequence and len(out_dims) != len(parsed.returns):
+        raise ValueError(
+            f"opreg: op '{qualname}': vmap_out_dims {tuple(out_dims)!r} gives "
+            f"{len(out_dims)} dims, but the op has {len(parsed.returns)} outputs; give one "
+            "per output (or one int for all)"
+        )
 
 
 @public
@@ -364,11 +367,20 @@ def register_triton_op(
     the core's (OPREG_OP_FLAGS in include/opreg/definition.h); ``vmap_loop`` is another
     spelling of ``vmap_per_example_loop``. Each flag and what it promises:
     """
+    if max_vmap_level is not None and (
+        not isinstance(max_vmap_level, int)
+        or isinstance(max_vmap_level, bool)
+        or max_vmap_level < 0
+    ):
+        raise TypeError(
+            f"opreg: op '{name}': max_vmap_level must be None or an int of at least 0 (EvoX's "
+            f"meaning; opreg needs no limit), got {max_vmap_level!r}"
+        )
     del max_vmap_level  # see "Coming from EvoX": opreg needs neither it nor device_types
 
     def decorator(fn: Callable[..., Any]) -> torch._ops.OpOverload:
         qualname = _qualified_name(name, fn)
-        origin = _origin(2)
+        origin = caller_origin()
         given = dict(
             fallback=fn,
             fake_fn=fake_fn,
@@ -403,6 +415,12 @@ def register_triton_op(
 
         _device_types(qualname, "device_types", device_types)  # checked as EvoX's torch does
         kernel_types = _device_types(qualname, "triton_device_types", triton_device_types)
+        if kernel_types == []:
+            raise ValueError(
+                f"opreg: op '{qualname}': triton_device_types names no device type, so triton_fn "
+                "would serve nothing; name them, or leave it out (None) to follow the Triton "
+                "device types"
+            )
         usable, why = triton_status()
         kernels = []
         status = "no triton_fn"

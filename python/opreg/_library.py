@@ -7,7 +7,6 @@ docs/python-front.md, "Coming from torch.library", lists the differences from to
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -28,6 +27,7 @@ from opreg._declaration import (
 from opreg._front import _device_types, _schema
 from opreg._opcheck import opcheck as _opreg_opcheck
 from opreg._public import public
+from opreg._registry import caller_origin
 from opreg._triton import faking_launches, triton_status, wrap_triton
 from opreg._vmap import explicit_rule
 
@@ -370,13 +370,6 @@ class CustomOpDef:
         return register if fn is None else register(fn)
 
 
-def _origin() -> str:
-    for frame in inspect.stack()[2:]:
-        if frame.filename != __file__:
-            return f"{frame.filename}:{frame.lineno}"
-    return ""
-
-
 def _new_op(
     api: str,
     name: str,
@@ -412,7 +405,7 @@ def _new_op(
                 f"opreg.{api}: op '{name}' is already defined by opreg outside opreg.{api}; "
                 "choose another name"
             )
-    return CustomOpDef(name, signature, triton_fn=triton_fn, origin=_origin())
+    return CustomOpDef(name, signature, triton_fn=triton_fn, origin=caller_origin())
 
 
 def _publish(op: CustomOpDef) -> CustomOpDef:
@@ -509,7 +502,9 @@ def _find(api: str, op: Any) -> CustomOpDef | None:
     then registers the piece). Ops that opreg defines otherwise take their pieces as keywords."""
     if isinstance(op, CustomOpDef):
         return op
-    if isinstance(op, torch._ops.OpOverload):
+    if isinstance(op, torch._library.custom_ops.CustomOpDef):  # torch.library.custom_op's
+        name = op._qualname
+    elif isinstance(op, torch._ops.OpOverload):
         name = op._schema.name
     elif isinstance(op, torch._ops.OpOverloadPacket):
         name = op._qualified_op_name

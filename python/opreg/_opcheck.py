@@ -24,6 +24,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from opreg import _C
+from opreg._declaration import check_positional
 from opreg._public import public
 from opreg._registry import AutogradSupport, describe_op
 
@@ -196,6 +197,7 @@ def register_samples(op: Any, samples: Callable[[str], Iterable[Sample | tuple]]
             f"opreg.register_samples: {_qualified(op)}: samples must be a function of the device "
             f"returning samples, got {type(samples).__name__}"
         )
+    check_positional(_qualified(op), "samples", samples, ["device"])
     _REGISTERED_SAMPLES[_qualified(op)] = samples
 
 
@@ -203,7 +205,13 @@ def _default_samples(op: torch._ops.OpOverload, device: str) -> list[Sample]:
     registered = _REGISTERED_SAMPLES.get(_qualified(op))
     if registered is None:
         return generate_samples(op, device)
-    samples = list(registered(device))
+    given = registered(device)
+    if isinstance(given, str | torch.Tensor | Sample) or not isinstance(given, Iterable):
+        raise TypeError(
+            f"opreg.opcheck: {_qualified(op)}: its registered samples function must return a "
+            f"list of opreg.Sample or of argument tuples, got {type(given).__name__}"
+        )
+    samples = list(given)
     if not samples:
         raise ValueError(
             f"opreg.opcheck: {_qualified(op)}: its registered samples function gave no sample "
@@ -488,7 +496,9 @@ def _check_vmap(op, sample, device, depths=(1, 2, 3)):
     if other:
         raise _Skipped(f"returns {', '.join(other)}: torch.vmap maps only functions of tensors")
     error = 0.0
-    for depth in depths:
+    # The batch in front at every depth, and once as the last dim: a rule must honour in_dims.
+    layouts = [(depth, 0) for depth in depths] + [(1, -1)]
+    for depth, batch_dim in layouts:
         for mask in itertools.product((True, False), repeat=len(positions)):
             if not any(mask):
                 continue
@@ -497,8 +507,8 @@ def _check_vmap(op, sample, device, depths=(1, 2, 3)):
             for pos, batched in zip(positions, mask, strict=True):
                 if batched:
                     for _ in range(depth):
-                        args[pos] = _batch(args[pos], 2)
-                    in_dims[pos] = 0
+                        args[pos] = _batch(args[pos], 2).movedim(0, batch_dim)
+                    in_dims[pos] = batch_dim
             fn = lambda *a: op(*a, **sample.kwargs)  # noqa: E731
             randomness = "error" if _values_comparable(op) else "different"
             for _ in range(depth):
@@ -511,7 +521,7 @@ def _check_vmap(op, sample, device, depths=(1, 2, 3)):
                 outs = [
                     loop(
                         [
-                            a[i] if d is not None else a
+                            a.select(d, i) if d is not None else a
                             for a, d in zip(level_args, in_dims, strict=True)
                         ],
                         level - 1,
@@ -533,6 +543,7 @@ def _check_vmap(op, sample, device, depths=(1, 2, 3)):
                         (
                             f"vmap depth {depth}, batched arguments "
                             f"{[p for p, m in zip(positions, mask, strict=True) if m]}"
+                            f"{' (batch as the last dim)' if batch_dim else ''}"
                             " differ from a loop of single calls"
                         ),
                     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,6 +130,32 @@ def describe_op(name: str) -> OpReport:
     return _report(_C.describe_op(op_name(name, "describe_op")))
 
 
+def caller_origin() -> str:
+    """'file:line' of the nearest caller outside opreg's private modules (the fronts calling each
+    other): where the definition is written, in a user's file or one of opreg's public ones."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if os.path.dirname(path) != package or not os.path.basename(path).startswith("_"):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
+
+
+def forget_compiled_code() -> None:
+    """After a replace (or a library load, which may replace ops), torch.compile's code compiled
+    before it goes: that code holds what it traced of the old definition (the Triton kernels a
+    decomposition inlined, the fake's shapes) and Dynamo does not guard on an op's definition, so
+    it would go on running the old kernels with no error. Dynamo recompiles on the next call.
+    Only the compiled code goes: torch._dynamo.reset() would also restart the numbering of
+    Triton kernels' arguments, so the new graph could take the key of the old one in Inductor's
+    graph cache and get its code back (seen). Nothing to do if Dynamo was never imported."""
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.reset_code_caches()
+
+
 def op_overload(qualname: str) -> torch._ops.OpOverload:
     """torch.ops' handle of a defined op, 'ns::name' or 'ns::name.overload'."""
     namespace, name = qualname.split("::")
@@ -185,6 +212,7 @@ def load_library(path: str | Path) -> None:
     if not path.is_file():
         raise FileNotFoundError(f"opreg.load_library: no library at {path}")
     _C.load_library(str(path.resolve()))
+    forget_compiled_code()
     torch.ops.loaded_libraries.add(str(path.resolve()))
     _dtensor.sync()  # the library's ops, and those it replaced, when DTensor is imported
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import NamedTuple
 
 from opreg import _C
@@ -55,6 +56,8 @@ class _TraceBlock:
             )
         self._used = True
         self._scope = _C.TraceScope()
+        self._thread = threading.get_ident()
+        _open_blocks().append(self)
         return Trace(self._scope)
 
     def __exit__(self, *exc_info: object) -> None:
@@ -63,8 +66,32 @@ class _TraceBlock:
                 "opreg.trace(): __exit__ was called on a trace whose block was not entered "
                 "(or was already exited); use it as `with opreg.trace() as t:`"
             )
+        if self._thread != threading.get_ident():
+            raise RuntimeError(
+                "opreg.trace(): a trace block must be exited on the thread that entered it (it "
+                "records that thread's calls); this thread did not enter it"
+            )
         scope, self._scope = self._scope, None
         scope.close()
+        blocks = _open_blocks()
+        innermost = blocks[-1] is self
+        blocks.remove(self)
+        if not innermost:
+            raise RuntimeError(
+                "opreg.trace(): this block was exited before a block entered inside it; exit "
+                "blocks in the reverse order of entering them, as with statements do (this one "
+                "stopped recording, the inner one goes on)"
+            )
+
+
+_thread_state = threading.local()
+
+
+def _open_blocks() -> list[_TraceBlock]:
+    """This thread's trace blocks that are entered and not yet exited, innermost last."""
+    if not hasattr(_thread_state, "blocks"):
+        _thread_state.blocks = []
+    return _thread_state.blocks
 
 
 @public

@@ -1,0 +1,228 @@
+"""Regression tests for the sixth adversarial sweep's findings (against 0bd77a7): opcheck's vmap
+check passing a rule that ignores in_dims, the per-example loop failing on a batch of size 0,
+torch.library's own CustomOpDef refused by opreg.register_vmap, keywords accepted silently
+(triton_device_types=[], vmap_out_dims of the wrong length, max_vmap_level='x', a samples
+function that takes no device), unclear messages (a PyTorch internal assert for a schema default,
+a raw pybind error for ctx.save_for_backward(3), a samples function returning an int), the
+function form of register_vmap_op recording opreg's own file as the op's origin, trace blocks
+exited on another thread or out of order, and torch.compile's code compiled before a replace
+running the old definition's Triton kernels (silently: the replaced op gave the old values)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+
+import pytest
+import torch
+
+import opreg
+import triton
+from triton import language as tl
+
+_names = itertools.count()
+
+
+def fresh(stem: str) -> str:
+    return f"sweep6::{stem}{next(_names)}"
+
+
+def empty(x):
+    return torch.empty_like(x)
+
+
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+# ---- silent wrong: a vmap rule that reads in_dims wrongly passed opcheck ----------------------
+
+
+def test_opcheck_vmap_fails_a_rule_that_assumes_the_batch_in_front():
+    def rule(info, in_dims, x):
+        return x * 2, 0  # wrong unless in_dims[0] == 0: the batch stays where it came
+
+    op = opreg.register_vmap_op(fake_fn=empty, vmap=rule, name=fresh("front_only"))(twice)
+    report = opreg.opcheck(op, [(torch.randn(3, 4),)], checks=["vmap"], raise_on_failure=False)
+    assert report.failures, str(report)
+
+    def right(info, in_dims, x):
+        return x * 2, in_dims[0]
+
+    good = opreg.register_vmap_op(fake_fn=empty, vmap=right, name=fresh("honours"))(twice)
+    opreg.opcheck(good, [(torch.randn(3, 4),)], checks=["vmap"])
+
+
+# ---- valid use refused ---------------------------------------------------------------------
+
+
+def test_the_per_example_loop_serves_a_batch_of_no_examples():
+    op = opreg.register_vmap_op(fake_fn=empty, name=fresh("loop"), vmap_per_example_loop=True)(
+        twice
+    )
+    out = torch.vmap(op)(torch.randn(0, 3))
+    assert out.shape == (0, 3) and out.dtype == torch.float32
+    out = torch.vmap(op, in_dims=1)(torch.randn(3, 0))
+    assert out.shape == (0, 3)
+    torch.testing.assert_close(torch.vmap(op)(torch.ones(2, 3)), torch.full((2, 3), 2.0))
+
+
+def test_register_vmap_passes_torch_s_own_custom_ops_to_torch():
+    name = fresh("torch_op")
+
+    @torch.library.custom_op(name, mutates_args=())
+    def plus1(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    def rule(info, in_dims, x):
+        return x + 1, in_dims[0]
+
+    opreg.register_vmap(plus1, rule)
+    torch.testing.assert_close(torch.vmap(plus1)(torch.zeros(2, 3)), torch.ones(2, 3))
+
+
+# ---- mistakes accepted silently --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("keywords", "error", "message"),
+    [
+        (
+            {"triton_fn": twice, "triton_device_types": []},
+            ValueError,
+            "triton_device_types names no device type, so triton_fn would serve nothing",
+        ),
+        (
+            {"vmap_fn": twice, "fake_vmap_fn": empty, "vmap_out_dims": (0, 0, 0)},
+            ValueError,
+            r"vmap_out_dims \(0, 0, 0\) gives 3 dims, but the op has 1 outputs",
+        ),
+        ({"max_vmap_level": "x"}, TypeError, "max_vmap_level must be None or an int"),
+        ({"max_vmap_level": -1}, TypeError, "max_vmap_level must be None or an int"),
+    ],
+)
+def test_evox_keywords_that_could_not_work_are_refused(keywords, error, message):
+    name = fresh("kw")
+    keywords = {"triton_fn": None, **keywords}
+    with pytest.raises(error, match=message):
+        opreg.register_triton_op(fake_fn=empty, name=name, **keywords)(twice)
+    with pytest.raises(ValueError, match=f"no op named '{name}'"):
+        opreg.describe_op(name)
+
+
+def test_register_samples_checks_the_function_and_what_it_returns():
+    op = opreg.register_vmap_op(fake_fn=empty, name=fresh("samples"))(twice)
+    with pytest.raises(TypeError, match=r"samples is called as samples\(device\)"):
+        opreg.register_samples(op, lambda: [])
+    opreg.register_samples(op, lambda device: 5)
+    with pytest.raises(
+        TypeError, match=r"its registered samples function must return a list .* got int"
+    ):
+        opreg.opcheck(op)
+    opreg.register_samples(op, lambda device: [(torch.randn(3, device=device),)])
+    opreg.opcheck(op, devices=["cpu"], checks=["kernel_vs_fallback"])
+
+
+# ---- unclear messages ------------------------------------------------------------------------
+
+
+def test_a_default_before_an_argument_without_one_is_said_plainly():
+    name = fresh("defaults")
+    with pytest.raises(ValueError) as error:
+        opreg.register_vmap_op(fake_fn=None, name=name, schema="(int a=1, int b) -> Tensor")(
+            lambda a, b: torch.zeros(a)
+        )
+    message = str(error.value)
+    assert f"op '{name}'" in message and "INTERNAL ASSERT" not in message, message
+    assert "Non-default positional argument follows default argument" in message, message
+
+
+def test_save_for_backward_of_a_non_tensor_names_the_op():
+    name = fresh("saves_int")
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(3)
+
+    op = opreg.register_vmap_op(
+        fake_fn=empty, name=name, backward=lambda ctx, g: 2 * g, setup_context=setup_context
+    )(twice)
+    with pytest.raises(
+        TypeError, match=rf"op '{name}': ctx.save_for_backward takes tensors, got int 3"
+    ):
+        op(torch.ones(2, requires_grad=True))
+
+
+def test_the_function_form_of_register_vmap_op_records_the_caller_as_origin():
+    name = fresh("origin")
+    opreg.register_vmap_op(twice, fake_fn=empty, name=name)
+    assert opreg.describe_op(name).origin.startswith(__file__ + ":")
+
+
+# ---- trace blocks ----------------------------------------------------------------------------
+
+
+def test_a_trace_block_is_exited_on_its_own_thread():
+    block = opreg.trace()
+    block.__enter__()
+    errors = []
+
+    def exit_elsewhere():
+        try:
+            block.__exit__(None, None, None)
+        except RuntimeError as error:
+            errors.append(str(error))
+
+    thread = threading.Thread(target=exit_elsewhere)
+    thread.start()
+    thread.join()
+    assert errors and "exited on the thread that entered it" in errors[0]
+    block.__exit__(None, None, None)  # still open here, and exits
+
+
+def test_trace_blocks_exited_out_of_order_say_so():
+    outer, inner = opreg.trace(), opreg.trace()
+    outer.__enter__()
+    inner_trace = inner.__enter__()
+    with pytest.raises(RuntimeError, match="exited before a block entered inside it"):
+        outer.__exit__(None, None, None)
+    torch.ops.opreg.fused_add(torch.ones(2), torch.ones(2))
+    inner.__exit__(None, None, None)
+    assert inner_trace.impls("opreg::fused_add") == ["fallback"]
+
+
+# ---- silent wrong: compiled code ran a replaced op's old Triton kernels ----------------------
+
+
+@triton.jit
+def scale_kernel(x_ptr, out_ptr, n, factor, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * factor, mask=mask)
+
+
+def scale_op(name: str, factor: float):
+    @opreg.triton_op(name, mutates_args=(), fallback=lambda x: x * factor)
+    def scale(x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        grid = (triton.cdiv(x.numel(), 64),)
+        opreg.wrap_triton(scale_kernel)[grid](x, out, x.numel(), factor, BLOCK=64)
+        return out
+
+    return scale
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="runs Triton's interpreter on CPU"
+)
+def test_code_compiled_before_a_replace_runs_the_new_definition():
+    # aot_eager: Inductor's caches (AOTAutograd's, keyed by the graph Dynamo captured, which
+    # names the op) can hand back code traced from the old definition; see ARCHITECTURE.md.
+    name = fresh("compiled")
+    op = scale_op(name, 3.0)
+    compiled = torch.compile(lambda a: op(a) + 1, backend="aot_eager")
+    x = torch.ones(8)
+    torch.testing.assert_close(compiled(x), torch.full((8,), 4.0))
+    scale_op(name, 5.0)
+    torch.testing.assert_close(op(x), torch.full((8,), 5.0))
+    torch.testing.assert_close(compiled(x), torch.full((8,), 6.0))

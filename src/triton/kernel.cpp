@@ -830,7 +830,11 @@ std::string Kernel::variant_for(c10::ArrayRef<Arg> args) const {
 }
 
 void Kernel::launch(Grid grid, c10::ArrayRef<Arg> args) const {
-  // 1. Validate the arguments and pick the variant.
+  // 1. Validate the grid and the arguments, and pick the variant.
+  TORCH_CHECK_VALUE(grid.x >= 0 && grid.y >= 0 && grid.z >= 0 && grid.x < (int64_t{1} << 31) &&
+                        grid.y < 65536 && grid.z < 65536,
+                    "opreg: Triton kernel '", name_, "': grid (", grid.x, ", ", grid.y, ", ",
+                    grid.z, ") is outside CUDA's limits (x < 2^31, y and z < 65536)");
   auto& kernel = impl();
   std::string why;
   auto call = inspect(kernel, args, &why);
@@ -838,10 +842,6 @@ void Kernel::launch(Grid grid, c10::ArrayRef<Arg> args) const {
   Variant* variant = select(kernel, args, call.device, &why);
   TORCH_CHECK(variant != nullptr, "opreg: cannot launch Triton kernel '", name_,
               "' on cuda:", call.device, ": ", why);
-  TORCH_CHECK_VALUE(grid.x >= 0 && grid.y >= 0 && grid.z >= 0 && grid.x < (int64_t{1} << 31) &&
-                        grid.y < 65536 && grid.z < 65536,
-                    "opreg: Triton kernel '", name_, "': grid (", grid.x, ", ", grid.y, ", ",
-                    grid.z, ") is outside CUDA's limits (x < 2^31, y and z < 65536)");
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
 
   // 2. Device, context, stream, module.

@@ -600,8 +600,11 @@ def test_two_manifests_of_one_name_in_a_folder_register_nothing(aot_bundle, tmp_
     ):
         opreg.load_triton_bundle(tmp_path)
     assert "opreg_rel_twice" not in registered_kernels()
-    (tmp_path / "index.txt").write_text(f"{first}\n{first}\n")  # listed twice: harmless
-    assert opreg.load_triton_bundle(tmp_path) == ["opreg_rel_twice", "opreg_rel_twice"]
+    # Listed twice: refused (the sixth sweep: it loaded, naming the kernel twice).
+    (tmp_path / "index.txt").write_text(f"{first}\n{first}\n")
+    with pytest.raises(ValueError, match=rf"line 2 lists '{first}' again \(line 1\)"):
+        opreg.load_triton_bundle(tmp_path)
+    assert "opreg_rel_twice" not in registered_kernels()
 
 
 def test_manifest_that_is_not_json_names_the_file(tmp_path):
@@ -715,6 +718,8 @@ def test_aot_kernel_name_must_be_a_str():
     ],
 )
 def test_aot_kernel_grids_are_checked(aot_bundle, grid, error, message):
+    # x is a CPU tensor: the grid is checked first (the sixth sweep: a negative grid got only
+    # the device error), so these run without a GPU.
     kernel = opreg.AotKernel("opreg_test_scale")
     x = torch.ones(4)
     with pytest.raises(error) as raised:
@@ -722,6 +727,12 @@ def test_aot_kernel_grids_are_checked(aot_bundle, grid, error, message):
     assert str(raised.value).startswith(f"opreg.AotKernel 'opreg_test_scale': {message}")
     with pytest.raises(error):
         kernel.launch(grid, x, x, 4, 1.0)
+
+
+def test_a_negative_grid_is_named_before_the_arguments(aot_bundle):
+    x = torch.ones(4)  # on the CPU, which the kernel refuses too
+    with pytest.raises(ValueError, match=r"grid \(-1, 1, 1\) is outside CUDA's limits"):
+        opreg.AotKernel("opreg_test_scale")[(-1,)](x, x, 4, 1.0)
 
 
 def test_aot_kernel_arguments_beyond_64_bits_name_the_parameter(aot_bundle):

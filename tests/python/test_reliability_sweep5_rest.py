@@ -12,10 +12,10 @@ import os
 
 import pytest
 import torch
+from test_library_compat import add_kernel_interpretable as add_kernel
 
 import opreg
 import triton
-from triton import language as tl
 
 _names = itertools.count()
 
@@ -96,14 +96,6 @@ def test_opcheck_progress_gets_each_step():
     assert all(line.startswith("opreg::fused_add cpu ") for line in lines)
 
 
-@triton.jit
-def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < n
-    x = tl.load(x_ptr + offsets, mask=mask)
-    tl.store(out_ptr + offsets, x + tl.load(y_ptr + offsets, mask=mask), mask=mask)
-
-
 @pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="runs Triton's interpreter on CPU"
 )
@@ -113,7 +105,8 @@ def test_an_interpreted_triton_op_without_reference_is_no_reference_for_vmap_or_
     @opreg.triton_op(name, mutates_args=())
     def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(x)
-        opreg.wrap_triton(add_kernel)[(triton.cdiv(x.numel(), 64),)](x, y, out, x.numel(), BLOCK=64)
+        grid = (triton.cdiv(x.numel(), 64),)
+        opreg.wrap_triton(add_kernel)[grid](x, y, out, x.numel(), BLOCK_SIZE=64)
         return out
 
     x, y = torch.randn(4, 5), torch.randn(4, 5)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
@@ -270,6 +271,22 @@ PYBIND11_MODULE(_C, m) {
       });
   opreg::python::bind_op_builder(m);
   opreg::python::bind_jit_cache(m);
+
+  // A Python error that crossed C++ (a backward's, through the engine) reaches Python as itself.
+  py::register_local_exception_translator([](std::exception_ptr error) {
+    try {
+      if (error) std::rethrow_exception(error);
+    } catch (::python_error& python_error) {
+      if (python_error.type == nullptr) {
+        PyErr_SetString(PyExc_RuntimeError, python_error.what());
+      } else {
+        python_error.restore();
+      }
+    }
+  });
+  m.def("wait_for_backward_errors", &opreg::python::wait_for_backward_errors, py::arg("seconds"));
+  // Before finalization begins, so that no thread is killed while freeing such an error.
+  py::module_::import("atexit").attr("register")(m.attr("wait_for_backward_errors"), 5.0);
 
   // The fallback alone, bypassing kernels: for opreg.opcheck.
   m.def("call_fallback", [](const std::string& name, const py::list& args, const py::dict& kwargs) {

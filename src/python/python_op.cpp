@@ -4,7 +4,12 @@
 // kernels are the core's own.
 #include "python_op.h"
 
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+
 #include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/tensor_memoryformats.h>
@@ -267,6 +272,52 @@ py::object to_python(const std::vector<c10::IValue>& values, bool single_as_valu
   return std::move(tuple);
 }
 
+// A Python backward's error in flight through the autograd engine. The engine drops it on whichever
+// thread finishes the graph task last, and it may hold a deep traceback; if the interpreter begins
+// to finalize meanwhile, that thread is killed while freeing it, which aborts the process
+// (torch.autograd.Function shares this). Counted so that exit can wait for it (see
+// wait_for_backward_errors).
+class BackwardError final : public ::python_error {
+ public:
+  explicit BackwardError(py::error_already_set& error) {  // the GIL is held
+    error.restore();
+    persist();
+    count(+1);
+  }
+  BackwardError(const BackwardError& other) : ::python_error(other) { count(+1); }
+  BackwardError(BackwardError&& other) noexcept : ::python_error(std::move(other)) { count(+1); }
+  ~BackwardError() override {
+    if (type != nullptr || value != nullptr || traceback != nullptr) {
+      py::gil_scoped_acquire gil;
+      Py_CLEAR(type);
+      Py_CLEAR(value);
+      Py_CLEAR(traceback);
+    }
+    count(-1);
+  }
+
+  static bool wait_until_none(std::chrono::milliseconds limit) {
+    std::unique_lock<std::mutex> lock(state().mutex);
+    return state().released.wait_for(lock, limit, [] { return state().alive == 0; });
+  }
+
+ private:
+  struct State {
+    std::mutex mutex;
+    std::condition_variable released;
+    int64_t alive = 0;
+  };
+  static State& state() {
+    static auto* instance = new State();  // never destroyed: errors may outlive static teardown
+    return *instance;
+  }
+  static void count(int delta) {
+    std::lock_guard<std::mutex> lock(state().mutex);
+    state().alive += delta;
+    if (state().alive == 0) state().released.notify_all();
+  }
+};
+
 constexpr const char* kPythonContext = "__opreg_python_ctx";
 
 void add_autograd(OpBuilder& builder, PyRef backward, PyRef setup_context, PyRef make_context,
@@ -291,7 +342,12 @@ void add_autograd(OpBuilder& builder, PyRef backward, PyRef setup_context, PyRef
     py::object py_ctx = torch::jit::toPyObject(ctx.saved_data.at(kPythonContext));
     py::tuple py_grads(grads.size());
     for (size_t i = 0; i < grads.size(); ++i) py_grads[i] = py::cast(grads[i]);
-    py::object result = (*backward)(py_ctx, *py_grads);
+    py::object result;
+    try {
+      result = (*backward)(py_ctx, *py_grads);
+    } catch (py::error_already_set& error) {
+      throw BackwardError(error);
+    }
     std::vector<at::Tensor> gradients;
     auto append = [&](const py::handle& value) {
       if (value.is_none()) {
@@ -371,6 +427,12 @@ void add_vmap_rule(OpBuilder& builder, PyRef rule, SchemaPtr schema) {
 }
 
 }  // namespace
+
+bool wait_for_backward_errors(double seconds) {
+  py::gil_scoped_release release;
+  return BackwardError::wait_until_none(
+      std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+}
 
 // Python pieces are called later, in a call or a backward: refuse what cannot be called now.
 void require_callable(const OpBuilder& builder, const std::string& what, const py::object& fn) {

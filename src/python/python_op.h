@@ -9,4 +9,8 @@ namespace opreg::python {
 
 void bind_op_builder(pybind11::module& m);
 
+// Waits, the GIL released, until no Python backward's error is in flight through the autograd
+// engine, for at most `seconds`; false if some still are. Run at exit, before finalization.
+bool wait_for_backward_errors(double seconds);
+
 }  // namespace opreg::python

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 
-from opreg import _C, _dtensor
+from opreg import _C, _compile_key, _dtensor
 from opreg._public import public
 from opreg._registry import forget_compiled_code, op_name, op_overload
 from opreg._triton import AotLaunch, decomposition, functional_tensor_mode
@@ -92,6 +92,12 @@ class OpDeclaration:
     jit_kernels: list[Any] = field(default_factory=list)
     # vmap_fn's companion op (`<name>_vmap`): the op whose vmap calls it, defined together with it.
     companion_of: str | None = None
+
+    def compiled_pieces(self) -> list[Any]:
+        """What code compiled with the op may have traced of this definition (where it came from
+        and what opreg says about it aside)."""
+        left_out = {"origin", "kernel_status", "jit_kernels"}
+        return [(f.name, getattr(self, f.name)) for f in fields(self) if f.name not in left_out]
 
     @property
     def qualname(self) -> str:
@@ -424,6 +430,7 @@ def define(*declarations: OpDeclaration) -> list[torch._ops.OpOverload]:
         )
         strategy = declaration.sharding if callable(declaration.sharding) else None
         _dtensor.declare(qualname, strategy)
+        _compile_key.declare(qualname, [declaration.compiled_pieces()])
     if any(registered_before[d.qualname] is not None for d in declarations):
         forget_compiled_code()
     return [op_overload(declaration.qualname) for declaration in declarations]

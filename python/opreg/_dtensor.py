@@ -11,18 +11,15 @@ op's current definition at each propagation, so a replaced op serves its new sha
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import sys
 import threading
-import warnings
 from collections.abc import Callable, Iterable, Sequence
-from types import ModuleType
 from typing import Any
 
 import torch
 
 from opreg import _C
+from opreg._after_import import run_after_import
 
 _DTENSOR = "torch.distributed.tensor"
 
@@ -191,66 +188,7 @@ def _forget_cached_propagations() -> None:
 # ---- waiting for torch.distributed.tensor ------------------------------------------------------
 
 
-class _RegisterAfterImport(importlib.abc.MetaPathFinder):
-    """Finds torch.distributed.tensor with the other finders and wraps its loader, so that its
-    ops are registered once its module has run; removes itself from sys.meta_path then."""
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != _DTENSOR:
-            return None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
-                continue
-            spec = find(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _LoaderThenRegister(spec.loader)
-        return spec
-
-
-class _LoaderThenRegister(importlib.abc.Loader):
-    def __init__(self, loader: importlib.abc.Loader) -> None:
-        self._loader = loader
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
-        _stop_waiting()
-        try:
-            sync()
-        except Exception as error:  # never break the user's import
-            warnings.warn(
-                f"opreg: DTensor sharding strategies were not registered: {error}",
-                stacklevel=2,
-            )
-
-    def __getattr__(self, name: str) -> Any:  # get_source, get_resource_reader, ...
-        return getattr(self._loader, name)
-
-
-_hook: _RegisterAfterImport | None = None
-
-
-def _stop_waiting() -> None:
-    global _hook
-    if _hook is not None and _hook in sys.meta_path:
-        sys.meta_path.remove(_hook)
-    _hook = None
-
-
 def install() -> None:
-    """At ``import opreg``: register now if DTensor is imported, else wait for its import."""
-    global _hook
-    if _DTENSOR in sys.modules:
-        sync()
-    elif torch.distributed.is_available() and _hook is None:
-        _hook = _RegisterAfterImport()
-        sys.meta_path.insert(0, _hook)
+    """At ``import opreg``: register now if DTensor is imported, else once it is."""
+    if _DTENSOR in sys.modules or torch.distributed.is_available():
+        run_after_import(_DTENSOR, sync, "DTensor sharding strategies were not registered")

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from opreg import _C, _dtensor
+from opreg import _C, _compile_key, _dtensor
 from opreg._public import public
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -212,6 +212,10 @@ def load_library(path: str | Path) -> None:
     if not path.is_file():
         raise FileNotFoundError(f"opreg.load_library: no library at {path}")
     _C.load_library(str(path.resolve()))
+    # Its ops' C++ definitions, for torch.compile's caches: the file stands for them (its size
+    # and time: hashing its contents would cost each import of opreg a tenth of its time).
+    stat = path.stat()
+    _compile_key.declare(f"library {path.resolve()}", [stat.st_size, stat.st_mtime_ns])
     forget_compiled_code()
     torch.ops.loaded_libraries.add(str(path.resolve()))
     _dtensor.sync()  # the library's ops, and those it replaced, when DTensor is imported

@@ -6,12 +6,15 @@ function that takes no device), unclear messages (a PyTorch internal assert for 
 a raw pybind error for ctx.save_for_backward(3), a samples function returning an int), the
 function form of register_vmap_op recording opreg's own file as the op's origin, trace blocks
 exited on another thread or out of order, and torch.compile's code compiled before a replace
-running the old definition's Triton kernels (silently: the replaced op gave the old values)."""
+running the old definition's Triton kernels (silently: the replaced op gave the old values), from
+Dynamo's code caches and from Inductor's, in one process and across processes."""
 
 from __future__ import annotations
 
 import itertools
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -216,8 +219,7 @@ def scale_op(name: str, factor: float):
     os.environ.get("TRITON_INTERPRET") != "1", reason="runs Triton's interpreter on CPU"
 )
 def test_code_compiled_before_a_replace_runs_the_new_definition():
-    # aot_eager: Inductor's caches (AOTAutograd's, keyed by the graph Dynamo captured, which
-    # names the op) can hand back code traced from the old definition; see ARCHITECTURE.md.
+    # aot_eager: Dynamo's code caches alone (Inductor's are the tests below).
     name = fresh("compiled")
     op = scale_op(name, 3.0)
     compiled = torch.compile(lambda a: op(a) + 1, backend="aot_eager")
@@ -226,3 +228,78 @@ def test_code_compiled_before_a_replace_runs_the_new_definition():
     scale_op(name, 5.0)
     torch.testing.assert_close(op(x), torch.full((8,), 5.0))
     torch.testing.assert_close(compiled(x), torch.full((8,), 6.0))
+
+
+_interpreted = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="runs Triton's interpreter on CPU"
+)
+
+
+@_interpreted
+def test_inductor_code_compiled_before_a_replace_runs_the_new_definition(tmp_path, monkeypatch):
+    # Inductor's caches: AOTAutograd's keys a graph by what Dynamo captured, which names the op
+    # but held nothing of its definition, and handed back the graph traced from the old one.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    name = fresh("inductor")
+    op = scale_op(name, 3.0)
+    x = torch.ones(8)
+    torch.testing.assert_close(torch.compile(lambda a: op(a) + 1)(x), torch.full((8,), 4.0))
+    scale_op(name, 5.0)
+    torch._dynamo.reset()  # the in-memory caches too: what is left is Inductor's on disk
+    torch.testing.assert_close(torch.compile(lambda a: op(a) + 1)(x), torch.full((8,), 6.0))
+    # Inductor's config holds a value per thread: a replace in one thread reaches compiles in
+    # others, those that compiled before it and new ones.
+    replace = threading.Thread(target=scale_op, args=(name, 7.0))
+    replace.start()
+    replace.join()
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(lambda a: op(a) + 1)(x), torch.full((8,), 8.0))
+    results = []
+    compile_elsewhere = threading.Thread(
+        target=lambda: results.append(torch.compile(lambda a: op(a) + 2)(x))
+    )
+    compile_elsewhere.start()
+    compile_elsewhere.join()
+    torch.testing.assert_close(results[0], torch.full((8,), 9.0))
+
+
+_SCALE_IN_A_PROCESS = """
+import sys, torch, triton, opreg
+from triton import language as tl
+from torch._dynamo.utils import counters
+factor = float(sys.argv[1])
+@triton.jit
+def scale_kernel(x_ptr, out_ptr, n, factor, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * factor, mask=mask)
+@opreg.triton_op("sweep6_processes::scale", mutates_args=(), fallback=lambda x: x * factor)
+def scale(x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    grid = (triton.cdiv(x.numel(), 64),)
+    opreg.wrap_triton(scale_kernel)[grid](x, out, x.numel(), factor, BLOCK=64)
+    return out
+print(torch.compile(lambda a: scale(a) + 1)(torch.ones(4)).tolist())
+print("cache hit" if counters["aot_autograd"]["autograd_cache_hit"] else "cache miss")
+"""
+
+
+@_interpreted
+def test_inductor_caches_tell_apart_processes_whose_op_of_one_name_differs(tmp_path):
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path), TRITON_INTERPRET="1")
+
+    def run(factor: str) -> list[str]:
+        result = subprocess.run(
+            [sys.executable, "-c", _SCALE_IN_A_PROCESS, factor],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout.split("\n")[:2]
+
+    assert run("7") == ["[8.0, 8.0, 8.0, 8.0]", "cache miss"]
+    assert run("9") == ["[10.0, 10.0, 10.0, 10.0]", "cache miss"]  # was [8.0, ...], a hit
+    # The same definition again is still served from the cache.
+    assert run("9") == ["[10.0, 10.0, 10.0, 10.0]", "cache hit"]

@@ -1,0 +1,217 @@
+"""What torch.compile's caches must see of a Python-defined op. AOTAutograd's cache keys a graph by
+what Dynamo captured, where an op is only its name, and hands back the code traced from the op's
+definition then: after a replace, or in another process whose op of that name differs, a graph of
+a decomposed op would run the old Triton launches (seen: an old factor), and any op's graph the
+old fake's shapes. Each Python definition (and each op library loaded) therefore puts a
+fingerprint of its pieces into Inductor's config, which both of Inductor's cache keys include: the
+same code gives the same key in every process, and a value that cannot be fingerprinted gives one
+no other process shares."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import sys
+import types
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from opreg._after_import import run_after_import
+
+_PREFIX = "opreg definition "  # no function is named so: torch reads these names as functions
+_MAX_DEPTH = 32
+_MAX_VALUES = 20000  # beyond, what is left stays unique: defining an op must stay cheap
+# Functions of these packages are named, not read: their code comes with their version, which
+# the caches' keys hold already (opreg's own pieces differ only with opreg's).
+_NAMED_PACKAGES = ("torch", "triton", "opreg", "numpy")
+
+
+def _unique(value: Any) -> str:
+    # Only this process can know this value: its key may reuse only this process's entries.
+    return f"<{type(value).__module__}.{type(value).__qualname__} at {id(value):#x}>"
+
+
+class _Fingerprint:
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+        self._seen: dict[int, int] = {}
+        self._values = 0
+
+    def add(self, value: Any, depth: int = 0) -> None:
+        self._hash.update(self._describe(value, depth).encode())
+        self._hash.update(b"\0")
+
+    def digest(self) -> str:
+        return self._hash.hexdigest()
+
+    def _describe(self, value: Any, depth: int) -> str:
+        if isinstance(value, bytes):
+            return f"bytes:{hashlib.sha256(value).hexdigest()}"
+        if value is None or isinstance(value, bool | int | float | complex | str):
+            return f"{type(value).__name__}:{value!r}"
+        if isinstance(value, torch.dtype | torch.device | torch.layout | torch.memory_format):
+            return f"{type(value).__name__}:{value}"
+        if isinstance(value, types.ModuleType):
+            return f"module:{value.__name__}"
+        if isinstance(value, type):
+            return f"type:{value.__module__}.{value.__qualname__}"
+        if isinstance(value, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+            return f"op:{value}"  # its own definition has its own fingerprint
+        self._values += 1
+        if depth >= _MAX_DEPTH or self._values > _MAX_VALUES:
+            return _unique(value)
+        if isinstance(value, tuple | list):
+            self._nested(f"{type(value).__name__}:{len(value)}", value, depth)
+            return "sequence"
+        if isinstance(value, frozenset | set):
+            items = sorted(self._describe(item, depth + 1) for item in value)
+            return f"set:{items}"
+        if isinstance(value, dict):
+            self._nested(f"dict:{len(value)}", [x for pair in value.items() for x in pair], depth)
+            return "dict"
+        if isinstance(value, types.CodeType):
+            self._nested(
+                f"code:{value.co_name}:{value.co_code.hex()}:{value.co_names}:{value.co_varnames}",
+                value.co_consts,
+                depth,
+            )
+            return "code"
+        if isinstance(value, functools.partial):
+            self._nested("partial", [value.func, value.args, value.keywords], depth)
+            return "partial"
+        if isinstance(value, types.MethodType):
+            self._nested("method", [value.__func__, value.__self__], depth)
+            return "method"
+        if isinstance(value, types.FunctionType):
+            return self._function(value, depth)
+        if dataclasses.is_dataclass(value):
+            fields = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
+            self._nested(f"dataclass:{type(value).__qualname__}", fields, depth)
+            return "dataclass"
+        wrapped = _triton_function(value)
+        if wrapped is not None:
+            self._nested(f"triton:{type(value).__qualname__}", wrapped, depth)
+            return "triton"
+        return _unique(value)
+
+    def _nested(self, head: str, values: Iterable[Any], depth: int) -> None:
+        self._hash.update(head.encode())
+        for item in values:
+            self.add(item, depth + 1)
+
+    def _function(self, fn: types.FunctionType, depth: int) -> str:
+        package = (fn.__module__ or "").partition(".")[0]
+        if package in _NAMED_PACKAGES or package in sys.stdlib_module_names:
+            return f"function:{fn.__module__}.{fn.__qualname__}"
+        # A function reached again (recursion, or two references) is named by when it was met.
+        if id(fn) in self._seen:
+            return f"function#{self._seen[id(fn)]}"
+        self._seen[id(fn)] = len(self._seen)
+        code = fn.__code__
+        cells = [
+            cell.cell_contents if _filled(cell) else "<empty cell>" for cell in fn.__closure__ or ()
+        ]
+        used_globals = []
+        for name in _names_used(code):
+            if name in fn.__globals__:
+                used_globals += [name, fn.__globals__[name]]
+        self._nested(
+            f"function:{fn.__module__}.{fn.__qualname__}",
+            [code, fn.__defaults__, fn.__kwdefaults__, cells, used_globals],
+            depth,
+        )
+        return "function"
+
+
+def _filled(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:
+        return False
+    return True
+
+
+def _names_used(code: types.CodeType) -> list[str]:
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names += _names_used(const)
+    return sorted(set(names))
+
+
+def _triton_function(value: Any) -> list[Any] | None:
+    """A Triton kernel's Python function (and an autotuner's configs), without importing Triton
+    when no kernel came."""
+    module = type(value).__module__ or ""
+    if not module.startswith("triton"):
+        return None
+    inner = value
+    configs = []
+    while not isinstance(inner, types.FunctionType) and hasattr(inner, "fn"):
+        configs += [str(config) for config in getattr(inner, "configs", None) or []]
+        inner = inner.fn
+    return [inner, configs] if isinstance(inner, types.FunctionType) else None
+
+
+def fingerprint(pieces: Iterable[Any]) -> str:
+    result = _Fingerprint()
+    for piece in pieces:
+        result.add(piece)
+    return result.digest()
+
+
+_INDUCTOR_CONFIG = "torch._inductor.config"
+_declared: dict[str, str] = {}  # what Inductor's config holds, or will once it is imported
+
+
+class _SharedEntries(dict):
+    """The config's value in every thread: Inductor's config keeps a value per context (thread)
+    and copies a mutable default into each, so a plain dict set in one thread would leave the
+    others keyed by an older definition. Copies of this one are itself."""
+
+    def __copy__(self) -> _SharedEntries:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _SharedEntries:
+        return self
+
+
+_shared = _SharedEntries()
+
+
+def _sync() -> None:
+    config = sys.modules[_INDUCTOR_CONFIG]
+    name = "unsafe_marked_cacheable_functions"
+    current = getattr(config, name, None)
+    if not isinstance(current, dict):
+        return  # a PyTorch without it has no AOTAutograd cache either
+    for key in [key for key in _shared if key.startswith(_PREFIX)]:
+        if key[len(_PREFIX) :] not in _declared:
+            del _shared[key]
+    _shared.update({_PREFIX + subject: value for subject, value in _declared.items()})
+    entry = getattr(config, "_config", {}).get(name)
+    if entry is not None and entry.default is not _shared:
+        _shared.update({k: v for k, v in entry.default.items() if k not in _shared})
+        entry.default = _shared  # what contexts that never set it read (a new thread's)
+    if current is not _shared:
+        # This thread's own copy (torch reads the config while compiling; a user may set it):
+        # its entries join the shared ones. Set, not filled: the config keeps a snapshot of
+        # its values that only a set refreshes.
+        _shared.update({k: v for k, v in current.items() if not k.startswith(_PREFIX)})
+        setattr(config, name, _shared)
+
+
+def _changed() -> None:
+    # Filled once it is imported: importing it to fill it would cost a process that never
+    # compiles over a second.
+    run_after_import(_INDUCTOR_CONFIG, _sync, "torch.compile's caches do not see opreg's ops")
+
+
+def declare(subject: str, pieces: Iterable[Any]) -> None:
+    """Keys compiled graphs by these pieces of ``subject`` (an op's name, or a library's path)
+    from now on, in place of its earlier ones."""
+    _declared[subject] = fingerprint(pieces)
+    _changed()

@@ -1,0 +1,87 @@
+"""What torch.compile's caches see of a Python definition (opreg._compile_key): a fingerprint that
+is the same for the same code in every process and changes with the code, its closure, its
+defaults, the globals it reads and the Triton kernels it launches; defining an op does not import
+Inductor."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import triton
+from opreg import _compile_key
+from triton import language as tl
+
+LIMIT = 3
+
+
+def made_with(factor: float):
+    def scaled(x):
+        return x * factor * LIMIT
+
+    return scaled
+
+
+@triton.jit
+def one_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offsets, tl.load(x_ptr + offsets, mask=offsets < n) + 1, mask=offsets < n)
+
+
+@triton.jit
+def other_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offsets, tl.load(x_ptr + offsets, mask=offsets < n) + 2, mask=offsets < n)
+
+
+def fingerprint(*pieces):
+    return _compile_key.fingerprint(pieces)
+
+
+def test_the_same_code_gives_the_same_fingerprint_and_other_code_another():
+    assert fingerprint(made_with(2.0)) == fingerprint(made_with(2.0))
+    assert fingerprint(made_with(2.0)) != fingerprint(made_with(3.0))  # its closure
+    assert fingerprint(lambda x: x + 1) != fingerprint(lambda x: x + 2)  # its code
+    assert fingerprint(lambda x, y=1: x + y) != fingerprint(lambda x, y=2: x + y)  # defaults
+    assert fingerprint(one_kernel) == fingerprint(one_kernel)
+    assert fingerprint(one_kernel) != fingerprint(other_kernel)  # a kernel's own code
+
+
+def test_a_global_the_code_reads_is_part_of_it(monkeypatch):
+    before = fingerprint(made_with(2.0))
+    monkeypatch.setattr(sys.modules[__name__], "LIMIT", 4)
+    assert fingerprint(made_with(2.0)) != before
+
+
+def test_a_value_it_cannot_read_makes_the_fingerprint_this_process_own():
+    class Opaque:
+        pass
+
+    a, b = Opaque(), Opaque()
+    assert fingerprint(lambda: a) == fingerprint(lambda: a)
+    assert fingerprint(lambda: a) != fingerprint(lambda: b)
+
+
+def test_a_function_that_reaches_itself_is_fingerprinted():
+    def countdown(n):
+        return n if n == 0 else countdown(n - 1)
+
+    assert fingerprint(countdown) == fingerprint(countdown)
+
+
+_DEFINE_WITHOUT_COMPILING = """
+import sys, torch, opreg
+@opreg.custom_op("compile_key::twice", mutates_args=())
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+print(twice(torch.ones(2)).tolist(), end=" ")
+print("torch._inductor.config" in sys.modules)
+"""
+
+
+def test_defining_an_op_does_not_import_inductor():
+    result = subprocess.run(
+        [sys.executable, "-c", _DEFINE_WITHOUT_COMPILING], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[2.0, 2.0] False"

@@ -350,6 +350,16 @@ std::string qualified_name_of(const c10::FunctionSchema& schema) {
 
 // ---- building a definition -------------------------------------------------------------------
 
+// Tensor, Tensor?, Tensor[] and Tensor?[]: the arguments whose tensors dtypes() can check.
+bool holds_tensors(const c10::Type& type) {
+  const c10::Type* element = &type;
+  if (const auto* list = element->castRaw<c10::ListType>()) element = list->getElementType().get();
+  if (const auto* optional = element->castRaw<c10::OptionalType>()) {
+    element = optional->getElementType().get();
+  }
+  return element->kind() == c10::TypeKind::TensorType;
+}
+
 std::vector<std::pair<size_t, std::vector<c10::ScalarType>>> resolve_dtype_rules(
     const OpBuilder::State& spec, const detail::OpIdentity& op) {
   const auto& arguments = op.schema.arguments();
@@ -359,9 +369,10 @@ std::vector<std::pair<size_t, std::vector<c10::ScalarType>>> resolve_dtype_rules
                               [&](const auto& candidate) { return candidate.name() == argument; });
     TORCH_CHECK_VALUE(found != arguments.end(), op.name, ": dtypes() names argument '", argument,
                       "', which the schema '", op.schema_text, "' does not have");
-    TORCH_CHECK_VALUE(found->type()->kind() == c10::TypeKind::TensorType, op.name,
-                      ": dtypes() names argument '", argument,
-                      "', which is not a Tensor in the schema '", op.schema_text, "'");
+    TORCH_CHECK_VALUE(holds_tensors(*found->type()), op.name, ": dtypes() names argument '",
+                      argument,
+                      "', which is not a Tensor, Tensor?, Tensor[] or Tensor?[] in the schema '",
+                      op.schema_text, "'");
     TORCH_CHECK_VALUE(!allowed.empty(), op.name, ": dtypes() for argument '", argument,
                       "' allows no dtype; list at least one");
     TORCH_CHECK_VALUE(std::none_of(rules.begin(), rules.end(),
@@ -638,14 +649,25 @@ void check_dtypes(const Definition& definition, const torch::jit::Stack& stack) 
   const size_t num_args = definition.schema().arguments().size();
   const c10::IValue* first = stack.data() + (stack.size() - num_args);
   for (const auto& [index, allowed] : definition.dtype_rules) {
-    if (!first[index].isTensor() || !first[index].toTensor().defined()) continue;
-    const auto dtype = first[index].toTensor().scalar_type();
-    if (std::find(allowed.begin(), allowed.end(), dtype) != allowed.end()) continue;
-    std::ostringstream expected;
-    for (size_t i = 0; i < allowed.size(); ++i) expected << (i ? ", " : "") << allowed[i];
-    TORCH_CHECK_TYPE(false, definition.name(), ": argument '",
-                     definition.schema().arguments()[index].name(), "' has dtype ", dtype,
-                     ", expected one of: ", expected.str());
+    // element: the position in a Tensor[] argument, or -1 for a single Tensor.
+    auto check = [&](const c10::IValue& value, int64_t element) {
+      if (!value.isTensor() || !value.toTensor().defined()) return;  // None: nothing to check
+      const auto dtype = value.toTensor().scalar_type();
+      if (std::find(allowed.begin(), allowed.end(), dtype) != allowed.end()) return;
+      std::ostringstream expected;
+      for (size_t i = 0; i < allowed.size(); ++i) expected << (i ? ", " : "") << allowed[i];
+      TORCH_CHECK_TYPE(false, definition.name(), ": argument '",
+                       definition.schema().arguments()[index].name(), "'",
+                       element < 0 ? "" : " element " + std::to_string(element), " has dtype ",
+                       dtype, ", expected one of: ", expected.str());
+    };
+    const c10::IValue& argument = first[index];
+    if (argument.isList()) {
+      const auto list = argument.toListRef();
+      for (size_t i = 0; i < list.size(); ++i) check(list[i], static_cast<int64_t>(i));
+    } else {
+      check(argument, -1);
+    }
   }
 }
 

@@ -90,6 +90,37 @@ def test_dtypes_from_python_are_checked_on_every_call():
     assert opreg.describe_op("opreg_path::typed").dtypes == (("x", ("Float",)),)
 
 
+def test_dtypes_check_optional_and_list_arguments():
+    # Found by the sixth sweep: dtypes on a Tensor? or Tensor[] argument was refused as "not a
+    # Tensor"; the check now reads each tensor they hold, and None passes.
+    @opreg.register_vmap_op(
+        fake_fn=None,
+        name="opreg_path::typed_lists",
+        schema="(Tensor[] xs, Tensor? bias, Tensor?[] extra) -> Tensor",
+        dtypes={"xs": [torch.float32], "bias": [torch.float32], "extra": [torch.float32]},
+    )
+    def typed_lists(xs, bias, extra):
+        return torch.stack(xs).sum(0) + (0 if bias is None else bias)
+
+    ones = torch.ones(2)
+    assert torch.equal(typed_lists([ones, ones], None, [None, ones]), torch.full((2,), 2.0))
+    doubles = ones.double()
+    with pytest.raises(TypeError, match="argument 'xs' element 1 has dtype Double, expected one"):
+        typed_lists([ones, doubles], None, [])
+    with pytest.raises(TypeError, match="argument 'bias' has dtype Double, expected one of: Float"):
+        typed_lists([ones], doubles, [])
+    with pytest.raises(TypeError, match="argument 'extra' element 1 has dtype Double"):
+        typed_lists([ones], None, [None, doubles])
+    with pytest.raises(ValueError, match="which is not a Tensor, Tensor\\?, Tensor\\[\\] or"):
+        opreg.register_vmap_op(
+            lambda x, n: x * n,
+            fake_fn=None,
+            name="opreg_path::typed_int",
+            schema="(Tensor x, int n) -> Tensor",
+            dtypes={"n": [torch.float32]},
+        )
+
+
 def test_dtypes_naming_a_missing_argument_are_refused():
     with pytest.raises(ValueError, match="dtypes\\(\\) names argument 'z', which the schema"):
         opreg.register_vmap_op(

@@ -8,6 +8,8 @@
 #include <condition_variable>
 #include <mutex>
 
+#include <pthread.h>
+
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -307,10 +309,15 @@ class BackwardError final : public ::python_error {
     std::condition_variable released;
     int64_t alive = 0;
   };
-  static State& state() {
-    static auto* instance = new State();  // never destroyed: errors may outlive static teardown
-    return *instance;
+  static State*& instance() {
+    static State* state = [] {
+      // A forked child has none of the threads that held its errors (nor, maybe, its lock).
+      pthread_atfork(nullptr, nullptr, [] { instance() = new State(); });
+      return new State();  // never destroyed: errors may outlive static teardown
+    }();
+    return state;
   }
+  static State& state() { return *instance(); }
   static void count(int delta) {
     std::lock_guard<std::mutex> lock(state().mutex);
     state().alive += delta;

@@ -10,6 +10,7 @@ no other process shares."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import hashlib
 import sys
@@ -55,8 +56,8 @@ class _Fingerprint:
         if isinstance(value, torch.dtype | torch.device | torch.layout | torch.memory_format):
             return f"{type(value).__name__}:{value}"
         if isinstance(value, types.ModuleType):
-            return f"module:{value.__name__}"
-        if isinstance(value, type):
+            return f"module:{value.__name__}"  # what code reads of it: see _function
+        if isinstance(value, type) and _is_named(value.__module__):
             return f"type:{value.__module__}.{value.__qualname__}"
         if isinstance(value, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
             return f"op:{value}"  # its own definition has its own fingerprint
@@ -67,8 +68,15 @@ class _Fingerprint:
             self._nested(f"{type(value).__name__}:{len(value)}", value, depth)
             return "sequence"
         if isinstance(value, frozenset | set):
-            items = sorted(self._describe(item, depth + 1) for item in value)
-            return f"set:{items}"
+            # Each element apart, then sorted: a set's order changes with PYTHONHASHSEED.
+            return f"set:{sorted(self._apart(item, depth + 1) for item in value)}"
+        if isinstance(value, type):  # a class of the user's: what it holds (Cfg.FACTOR)
+            if id(value) in self._seen:
+                return f"class#{self._seen[id(value)]}"
+            self._seen[id(value)] = len(self._seen)
+            held = sorted((k, v) for k, v in vars(value).items() if not _is_dunder(k))
+            self._nested(f"class:{value.__module__}.{value.__qualname__}", held, depth)
+            return "class"
         if isinstance(value, dict):
             self._nested(f"dict:{len(value)}", [x for pair in value.items() for x in pair], depth)
             return "dict"
@@ -91,10 +99,20 @@ class _Fingerprint:
             fields = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
             self._nested(f"dataclass:{type(value).__qualname__}", fields, depth)
             return "dataclass"
+        if isinstance(value, enum.Enum):
+            return f"enum:{type(value).__module__}.{type(value).__qualname__}.{value.name}"
         wrapped = _triton_function(value)
         if wrapped is not None:
             self._nested(f"triton:{type(value).__qualname__}", wrapped, depth)
             return "triton"
+        held = getattr(value, "__dict__", None)
+        if isinstance(held, dict) and not _is_named(type(value).__module__):
+            # An object of the user's (a config): its class and what it holds.
+            if id(value) in self._seen:
+                return f"object#{self._seen[id(value)]}"
+            self._seen[id(value)] = len(self._seen)
+            self._nested("object", [type(value), sorted(held.items())], depth)
+            return "object"
         return _unique(value)
 
     def _nested(self, head: str, values: Iterable[Any], depth: int) -> None:
@@ -102,28 +120,60 @@ class _Fingerprint:
         for item in values:
             self.add(item, depth + 1)
 
+    def _apart(self, value: Any, depth: int) -> str:
+        part = _Fingerprint()
+        part._values = self._values
+        part.add(value, depth)
+        self._values = part._values
+        return part.digest()
+
     def _function(self, fn: types.FunctionType, depth: int) -> str:
-        package = (fn.__module__ or "").partition(".")[0]
-        if package in _NAMED_PACKAGES or package in sys.stdlib_module_names:
-            return f"function:{fn.__module__}.{fn.__qualname__}"
+        cells = [
+            cell.cell_contents if _filled(cell) else "<empty cell>" for cell in fn.__closure__ or ()
+        ]
+        head = f"function:{fn.__module__}.{fn.__qualname__}"
+        if _is_named(fn.__module__):
+            # Its code comes with its package's version, which the caches' keys hold already;
+            # what it closes over may be the user's (opreg's wrappers of the user's pieces).
+            self._nested(head, [fn.__defaults__, fn.__kwdefaults__, cells], depth)
+            return "function"
         # A function reached again (recursion, or two references) is named by when it was met.
         if id(fn) in self._seen:
             return f"function#{self._seen[id(fn)]}"
         self._seen[id(fn)] = len(self._seen)
-        code = fn.__code__
-        cells = [
-            cell.cell_contents if _filled(cell) else "<empty cell>" for cell in fn.__closure__ or ()
-        ]
+        names = _names_used(fn.__code__)
+        cells = [[value, _attributes_read(value, names)] for value in cells]
         used_globals = []
-        for name in _names_used(code):
+        for name in names:
             if name in fn.__globals__:
-                used_globals += [name, fn.__globals__[name]]
+                value = fn.__globals__[name]
+                used_globals += [name, value, _attributes_read(value, names)]
         self._nested(
-            f"function:{fn.__module__}.{fn.__qualname__}",
-            [code, fn.__defaults__, fn.__kwdefaults__, cells, used_globals],
-            depth,
+            head, [fn.__code__, fn.__defaults__, fn.__kwdefaults__, cells, used_globals], depth
         )
         return "function"
+
+
+def _is_named(module: str | None) -> bool:
+    package = (module or "").partition(".")[0]
+    return package in _NAMED_PACKAGES or package in sys.stdlib_module_names
+
+
+def _is_dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__")
+
+
+def _attributes_read(value: Any, names: list[str], levels: int = 3) -> list[Any]:
+    """What code that reads ``value.<name>`` (a name among those it uses) gets from a module of
+    the user's (cfg.FACTOR, pkg.sub.FACTOR)."""
+    if not isinstance(value, types.ModuleType) or _is_named(value.__name__) or levels == 0:
+        return []
+    held = vars(value)
+    return [
+        [name, held[name], _attributes_read(held[name], names, levels - 1)]
+        for name in names
+        if name in held
+    ]
 
 
 def _filled(cell: types.CellType) -> bool:

@@ -5,9 +5,14 @@ Inductor."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import types
 
+import torch
+
+import opreg
 import triton
 from opreg import _compile_key
 from triton import language as tl
@@ -54,10 +59,7 @@ def test_a_global_the_code_reads_is_part_of_it(monkeypatch):
 
 
 def test_a_value_it_cannot_read_makes_the_fingerprint_this_process_own():
-    class Opaque:
-        pass
-
-    a, b = Opaque(), Opaque()
+    a, b = object(), object()
     assert fingerprint(lambda: a) == fingerprint(lambda: a)
     assert fingerprint(lambda: a) != fingerprint(lambda: b)
 
@@ -85,3 +87,78 @@ def test_defining_an_op_does_not_import_inductor():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[2.0, 2.0] False"
+
+
+# ---- the seventh sweep's findings: what code reads that the fingerprint missed -----------------
+
+
+def reads(holder):
+    def fn(x):
+        return x * holder.FACTOR
+
+    return fn
+
+
+def test_what_code_reads_of_a_class_or_module_of_the_users_is_part_of_it():
+    def config_class(factor):
+        class Cfg:
+            FACTOR = factor
+
+        return Cfg
+
+    assert fingerprint(reads(config_class(7.0))) == fingerprint(reads(config_class(7.0)))
+    assert fingerprint(reads(config_class(7.0))) != fingerprint(reads(config_class(9.0)))
+    seven, nine = types.ModuleType("cfg"), types.ModuleType("cfg")
+    seven.FACTOR, nine.FACTOR = 7.0, 9.0
+    assert fingerprint(reads(seven)) != fingerprint(reads(nine))
+
+    class Settings:
+        def __init__(self, factor):
+            self.FACTOR = factor
+
+    assert fingerprint(reads(Settings(7.0))) == fingerprint(reads(Settings(7.0)))
+    assert fingerprint(reads(Settings(7.0))) != fingerprint(reads(Settings(9.0)))
+
+
+def test_a_vmap_rule_given_later_changes_the_ops_fingerprint():
+    # opreg wraps the rule in a function of its own, named only: what it closes over counts.
+    @opreg.custom_op("compile_key::rule", mutates_args=())
+    def ruled(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    def rule_with(factor):
+        def rule(info, in_dims, x):
+            return x * factor, in_dims[0]
+
+        return rule
+
+    fingerprints = []
+    for factor in (2, 100):
+        opreg.register_vmap("compile_key::rule", rule_with(factor))
+        fingerprints.append(_compile_key._declared["compile_key::rule"])
+    assert fingerprints[0] != fingerprints[1]
+
+
+_FINGERPRINT_OF_A_SET = """
+import torch, opreg
+from opreg import _compile_key
+NAMES = {("a", "b"), ("c", "d"), ("e", "f"), ("g", "h")}
+@opreg.custom_op("compile_key::set", mutates_args=())
+def counted(x: torch.Tensor) -> torch.Tensor:
+    return x * len(NAMES)
+print(_compile_key._declared["compile_key::set"])
+"""
+
+
+def test_a_set_gives_one_fingerprint_whatever_the_hash_seed():
+    seen = set()
+    for seed in ("1", "2", "3"):
+        result = subprocess.run(
+            [sys.executable, "-c", _FINGERPRINT_OF_A_SET],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, PYTHONHASHSEED=seed),
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        seen.add(result.stdout.strip())
+    assert len(seen) == 1, seen

@@ -23,7 +23,7 @@ from opreg._declaration import (
     parse_schema,
 )
 from opreg._public import public
-from opreg._registry import Sharding, caller_origin
+from opreg._registry import Sharding, caller_origin, check_op_name
 from opreg._triton import AotLaunch, triton_status, uses_wrap_triton
 from opreg._vmap import explicit_rule, vmap_fn_companion
 
@@ -49,7 +49,9 @@ def _qualified_name(name: str | None, fn: Callable[..., Any]) -> str:
         raise TypeError(f"opreg: name must be a string like 'ns::op', got {name!r}")
     if not name.isascii():
         raise ValueError(f"opreg: op name {name!r} has a non-ASCII character; names are ASCII")
-    return name if "::" in name else f"{DEFAULT_NAMESPACE}::{name}"
+    qualname = name if "::" in name else f"{DEFAULT_NAMESPACE}::{name}"
+    check_op_name("opreg", qualname)
+    return qualname
 
 
 def _schema(qualname: str, fn: Callable[..., Any], schema: str | None, mutates_args: Any) -> str:

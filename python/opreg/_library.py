@@ -27,7 +27,7 @@ from opreg._declaration import (
 from opreg._front import _device_types, _schema
 from opreg._opcheck import opcheck as _opreg_opcheck
 from opreg._public import public
-from opreg._registry import caller_origin
+from opreg._registry import caller_origin, check_op_name
 from opreg._triton import faking_launches, triton_status, wrap_triton
 from opreg._vmap import explicit_rule
 
@@ -379,14 +379,7 @@ def _new_op(
     schema: str | None,
     triton_fn: Callable[..., Any] | None,
 ) -> CustomOpDef:
-    if not isinstance(name, str) or name.count("::") != 1 or "" in name.split("::"):
-        raise ValueError(f"opreg.{api}: name must look like 'namespace::name', got {name!r}")
-    for part in name.split("::"):
-        if not (part.isascii() and part.isidentifier()):
-            raise ValueError(
-                f"opreg.{api}: name {name!r}: {part!r} is not an identifier (letters, digits and "
-                "'_', not starting with a digit)"
-            )
+    check_op_name(f"opreg.{api}", name)
     if not callable(fn):
         raise TypeError(f"opreg.{api}: op '{name}': fn must be callable, got {type(fn).__name__}")
     full_schema = _schema(name, fn, schema, mutates_args)

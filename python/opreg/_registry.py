@@ -173,6 +173,19 @@ def op_name(name: Any, function: str) -> str:
     return name
 
 
+def check_op_name(api: str, name: Any) -> None:
+    """A name to define an op by: 'namespace::name', both identifiers (so no overload: an op is
+    defined by its name alone, as torch.library.custom_op's are)."""
+    if not isinstance(name, str) or name.count("::") != 1 or "" in name.split("::"):
+        raise ValueError(f"{api}: name must look like 'namespace::name', got {name!r}")
+    for part in name.split("::"):
+        if not (part.isascii() and part.isidentifier()):
+            raise ValueError(
+                f"{api}: name {name!r}: {part!r} is not an identifier (letters, digits and "
+                "'_', not starting with a digit)"
+            )
+
+
 @public
 def accelerated_device_types() -> list[str]:
     """Device types that kernels serve by default (initially ``["cuda"]``)."""

@@ -310,8 +310,8 @@ def test_inductor_caches_tell_apart_processes_whose_op_of_one_name_differs(tmp_p
 
 @pytest.mark.parametrize("name", ["sweep7::op.overload", "sweep7::a::b", "sweep7::1op"])
 def test_the_front_refuses_a_name_that_is_not_namespace_and_identifier(name):
-    with pytest.raises(ValueError, match="is not an identifier|must look like 'namespace::name'"):
+    with pytest.raises(ValueError, match=r"is not an identifier|must look like 'namespace::name'"):
         opreg.register_triton_op(fake_fn=None, triton_fn=None, name=name)(twice)
-    with pytest.raises(ValueError, match="is not an identifier|must look like 'namespace::name'"):
+    with pytest.raises(ValueError, match=r"is not an identifier|must look like 'namespace::name'"):
         opreg.register_vmap_op(twice, fake_fn=None, name=name)
     assert not [op for op in opreg.describe_ops() if op.name.startswith("sweep7::")]

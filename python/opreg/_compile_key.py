@@ -214,13 +214,17 @@ def fingerprint(pieces: Iterable[Any]) -> str:
 
 
 _INDUCTOR_CONFIG = "torch._inductor.config"
-_declared: dict[str, str] = {}  # what Inductor's config holds, or will once it is imported
+# Each subject's pieces, fingerprinted only when a cache key is made: code reads globals when it
+# runs, and a global assigned after the op's definition (or changed since) counts as well.
+_declared: dict[str, list[Any]] = {}
+_PENDING = "fingerprinted when a cache key is made"
 
 
 class _SharedEntries(dict):
     """The config's value in every thread: Inductor's config keeps a value per context (thread)
     and copies a mutable default into each, so a plain dict set in one thread would leave the
-    others keyed by an older definition. Copies of this one are itself."""
+    others keyed by an older definition. Copies of this one are itself; pickled (as the cache
+    keys pickle the config), it is a plain dict holding each subject's fingerprint of now."""
 
     def __copy__(self) -> _SharedEntries:
         return self
@@ -228,8 +232,21 @@ class _SharedEntries(dict):
     def __deepcopy__(self, memo: dict[int, Any]) -> _SharedEntries:
         return self
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        now = {
+            key: current_fingerprint(key[len(_PREFIX) :]) if value == _PENDING else value
+            for key, value in self.items()
+        }
+        return dict, (list(now.items()),)
+
 
 _shared = _SharedEntries()
+
+
+def current_fingerprint(subject: str) -> str:
+    """The fingerprint a cache key made now would hold for ``subject``."""
+    pieces = _declared.get(subject)
+    return "not defined" if pieces is None else fingerprint(pieces)
 
 
 def _sync() -> None:
@@ -241,7 +258,7 @@ def _sync() -> None:
     for key in [key for key in _shared if key.startswith(_PREFIX)]:
         if key[len(_PREFIX) :] not in _declared:
             del _shared[key]
-    _shared.update({_PREFIX + subject: value for subject, value in _declared.items()})
+    _shared.update({_PREFIX + subject: _PENDING for subject in _declared})
     entry = getattr(config, "_config", {}).get(name)
     if entry is not None and entry.default is not _shared:
         _shared.update({k: v for k, v in entry.default.items() if k not in _shared})
@@ -263,5 +280,5 @@ def _changed() -> None:
 def declare(subject: str, pieces: Iterable[Any]) -> None:
     """Keys compiled graphs by these pieces of ``subject`` (an op's name, or a library's path)
     from now on, in place of its earlier ones."""
-    _declared[subject] = fingerprint(pieces)
+    _declared[subject] = list(pieces)
     _changed()

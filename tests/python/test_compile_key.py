@@ -6,6 +6,7 @@ Inductor."""
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 import types
@@ -135,7 +136,7 @@ def test_a_vmap_rule_given_later_changes_the_ops_fingerprint():
     fingerprints = []
     for factor in (2, 100):
         opreg.register_vmap("compile_key::rule", rule_with(factor))
-        fingerprints.append(_compile_key._declared["compile_key::rule"])
+        fingerprints.append(_compile_key.current_fingerprint("compile_key::rule"))
     assert fingerprints[0] != fingerprints[1]
 
 
@@ -146,7 +147,7 @@ NAMES = {("a", "b"), ("c", "d"), ("e", "f"), ("g", "h")}
 @opreg.custom_op("compile_key::set", mutates_args=())
 def counted(x: torch.Tensor) -> torch.Tensor:
     return x * len(NAMES)
-print(_compile_key._declared["compile_key::set"])
+print(_compile_key.current_fingerprint("compile_key::set"))
 """
 
 
@@ -162,3 +163,25 @@ def test_a_set_gives_one_fingerprint_whatever_the_hash_seed():
         assert result.returncode == 0, result.stderr[-2000:]
         seen.add(result.stdout.strip())
     assert len(seen) == 1, seen
+
+
+def test_a_global_assigned_after_the_definition_counts_when_a_key_is_made():
+    # The fingerprint is taken when a cache key is made, not when the op is defined: code reads
+    # its globals when it runs (seventh sweep: a global assigned below the op was missed).
+    @opreg.custom_op("compile_key::late", mutates_args=())
+    def late(x: torch.Tensor) -> torch.Tensor:
+        return x * ASSIGNED_LATER  # noqa: F821
+
+    before = _compile_key.current_fingerprint("compile_key::late")
+    globals()["ASSIGNED_LATER"] = 7.0
+    try:
+        seven = _compile_key.current_fingerprint("compile_key::late")
+        globals()["ASSIGNED_LATER"] = 9.0
+        assert len({before, seven, _compile_key.current_fingerprint("compile_key::late")}) == 3
+    finally:
+        del globals()["ASSIGNED_LATER"]
+    import torch._inductor.config as inductor_config
+
+    keyed = pickle.loads(pickle.dumps(inductor_config.unsafe_marked_cacheable_functions))
+    assert type(keyed) is dict
+    assert keyed["opreg definition compile_key::late"] == before

@@ -425,3 +425,21 @@ def test_integer_outputs_must_equal_the_fallbacks():
     with pytest.raises(opreg.OpcheckError) as error:
         opreg.opcheck(op, [(x,)], devices=["cpu"], checks=["kernel_vs_fallback"])
     assert "output 0 (torch.int64) is not equal to the fallback's" in str(error.value)
+
+
+def test_the_gradients_check_fails_a_backward_wrong_only_for_negative_grad_outputs():
+    # Seventh sweep: with grad_outputs all positive (gradcheck's fast mode, and the comparison
+    # against the fallback summing the outputs) a backward taking grad.abs() passed.
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    op = opreg.register_triton_op(
+        fake_fn=lambda x: torch.empty_like(x),
+        triton_fn=None,
+        name="opcheck_sweep7::abs_backward",
+        setup_context=lambda ctx, inputs, output: None,
+        backward=lambda ctx, grad: grad.abs() * 2,
+    )(twice)
+    report = opreg.opcheck(op, devices=["cpu"], raise_on_failure=False)
+    failed = [row for row in report.failures if row.check == "gradients"]
+    assert failed and "differ from the fallback's" in failed[0].message

@@ -192,6 +192,7 @@ def register_samples(op: Any, samples: Callable[[str], Iterable[Sample | tuple]]
     is given none: ``samples(device)`` returns them (``opreg.Sample`` or argument tuples) on that
     device. For ops whose arguments must agree in ways the schema does not say."""
     op = _overload("opreg.register_samples", op)
+    describe_op(_qualified(op))  # an op opreg defines (its error says so), as opcheck needs
     if not callable(samples):
         raise TypeError(
             f"opreg.register_samples: {_qualified(op)}: samples must be a function of the device "
@@ -836,6 +837,11 @@ def opcheck(
             f"{CHECKS}), got {type(checks).__name__}"
         )
     checks = (checks,) if isinstance(checks, str) else tuple(checks)
+    if not checks:
+        raise ValueError(
+            f"opreg.opcheck: {name}: checks= is empty, so nothing would be checked; name at "
+            f"least one of {CHECKS}, or leave checks out for all of them"
+        )
     unknown = [check for check in checks if check not in CHECKS]
     if unknown:
         raise ValueError(f"opreg.opcheck: {name}: unknown checks {unknown!r}; known: {CHECKS}")

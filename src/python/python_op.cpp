@@ -4,6 +4,7 @@
 // kernels are the core's own.
 #include "python_op.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -436,9 +437,13 @@ void add_vmap_rule(OpBuilder& builder, PyRef rule, SchemaPtr schema) {
 }  // namespace
 
 bool wait_for_backward_errors(double seconds) {
+  TORCH_CHECK_VALUE(seconds >= 0, "opreg: wait_for_backward_errors: seconds must be >= 0, got ",
+                    seconds);
+  constexpr double kDay = 86400;  // longer waits are a day: a millisecond count must not overflow
+  const auto limit =
+      std::chrono::milliseconds(static_cast<int64_t>(std::min(seconds, kDay) * 1000));
   py::gil_scoped_release release;
-  return BackwardError::wait_until_none(
-      std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+  return BackwardError::wait_until_none(limit);
 }
 
 // Python pieces are called later, in a call or a backward: refuse what cannot be called now.

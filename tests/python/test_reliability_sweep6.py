@@ -22,6 +22,7 @@ import torch
 
 import opreg
 import triton
+from opreg import _C
 from triton import language as tl
 
 _names = itertools.count()
@@ -315,3 +316,17 @@ def test_the_front_refuses_a_name_that_is_not_namespace_and_identifier(name):
     with pytest.raises(ValueError, match=r"is not an identifier|must look like 'namespace::name'"):
         opreg.register_vmap_op(twice, fake_fn=None, name=name)
     assert not [op for op in opreg.describe_ops() if op.name.startswith("sweep7::")]
+
+
+def test_opcheck_with_no_checks_and_samples_for_an_op_opreg_does_not_define_are_refused():
+    # Seventh sweep: opcheck(checks=[]) passed with no row, and register_samples took aten::add
+    # (opcheck then refused the op); both are refused at once now.
+    with pytest.raises(ValueError, match="checks= is empty, so nothing would be checked"):
+        opreg.opcheck(torch.ops.opreg.fused_add.default, checks=[])
+    with pytest.raises(ValueError, match=r"no op named 'aten::add\.Tensor' is defined by opreg"):
+        opreg.register_samples(torch.ops.aten.add.Tensor, lambda device: [])
+    with pytest.raises(ValueError, match="seconds must be >= 0, got -1"):
+        _C.wait_for_backward_errors(-1.0)
+    with pytest.raises(ValueError, match="seconds must be >= 0, got nan"):
+        _C.wait_for_backward_errors(float("nan"))
+    assert _C.wait_for_backward_errors(1e30)  # a day at most: nothing overflows

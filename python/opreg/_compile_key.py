@@ -14,6 +14,7 @@ import enum
 import functools
 import hashlib
 import sys
+import threading
 import types
 from collections.abc import Iterable
 from typing import Any
@@ -218,6 +219,9 @@ _INDUCTOR_CONFIG = "torch._inductor.config"
 # runs, and a global assigned after the op's definition (or changed since) counts as well.
 _declared: dict[str, list[Any]] = {}
 _PENDING = "fingerprinted when a cache key is made"
+# Definitions in several threads, and compiles beside them, read and change these dicts: one at
+# a time (seen: "dictionary changed size during iteration" from a define).
+_lock = threading.RLock()
 
 
 class _SharedEntries(dict):
@@ -233,11 +237,12 @@ class _SharedEntries(dict):
         return self
 
     def __reduce__(self) -> tuple[Any, ...]:
-        now = {
-            key: current_fingerprint(key[len(_PREFIX) :]) if value == _PENDING else value
-            for key, value in self.items()
-        }
-        return dict, (list(now.items()),)
+        with _lock:
+            now = [
+                (key, current_fingerprint(key[len(_PREFIX) :]) if value == _PENDING else value)
+                for key, value in self.items()
+            ]
+        return dict, (now,)
 
 
 _shared = _SharedEntries()
@@ -245,11 +250,17 @@ _shared = _SharedEntries()
 
 def current_fingerprint(subject: str) -> str:
     """The fingerprint a cache key made now would hold for ``subject``."""
-    pieces = _declared.get(subject)
-    return "not defined" if pieces is None else fingerprint(pieces)
+    with _lock:
+        pieces = _declared.get(subject)
+        return "not defined" if pieces is None else fingerprint(pieces)
 
 
 def _sync() -> None:
+    with _lock:
+        _sync_locked()
+
+
+def _sync_locked() -> None:
     config = sys.modules[_INDUCTOR_CONFIG]
     name = "unsafe_marked_cacheable_functions"
     current = getattr(config, name, None)
@@ -280,5 +291,6 @@ def _changed() -> None:
 def declare(subject: str, pieces: Iterable[Any]) -> None:
     """Keys compiled graphs by these pieces of ``subject`` (an op's name, or a library's path)
     from now on, in place of its earlier ones."""
-    _declared[subject] = list(pieces)
-    _changed()
+    with _lock:
+        _declared[subject] = list(pieces)
+        _changed()

@@ -6,6 +6,7 @@ stay in Python (the fake, the decomposition under compile, the kernel status).""
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -430,7 +431,14 @@ def define(*declarations: OpDeclaration) -> list[torch._ops.OpOverload]:
         )
         strategy = declaration.sharding if callable(declaration.sharding) else None
         _dtensor.declare(qualname, strategy)
-        _compile_key.declare(qualname, [declaration.compiled_pieces()])
+        try:
+            _compile_key.declare(qualname, [declaration.compiled_pieces()])
+        except Exception as error:  # the op is defined: a cache key's gap must not undo that
+            warnings.warn(
+                f"opreg: op '{qualname}': torch.compile's caches do not see this definition: "
+                f"{error}",
+                stacklevel=2,
+            )
     if any(registered_before[d.qualname] is not None for d in declarations):
         forget_compiled_code()
     return [op_overload(declaration.qualname) for declaration in declarations]

@@ -9,6 +9,7 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 import types
 
 import torch
@@ -185,3 +186,33 @@ def test_a_global_assigned_after_the_definition_counts_when_a_key_is_made():
     keyed = pickle.loads(pickle.dumps(inductor_config.unsafe_marked_cacheable_functions))
     assert type(keyed) is dict
     assert keyed["opreg definition compile_key::late"] == before
+
+
+def test_ops_defined_in_several_threads_at_once_are_all_fingerprinted():
+    # Seventh sweep: defines racing in _compile_key raised "dictionary changed size during
+    # iteration" after the op was defined (a retry then found it "already defined").
+    import torch._inductor.config as inductor_config
+
+    errors = []
+
+    def define_many(thread: int) -> None:
+        for index in range(150):
+            name = f"compile_key_threads::t{thread}_{index}"
+            try:
+                opreg.custom_op(name, mutates_args=())(_twice_annotated)
+            except Exception as error:
+                errors.append(repr(error))
+            pickle.dumps(inductor_config.unsafe_marked_cacheable_functions)  # as a compile does
+
+    threads = [threading.Thread(target=define_many, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    keyed = pickle.loads(pickle.dumps(inductor_config.unsafe_marked_cacheable_functions))
+    assert sum(key.startswith("opreg definition compile_key_threads::") for key in keyed) == 600
+
+
+def _twice_annotated(x: torch.Tensor) -> torch.Tensor:
+    return x * 2

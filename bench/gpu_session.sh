@@ -49,10 +49,14 @@ cmake -S tests -B build/gpu-tests -G Ninja -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX" \
   cmake --build build/gpu-tests >> "$WORK/logs/cpp-tests.log" 2>&1 &&
   ctest --test-dir build/gpu-tests --output-on-failure >> "$WORK/logs/cpp-tests.log" 2>&1
 tail -4 "$WORK/logs/cpp-tests.log"
-else  # only the op library the Python tests load
+else  # only the op libraries the Python tests load
+  libraries="opreg_test_ops opreg_replacing_ops"
+  for failure in bad_schema duplicate_name signature_mismatch other_version nested_load; do
+    libraries="$libraries opreg_failing_$failure"
+  done
   cmake -S tests -B build/gpu-tests -G Ninja -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX" \
     -DOPREG_GTEST_SOURCE_DIR="$PWD/.carry/googletest" > "$WORK/logs/cpp-tests.log" 2>&1 &&
-    cmake --build build/gpu-tests --target opreg_test_ops >> "$WORK/logs/cpp-tests.log" 2>&1
+    cmake --build build/gpu-tests --target $libraries >> "$WORK/logs/cpp-tests.log" 2>&1
 fi
 
 step python tests

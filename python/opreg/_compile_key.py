@@ -294,3 +294,10 @@ def declare(subject: str, pieces: Iterable[Any]) -> None:
     with _lock:
         _declared[subject] = list(pieces)
         _changed()
+
+
+def forget(subject: str) -> None:
+    """``subject`` is no longer Python's to key (a library replaced the op)."""
+    with _lock:
+        if _declared.pop(subject, None) is not None:
+            _changed()

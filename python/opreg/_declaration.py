@@ -322,6 +322,21 @@ def _forget(qualname: str, schema_changed: bool) -> None:
         vars(getattr(torch.ops, namespace)).pop(name.split(".")[0], None)
 
 
+def python_defined_forms() -> dict[str, tuple[str, bool] | None]:
+    """The ops defined from Python, each with what torch.ops' handle of it caches."""
+    return {qualname: _registered_form(qualname) for qualname in _registrations}
+
+
+def forget_replaced_by(library: str, before: Mapping[str, tuple[str, bool] | None]) -> None:
+    """After a library load: the ops it replaced lose their Python definition's pieces that stay
+    in Python (seen: its fake and its decomposition under compile went on serving
+    torch.compile, which then ran the old Triton kernels or failed on the old fake's shape)."""
+    for qualname, form in before.items():
+        if _C.describe_op(qualname).origin == library:
+            _forget(qualname, schema_changed=form != _registered_form(qualname))
+            _compile_key.forget(qualname)
+
+
 def _single_device(values: Sequence[Any]) -> torch.device | None:
     """The one device of the tensor arguments (0-dim CPU tensors aside), None without any or
     when they are on several devices (the fallback serves such calls: its outputs' devices are

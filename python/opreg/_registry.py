@@ -224,7 +224,11 @@ def load_library(path: str | Path) -> None:
     path = path_argument("opreg.load_library", path)
     if not path.is_file():
         raise FileNotFoundError(f"opreg.load_library: no library at {path}")
+    from opreg import _declaration  # which imports this module
+
+    python_defined = _declaration.python_defined_forms()
     _C.load_library(str(path.resolve()))
+    _declaration.forget_replaced_by(str(path.resolve()), python_defined)
     # Its ops' C++ definitions, for torch.compile's caches: the file stands for them (its size
     # and time: hashing its contents would cost each import of opreg a tenth of its time).
     stat = path.stat()

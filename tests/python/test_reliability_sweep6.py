@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -22,6 +23,7 @@ import torch
 
 import opreg
 import triton
+from conftest import TEST_OPS_LIBRARY
 from opreg import _C
 from triton import language as tl
 
@@ -330,3 +332,67 @@ def test_opcheck_with_no_checks_and_samples_for_an_op_opreg_does_not_define_are_
     with pytest.raises(ValueError, match="seconds must be >= 0, got nan"):
         _C.wait_for_backward_errors(float("nan"))
     assert _C.wait_for_backward_errors(1e30)  # a day at most: nothing overflows
+
+
+# ---- seventh sweep: a C++ library replacing a Python op left the Python side's pieces ---------
+
+
+def _load_replacing_library(folder) -> None:
+    # A copy of its own for each test: loading a path again would not run its definitions again.
+    copy = folder / "libopreg_replacing_ops.so"
+    shutil.copy(TEST_OPS_LIBRARY.parent / "libopreg_replacing_ops.so", copy)
+    opreg.load_library(copy)
+
+
+def test_a_library_replacing_a_python_op_takes_its_fake_along(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+
+    def first_only(x: torch.Tensor) -> torch.Tensor:
+        return x[:1] * 2
+
+    opreg.register_triton_op(
+        fake_fn=lambda x: x.new_empty(1),
+        triton_fn=None,
+        name="opreg_replacing::op",
+        replace=True,  # the library's definition, when the other test ran first
+    )(first_only)
+    x = torch.ones(4)
+    assert torch.compile(lambda a: torch.ops.opreg_replacing.op(a) + 1)(x).shape == (1,)
+    _load_replacing_library(tmp_path)
+    # The Python fake (shape (1,)) went: compiled code failed on it ("expected size 4==1").
+    assert torch.ops.opreg_replacing.op(torch.ones(4, device="meta")).shape == (4,)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a: torch.ops.opreg_replacing.op(a) + 1)
+    torch.testing.assert_close(compiled(x), torch.full((4,), 101.0))
+
+
+@_interpreted
+def test_a_library_replacing_a_decomposed_python_op_takes_its_decomposition_along(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+
+    def launch(x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        opreg.wrap_triton(scale_kernel)[(triton.cdiv(x.numel(), 64),)](
+            x, out, x.numel(), 2.0, BLOCK=64
+        )
+        return out
+
+    opreg.register_triton_op(
+        fake_fn=lambda x: torch.empty_like(x),
+        triton_fn=launch,
+        triton_device_types="cpu",  # under the interpreter: the decomposition serves the CPU
+        name="opreg_replacing::op",
+        replace=True,  # the library's definition, when the other test ran first
+    )(twice)
+    x = torch.ones(4)
+    torch.testing.assert_close(
+        torch.compile(lambda a: torch.ops.opreg_replacing.op(a) + 1)(x), torch.full((4,), 3.0)
+    )
+    _load_replacing_library(tmp_path)
+    torch.testing.assert_close(torch.ops.opreg_replacing.op(x), torch.full((4,), 100.0))
+    for backend in ("aot_eager", "inductor"):  # they ran the old Triton kernel: 3.0
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda a: torch.ops.opreg_replacing.op(a) + 1, backend=backend)
+        torch.testing.assert_close(compiled(x), torch.full((4,), 101.0))

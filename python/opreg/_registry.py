@@ -199,6 +199,11 @@ def register_accelerated_device_type(name: str) -> str:
     Ops defined earlier pick it up at once. A type this PyTorch build does not know is
     recorded as skipped, with the reason, in each op's report.
     """
+    if not isinstance(name, str):
+        raise TypeError(
+            "opreg.register_accelerated_device_type: name must be a device type's name like "
+            f"'npu', got {type(name).__name__} {name!r:.80}"
+        )
     return _C.register_accelerated_device_type(name)
 
 

@@ -84,10 +84,18 @@ def test_text_after_a_nul_in_the_schema_is_refused():
 
 def test_a_schema_parse_error_carries_no_cpp_backtrace():
     with pytest.raises(ValueError) as error:
-        define("edges::ovd.default")
+        define("edges::unparsed", schema="(Tensor x, Tensr y) -> Tensor")
     message = str(error.value)
-    assert "edges::ovd" in message and "not a legal overload name" in message
+    assert "edges::unparsed" in message and "Tensr" in message
     assert "frame #" not in message and "Exception raised from" not in message
+    assert_not_defined("edges::unparsed")
+
+
+def test_a_name_with_an_overload_is_refused_before_the_schema_is_read():
+    # An op is defined by its name alone (the seventh sweep: 'ns::op.overload' defined one).
+    with pytest.raises(ValueError, match=r"'ovd\.default' is not an identifier"):
+        define("edges::ovd.default")
+    assert_not_defined("edges::ovd")
 
 
 # ---- keywords and names -------------------------------------------------------------------------

@@ -396,3 +396,9 @@ def test_a_library_replacing_a_decomposed_python_op_takes_its_decomposition_alon
         torch._dynamo.reset()
         compiled = torch.compile(lambda a: torch.ops.opreg_replacing.op(a) + 1, backend=backend)
         torch.testing.assert_close(compiled(x), torch.full((4,), 101.0))
+
+
+def test_register_accelerated_device_type_names_a_name_that_is_not_a_string():
+    # Seventh sweep: an int gave pybind's "incompatible function arguments".
+    with pytest.raises(TypeError, match="name must be a device type's name like 'npu', got int 5"):
+        opreg.register_accelerated_device_type(5)

@@ -46,8 +46,9 @@ def main(argv: list[str] | None = None) -> int:
             for library in libraries:
                 opreg.load_library(library)
         except (OSError, RuntimeError, ValueError) as error:  # missing, bad, failed definitions
-            first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
-            print(f"python -m opreg {args.command}: {first_line}", file=sys.stderr)
+            # The whole message: a library's lists each failing op and why on lines of its own.
+            message = str(error).strip() or repr(error)
+            print(f"python -m opreg {args.command}: {message}", file=sys.stderr)
             return 2
     if args.command == "info":
         print(_info.format_info())

@@ -229,6 +229,18 @@ def test_command_line_rejects_bad_input_in_one_line(args, message):
     assert message in lines[0], lines
 
 
+def test_command_line_names_each_op_of_a_library_that_fails_to_load():
+    # Seventh sweep: only the message's first line was printed, which names no op.
+    library = TEST_OPS_LIBRARY.parent / "libopreg_failing_bad_schema.so"
+    result = run_cli("info", "--load", str(library))
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith("python -m opreg info: "), result.stderr
+    assert "opreg_failing::bad: opreg: op 'opreg_failing::bad': cannot parse schema" in (
+        result.stderr
+    )
+
+
 def test_command_line_usage_names_every_command():
     usage = run_cli("--help").stdout
     for command in ("info", "check", "demo", "cmake-dir", "example-source"):

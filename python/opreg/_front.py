@@ -429,6 +429,9 @@ def register_triton_op(
         if aot is not None:
             kernels.append(KernelDeclaration("triton_aot", kernel_types, aot=aot))
             status = f"AOT kernel {aot.kernel} (C++ launcher)"
+            if aot.kernel not in {kernel["name"] for kernel in _C.triton_describe_kernels()}:
+                # A bundle or library may register it later; until then calls take the fallback.
+                status += "; not registered yet, so the fallback serves its calls until it is"
         elif triton_fn is not None:
             if usable:
                 kernels.append(

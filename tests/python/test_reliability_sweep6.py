@@ -402,3 +402,31 @@ def test_register_accelerated_device_type_names_a_name_that_is_not_a_string():
     # Seventh sweep: an int gave pybind's "incompatible function arguments".
     with pytest.raises(TypeError, match="name must be a device type's name like 'npu', got int 5"):
         opreg.register_accelerated_device_type(5)
+
+
+def _add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x + y
+
+
+def test_the_status_of_an_aot_kernel_not_registered_yet_says_the_fallback_serves():
+    # Seventh sweep: an AotLaunch of an unknown kernel read as a serving CUDA kernel.
+    unknown, known = fresh("unregistered_aot"), fresh("registered_aot")
+    op = opreg.register_triton_op(
+        fake_fn=empty,
+        triton_fn=None,
+        aot=opreg.AotLaunch("sweep7_no_such_kernel", ("1",), ("x", "out0"), outputs="like:x"),
+        name=unknown,
+    )(twice)
+    assert "not registered yet, so the fallback serves its calls until it is" in (
+        opreg.kernel_status(unknown)
+    )
+    torch.testing.assert_close(op(torch.ones(3)), torch.full((3,), 2.0))
+    opreg.register_triton_op(
+        fake_fn=lambda x, y: torch.empty_like(x),
+        triton_fn=None,
+        aot=opreg.AotLaunch(
+            "opreg_fused_add_f32", ("1",), ("x", "y", "out0", "numel(x)"), outputs="like:x"
+        ),
+        name=known,
+    )(_add)
+    assert "not registered yet" not in opreg.kernel_status(known)

@@ -3,9 +3,9 @@ what Dynamo captured, where an op is only its name, and hands back the code trac
 definition then: after a replace, or in another process whose op of that name differs, a graph of
 a decomposed op would run the old Triton launches (seen: an old factor), and any op's graph the
 old fake's shapes. Each Python definition (and each op library loaded) therefore puts a
-fingerprint of its pieces into Inductor's config, which both of Inductor's cache keys include: the
-same code gives the same key in every process, and a value that cannot be fingerprinted gives one
-no other process shares."""
+fingerprint of its pieces, taken when a cache key is made, into Inductor's config, which both of
+Inductor's cache keys include: the same code gives the same key in every process, and a value that
+cannot be fingerprinted gives one no other process shares."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from opreg._after_import import run_after_import
 
 _PREFIX = "opreg definition "  # no function is named so: torch reads these names as functions
 _MAX_DEPTH = 32
-_MAX_VALUES = 20000  # beyond, what is left stays unique: defining an op must stay cheap
+_MAX_VALUES = 20000  # beyond, what is left stays unique: a cache key must stay cheap to make
 # Functions of these packages are named, not read: their code comes with their version, which
 # the caches' keys hold already (opreg's own pieces differ only with opreg's).
 _NAMED_PACKAGES = ("torch", "triton", "opreg", "numpy")

@@ -87,11 +87,14 @@ def test_the_stream_check_fails_an_op_that_launches_on_another_stream():
         with torch.cuda.stream(torch.cuda.default_stream()):
             return x * 2  # reads x on the default stream, ignoring the current one
 
+    def reference(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
     opreg.register_triton_op(
         fake_fn=lambda x: torch.empty_like(x),
         triton_fn=on_the_default_stream,
         name="graphs_test::wrong_stream",
-    )(lambda x: x * 2)
+    )(reference)
     with pytest.raises(opreg.OpcheckError, match=r"stream failed .*a call on a side stream"):
         opreg.opcheck(
             torch.ops.graphs_test.wrong_stream,

@@ -218,59 +218,70 @@ def scale_op(name: str, factor: float):
     return scale
 
 
-@pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1", reason="runs Triton's interpreter on CPU"
+# The Triton kernels run on a GPU, or in Triton's interpreter on CPU tensors (conftest.py sets it
+# where there is no GPU).
+TRITON_DEVICE = (
+    "cpu"
+    if os.environ.get("TRITON_INTERPRET") == "1"
+    else "cuda"
+    if torch.cuda.is_available()
+    else None
 )
+_runs_triton = pytest.mark.skipif(
+    TRITON_DEVICE is None, reason="needs a GPU or Triton's interpreter"
+)
+
+
+def filled(size: int, value: float) -> torch.Tensor:
+    return torch.full((size,), value, device=TRITON_DEVICE)
+
+
+@_runs_triton
 def test_code_compiled_before_a_replace_runs_the_new_definition():
     # aot_eager: Dynamo's code caches alone (Inductor's are the tests below).
     name = fresh("compiled")
     op = scale_op(name, 3.0)
     compiled = torch.compile(lambda a: op(a) + 1, backend="aot_eager")
-    x = torch.ones(8)
-    torch.testing.assert_close(compiled(x), torch.full((8,), 4.0))
+    x = filled(8, 1.0)
+    torch.testing.assert_close(compiled(x), filled(8, 4.0))
     scale_op(name, 5.0)
-    torch.testing.assert_close(op(x), torch.full((8,), 5.0))
-    torch.testing.assert_close(compiled(x), torch.full((8,), 6.0))
+    torch.testing.assert_close(op(x), filled(8, 5.0))
+    torch.testing.assert_close(compiled(x), filled(8, 6.0))
 
 
-_interpreted = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1", reason="runs Triton's interpreter on CPU"
-)
-
-
-@_interpreted
+@_runs_triton
 def test_inductor_code_compiled_before_a_replace_runs_the_new_definition(tmp_path, monkeypatch):
     # Inductor's caches: AOTAutograd's keys a graph by what Dynamo captured, which names the op
     # but held nothing of its definition, and handed back the graph traced from the old one.
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     name = fresh("inductor")
     op = scale_op(name, 3.0)
-    x = torch.ones(8)
-    torch.testing.assert_close(torch.compile(lambda a: op(a) + 1)(x), torch.full((8,), 4.0))
+    x = filled(8, 1.0)
+    torch.testing.assert_close(torch.compile(lambda a: op(a) + 1)(x), filled(8, 4.0))
     scale_op(name, 5.0)
     torch._dynamo.reset()  # the in-memory caches too: what is left is Inductor's on disk
-    torch.testing.assert_close(torch.compile(lambda a: op(a) + 1)(x), torch.full((8,), 6.0))
+    torch.testing.assert_close(torch.compile(lambda a: op(a) + 1)(x), filled(8, 6.0))
     # Inductor's config holds a value per thread: a replace in one thread reaches compiles in
     # others, those that compiled before it and new ones.
     replace = threading.Thread(target=scale_op, args=(name, 7.0))
     replace.start()
     replace.join()
     torch._dynamo.reset()
-    torch.testing.assert_close(torch.compile(lambda a: op(a) + 1)(x), torch.full((8,), 8.0))
+    torch.testing.assert_close(torch.compile(lambda a: op(a) + 1)(x), filled(8, 8.0))
     results = []
     compile_elsewhere = threading.Thread(
         target=lambda: results.append(torch.compile(lambda a: op(a) + 2)(x))
     )
     compile_elsewhere.start()
     compile_elsewhere.join()
-    torch.testing.assert_close(results[0], torch.full((8,), 9.0))
+    torch.testing.assert_close(results[0], filled(8, 9.0))
 
 
 _SCALE_IN_A_PROCESS = """
 import sys, torch, triton, opreg
 from triton import language as tl
 from torch._dynamo.utils import counters
-factor = float(sys.argv[1])
+factor, device = float(sys.argv[1]), sys.argv[2]
 @triton.jit
 def scale_kernel(x_ptr, out_ptr, n, factor, BLOCK: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -282,18 +293,18 @@ def scale(x: torch.Tensor) -> torch.Tensor:
     grid = (triton.cdiv(x.numel(), 64),)
     opreg.wrap_triton(scale_kernel)[grid](x, out, x.numel(), factor, BLOCK=64)
     return out
-print(torch.compile(lambda a: scale(a) + 1)(torch.ones(4)).tolist())
+print(torch.compile(lambda a: scale(a) + 1)(torch.ones(4, device=device)).tolist())
 print("cache hit" if counters["aot_autograd"]["autograd_cache_hit"] else "cache miss")
 """
 
 
-@_interpreted
+@_runs_triton
 def test_inductor_caches_tell_apart_processes_whose_op_of_one_name_differs(tmp_path):
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path), TRITON_INTERPRET="1")
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
 
     def run(factor: str) -> list[str]:
         result = subprocess.run(
-            [sys.executable, "-c", _SCALE_IN_A_PROCESS, factor],
+            [sys.executable, "-c", _SCALE_IN_A_PROCESS, factor, TRITON_DEVICE],
             capture_output=True,
             text=True,
             env=env,
@@ -366,7 +377,7 @@ def test_a_library_replacing_a_python_op_takes_its_fake_along(tmp_path, monkeypa
     torch.testing.assert_close(compiled(x), torch.full((4,), 101.0))
 
 
-@_interpreted
+@_runs_triton
 def test_a_library_replacing_a_decomposed_python_op_takes_its_decomposition_along(
     tmp_path, monkeypatch
 ):
@@ -382,20 +393,20 @@ def test_a_library_replacing_a_decomposed_python_op_takes_its_decomposition_alon
     opreg.register_triton_op(
         fake_fn=lambda x: torch.empty_like(x),
         triton_fn=launch,
-        triton_device_types="cpu",  # under the interpreter: the decomposition serves the CPU
+        triton_device_types=TRITON_DEVICE,  # the interpreter's decomposition serves the CPU
         name="opreg_replacing::op",
         replace=True,  # the library's definition, when the other test ran first
     )(twice)
-    x = torch.ones(4)
+    x = filled(4, 1.0)
     torch.testing.assert_close(
-        torch.compile(lambda a: torch.ops.opreg_replacing.op(a) + 1)(x), torch.full((4,), 3.0)
+        torch.compile(lambda a: torch.ops.opreg_replacing.op(a) + 1)(x), filled(4, 3.0)
     )
     _load_replacing_library(tmp_path)
-    torch.testing.assert_close(torch.ops.opreg_replacing.op(x), torch.full((4,), 100.0))
+    torch.testing.assert_close(torch.ops.opreg_replacing.op(x), filled(4, 100.0))
     for backend in ("aot_eager", "inductor"):  # they ran the old Triton kernel: 3.0
         torch._dynamo.reset()
         compiled = torch.compile(lambda a: torch.ops.opreg_replacing.op(a) + 1, backend=backend)
-        torch.testing.assert_close(compiled(x), torch.full((4,), 101.0))
+        torch.testing.assert_close(compiled(x), filled(4, 101.0))
 
 
 def test_register_accelerated_device_type_names_a_name_that_is_not_a_string():

@@ -44,6 +44,7 @@
 #include <ATen/core/op_registration/infer_schema.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/TensorOptions.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
@@ -868,9 +869,13 @@ class Trampoline final : public c10::OperatorKernel {
       served = nullptr;  // a kernel serves one device: the fallback takes calls across devices
     }
     // As ATen's own ops do: the call's device is current while its pieces run (a Triton JIT
-    // launch, say, goes to the current device, not to its tensors' device).
+    // launch, say, goes to the current device, not to its tensors' device). See Note [A device
+    // guard only where the device is not current] in src/triton/kernel.cpp.
     c10::OptionalDeviceGuard device_guard;
-    if (devices.device && !devices.device->is_cpu()) device_guard.reset_device(*devices.device);
+    if (devices.device && !devices.device->is_cpu() &&
+        c10::impl::getDeviceGuardImpl(devices.device->type())->getDevice() != *devices.device) {
+      device_guard.reset_device(*devices.device);
+    }
     if (served == nullptr) {
       run_checked(d, d.fallback, kFallback, op, keys, stack, inputs, devices,
                   /*compare_with_fake=*/true);

@@ -847,10 +847,17 @@ void Kernel::launch(Grid grid, c10::ArrayRef<Arg> args) const {
   // 2. Device, context, stream, module.
   const auto* d = cuda::driver();
   c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(call.device));
-  c10::DeviceGuard guard(device);
+  // Note [A device guard only where the device is not current]: restoring the device at the end
+  // of a guard costs a driver query on CUDA (PyTorch's MaybeSetDevice asks whether the device has
+  // a primary context) on every call, even when nothing changed; inside an op's call, whose
+  // trampoline made the device current, nothing needs changing. Reading the current device is
+  // one runtime call.
+  const c10::impl::DeviceGuardImplInterface* cuda_guard =
+      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  c10::OptionalDeviceGuard guard;
+  if (cuda_guard->getDevice() != device) guard.reset_device(device);
   cuda::make_context_current(*d, call.device);
-  auto stream = static_cast<cuda::CUstream>(
-      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).native_handle());
+  auto stream = static_cast<cuda::CUstream>(cuda_guard->getStream(device).native_handle());
   cuda::CUfunction function = function_on(kernel, *variant, *d, call.device);
 
   // 3. Parameters: every non-constant argument, then the global and profile scratch pointers.

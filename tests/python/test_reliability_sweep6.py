@@ -300,11 +300,13 @@ print("cache hit" if counters["aot_autograd"]["autograd_cache_hit"] else "cache 
 
 @_runs_triton
 def test_inductor_caches_tell_apart_processes_whose_op_of_one_name_differs(tmp_path):
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"))
+    script = tmp_path / "scale.py"  # a file: Triton's compiler reads the kernel's source
+    script.write_text(_SCALE_IN_A_PROCESS)
 
     def run(factor: str) -> list[str]:
         result = subprocess.run(
-            [sys.executable, "-c", _SCALE_IN_A_PROCESS, factor, TRITON_DEVICE],
+            [sys.executable, str(script), factor, TRITON_DEVICE],
             capture_output=True,
             text=True,
             env=env,

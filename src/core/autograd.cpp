@@ -13,6 +13,7 @@
 #include <c10/util/ScopeExit.h>
 #include <torch/csrc/autograd/VariableTypeUtils.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
@@ -36,12 +37,12 @@ namespace detail {
 // PyTorch 2.13 holds autograd nodes in c10::intrusive_ptr, earlier releases in std::shared_ptr.
 using NodePtr = decltype(std::declval<torch::autograd::Node&>().getptr());
 
-template <class T, class Ptr = NodePtr>
-auto make_node() {
+template <class T, class Ptr = NodePtr, class... Args>
+auto make_node(Args&&... args) {
   if constexpr (std::is_same_v<Ptr, std::shared_ptr<torch::autograd::Node>>) {
-    return std::make_shared<T>();
+    return std::make_shared<T>(std::forward<Args>(args)...);
   } else {
-    return c10::make_intrusive<T>();
+    return c10::make_intrusive<T>(std::forward<Args>(args)...);
   }
 }
 
@@ -255,13 +256,63 @@ class AutogradKernel final : public c10::OperatorKernel {
                   ", but the op has no backward and its autograd policy is 'error'; give it a "
                   "backward (.backward(backward, setup_context) in C++, backward= in Python), or "
                   "use the 'fallback' policy");
+      std::vector<at::Tensor> inputs;
+      for (auto it = stack->end() - num_args; it != stack->end(); ++it) {
+        if (it->isTensor() && it->toTensor().defined()) inputs.push_back(it->toTensor());
+      }
       fallback_->callBoxed(op, keys, stack);
+      check_fallback_is_differentiable(any_requires_grad, any_tangent, inputs, stack);
       return;
     }
     run_with_backward(op, keys, stack);
   }
 
  private:
+  // The fallback ran under autograd because an input needs a gradient, but none of its floating
+  // outputs is connected to the inputs (its code went through numpy, .detach(), an integer step):
+  // the op's part would silently be left out of every gradient through it. A reverse-mode
+  // gradient through such an output raises, naming the op (as torch.library's ops without an
+  // autograd formula do); a forward-mode call raises at once, having no later moment. An op with
+  // at least one connected output is taken at its word: its other outputs may well be constant.
+  void check_fallback_is_differentiable(bool any_requires_grad, bool any_tangent,
+                                        const std::vector<at::Tensor>& inputs,
+                                        torch::jit::Stack* stack) const {
+    const auto& returns = op_->schema.returns();
+    const size_t first = stack->size() - returns.size();
+    std::vector<size_t> floating;  // the outputs a gradient can reach
+    bool reverse_connected = !any_requires_grad;
+    bool forward_connected = !any_tangent;
+    for (size_t index = 0; index < returns.size(); ++index) {
+      const c10::IValue& output = (*stack)[first + index];
+      if (returns[index].alias_info() != nullptr || !output.isTensor()) continue;
+      const at::Tensor& tensor = output.toTensor();
+      if (!tensor.defined() || !torch::autograd::isDifferentiableType(tensor.scalar_type())) {
+        continue;
+      }
+      floating.push_back(index);
+      reverse_connected = reverse_connected || tensor.requires_grad();
+      forward_connected = forward_connected || tensor._fw_grad(/*level=*/0).defined();
+    }
+    if (floating.empty() || (reverse_connected && forward_connected)) return;
+    const std::string why =
+        " is not connected to its inputs: the fallback computed it outside autograd (numpy, "
+        ".detach(), .item(), an integer step), so its derivative is unknown; give the op a "
+        "backward (backward= in Python, .backward() in C++), or declare autograd='none' "
+        "(AutogradPolicy::kNone in C++) if its outputs have no gradient";
+    TORCH_CHECK(forward_connected, op_->name, ": an input has a forward-mode tangent, but output ",
+                floating.front(), why);
+    auto node = detail::make_node<torch::autograd::Error>(
+        op_->name + ": a gradient reached output " + std::to_string(floating.front()) + ", which" +
+            why,
+        torch::autograd::collect_next_edges(inputs));
+    for (size_t index : floating) {
+      // A new tensor on the same memory: the fallback may have returned one that it keeps.
+      at::Tensor output = (*stack)[first + index].toTensor().detach();
+      torch::autograd::set_history(output, detail::NodePtr(node));
+      (*stack)[first + index] = std::move(output);
+    }
+  }
+
   // 3. Explicit backward: run the op below autograd (kernels included), then attach a node.
   void run_with_backward(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                          torch::jit::Stack* stack) {

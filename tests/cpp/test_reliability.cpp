@@ -149,3 +149,38 @@ TEST(Reliability, DtypesAreCheckedOnMetaAndUnderAutogradToo) {
 }
 
 }  // namespace
+
+namespace {
+
+// Eighth sweep: two outputs on one memory were accepted, and eager code writing one saw the
+// other change where torch.compile kept them apart.
+TEST(Reliability, OutputsSharingMemoryWithEachOtherAreRefused) {
+  auto op = opreg::op("opreg_rel::pair(Tensor x) -> (Tensor, Tensor)")
+                .fallback([](const at::Tensor& x) {
+                  auto y = x + 1;
+                  return std::make_tuple(y, y);
+                })
+                .define();
+  EXPECT_CONTAINS(error_of([&] { op(at::ones({2})); }),
+                  "opreg_rel::pair: the fallback returned outputs 0 and 1 sharing memory");
+}
+
+// Eighth sweep: a fallback computed outside autograd gave gradients without the op's part.
+TEST(Reliability, AGradientThroughAFallbackComputedOutsideAutogradRaises) {
+  auto op = opreg::op("opreg_rel::detached(Tensor x) -> Tensor")
+                .fallback([](const at::Tensor& x) { return x.detach() * 2; })
+                .define();
+  auto x = at::ones({3}, at::kDouble).requires_grad_();
+  auto out = op(x);
+  EXPECT_CONTAINS(error_of([&] { (out.sum() + x.sum()).backward(); }),
+                  "opreg_rel::detached: a gradient reached output 0, which is not connected to "
+                  "its inputs");
+  const auto forward_level = torch::autograd::forward_ad::enter_dual_level();
+  auto dual = at::_make_dual(at::ones({3}, at::kDouble), at::ones({3}, at::kDouble), forward_level);
+  const std::string forward = error_of([&] { op(dual); });
+  torch::autograd::forward_ad::exit_dual_level(forward_level);
+  EXPECT_CONTAINS(forward,
+                  "opreg_rel::detached: an input has a forward-mode tangent, but output 0");
+}
+
+}  // namespace

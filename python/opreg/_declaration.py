@@ -5,6 +5,7 @@ stay in Python (the fake, the decomposition under compile, the kernel status).""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -251,15 +252,19 @@ def refuse_companion(name: str, where: str) -> None:
         )
 
 
-def _check_companions(declarations: Sequence[OpDeclaration]) -> None:
+def _check_companions(declarations: Sequence[OpDeclaration]) -> list[OpDeclaration]:
     """No definition takes over a companion from its op, and no companion overwrites an op of
-    its own."""
+    its own. Returns the declarations, with a companion that its op made earlier set to be
+    replaced: it belongs to the op, which may have been undefined without it (opreg::undefine
+    knows nothing of companions), and is defined again with it."""
     defining = {d.qualname for d in declarations}
+    checked = []
     for declaration in declarations:
         name, owner = declaration.qualname, declaration.companion_of
         if owner is None:
             if companion_owner(name) not in (None, *defining):
                 refuse_companion(name, "opreg")
+            checked.append(declaration)
             continue
         registration = _registrations.get(name)
         made_by_owner = registration is not None and registration.companion_of == owner
@@ -270,6 +275,10 @@ def _check_companions(declarations: Sequence[OpDeclaration]) -> None:
                 f"defining '{owner}' with vmap_fn would replace it; rename one of the two, or "
                 f"give '{owner}' a vmap rule (vmap=) instead of vmap_fn"
             )
+        checked.append(
+            dataclasses.replace(declaration, replace=True) if made_by_owner else declaration
+        )
+    return checked
 
 
 def python_kernel_status(name: str) -> str | None:
@@ -362,6 +371,31 @@ def _check_no_alias(qualname: str, index: int, output: Any, inputs: list[torch.T
             )
 
 
+def _check_outputs_apart(qualname: str, values: list[Any], declared_alias: list[bool]) -> None:
+    """Two outputs on one memory, where the schema declares no alias (the C++ core's check of
+    the other pieces, src/core/registry.cpp)."""
+    seen: list[tuple[torch.Tensor, int]] = []
+    for index, value in enumerate(values):
+        if declared_alias[index]:
+            continue
+        for tensor in value if isinstance(value, (list, tuple)) else [value]:
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            for other, other_index in seen:
+                if torch._C._is_alias_of(tensor, other):
+                    where = (
+                        f"two tensors in output {index}"
+                        if other_index == index
+                        else f"outputs {other_index} and {index}"
+                    )
+                    raise RuntimeError(
+                        f"opreg: op '{qualname}': its fake returned {where} sharing memory, but "
+                        "the schema declares no alias; return separate tensors "
+                        "(e.g. torch.empty_like(x) for each)"
+                    )
+            seen.append((tensor, index))
+
+
 def _checked_fake(declaration: OpDeclaration) -> Callable[..., Any]:
     """The fake, with its outputs checked against the schema and the inputs' device (the C++
     core checks C++ fakes)."""
@@ -407,6 +441,7 @@ def _checked_fake(declaration: OpDeclaration) -> Callable[..., Any]:
                 )
             if not declared_alias[index]:
                 _check_no_alias(qualname, index, value, inputs)
+        _check_outputs_apart(qualname, values, declared_alias)
         return result
 
     return fake
@@ -416,7 +451,7 @@ def define(*declarations: OpDeclaration) -> list[torch._ops.OpOverload]:
     """Defines the ops together through the C++ core, which validates everything before it
     changes anything: all are defined, or none and the earlier definitions stay. Then the
     Python-side pieces (fakes, the decomposition under compile) replace the earlier ones."""
-    _check_companions(declarations)
+    declarations = tuple(_check_companions(declarations))
     builders = [declaration.builder() for declaration in declarations]
     registered_before = {d.qualname: _registered_form(d.qualname) for d in declarations}
     _C.define_all(builders)

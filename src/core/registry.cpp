@@ -691,6 +691,39 @@ void check_output_tensor(const Definition& definition, const at::Tensor& output,
   }
 }
 
+// Two outputs on one memory, where the schema declares no alias: eager code that writes one
+// sees the other change, while torch.compile, which trusts the schema, makes them apart.
+void check_outputs_apart(const Definition& definition, const torch::jit::Stack& stack, size_t base,
+                         const std::string& impl) {
+  c10::SmallVector<std::pair<const c10::StorageImpl*, size_t>, 4> seen;
+  auto check = [&](const c10::IValue& value, size_t index) {
+    if (definition.return_aliases[index] || !value.isTensor()) return;
+    const at::Tensor& tensor = value.toTensor();
+    if (!tensor.defined() || !tensor.has_storage()) return;
+    const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+    for (const auto& [other, other_index] : seen) {
+      if (other != storage) continue;
+      TORCH_CHECK(other_index != index, definition.name(), ": ", impl,
+                  " returned two tensors in output ", index, " sharing memory, but the schema '",
+                  definition.schema_text(),
+                  "' declares no alias; return separate tensors (e.g. y.clone())");
+      TORCH_CHECK(false, definition.name(), ": ", impl, " returned outputs ", other_index, " and ",
+                  index, " sharing memory, but the schema '", definition.schema_text(),
+                  "' declares no alias; return separate tensors (e.g. y.clone())");
+    }
+    seen.emplace_back(storage, index);
+  };
+  const auto& returns = definition.schema().returns();
+  for (size_t index = 0; index < returns.size(); ++index) {
+    const c10::IValue& value = stack[base + index];
+    if (value.isList()) {
+      for (const c10::IValue& element : value.toListRef()) check(element, index);
+    } else {
+      check(value, index);
+    }
+  }
+}
+
 void check_outputs(const Definition& definition, const torch::jit::Stack& stack, size_t base,
                    const CallInputs& inputs, const std::string& impl,
                    std::optional<c10::Device> device) {
@@ -717,6 +750,10 @@ void check_outputs(const Definition& definition, const torch::jit::Stack& stack,
           check_output_tensor(definition, element.toTensor(), index, inputs, impl, device);
       }
     }
+  }
+  if (definition.plain_tensor_returns.size() + definition.other_tensor_returns.size() > 1 ||
+      !definition.other_tensor_returns.empty()) {  // more than one tensor can come back
+    check_outputs_apart(definition, stack, base, impl);
   }
 }
 
@@ -1323,14 +1360,29 @@ bool is_defined(const std::string& name) {
   return found != reg.ops.end() && found->second->load() != nullptr;
 }
 
-void undefine(const std::string& name) {
+namespace {
+
+void undefine_now(const std::string& name) {
   auto& reg = registry();
   std::vector<DefinitionPtr> garbage;  // destroyed after the lock is released
   std::lock_guard<std::recursive_mutex> lock(reg.mutex);
   auto found = reg.ops.find(name);
   TORCH_CHECK_VALUE(found != reg.ops.end() && found->second->load() != nullptr,
                     "opreg: cannot undefine '", name, "': no op of this name is defined by opreg");
-  publish(*found->second, nullptr, &garbage);
+  // Inside opreg::load_library, a failed load puts the definition back with the others.
+  detail::record_loaded_definition(name, publish(*found->second, nullptr, &garbage));
+}
+
+}  // namespace
+
+void undefine(const std::string& name) {
+  if (!detail::loading_library()) return undefine_now(name);
+  // As define(): an exception must not leave a library's static initializer.
+  try {
+    undefine_now(name);
+  } catch (const c10::Error& error) {
+    detail::record_load_failure(name, error.what_without_backtrace());
+  }
 }
 
 }  // namespace opreg

@@ -12,6 +12,7 @@ apply to an op are reported as skipped, with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import sys
@@ -39,14 +40,29 @@ CHECKS = (
     "stream",
 )
 
+# The C++ core's names of dtypes (c10::ScalarType), as describe_op's dtypes give them.
 _DTYPES = {
     "Float": torch.float32,
     "Double": torch.float64,
     "Half": torch.float16,
     "BFloat16": torch.bfloat16,
-    "Long": torch.int64,
+    "ComplexHalf": torch.complex32,
+    "ComplexFloat": torch.complex64,
+    "ComplexDouble": torch.complex128,
+    "Byte": torch.uint8,
+    "Char": torch.int8,
+    "Short": torch.int16,
     "Int": torch.int32,
+    "Long": torch.int64,
+    "UInt16": torch.uint16,
+    "UInt32": torch.uint32,
+    "UInt64": torch.uint64,
     "Bool": torch.bool,
+    **{
+        name: getattr(torch, name.lower())
+        for name in ("Float8_e5m2", "Float8_e4m3fn", "Float8_e5m2fnuz", "Float8_e4m3fnuz")
+        if hasattr(torch, name.lower())
+    },
 }
 
 
@@ -122,21 +138,28 @@ class OpcheckReport:
 
 
 def _declared_dtypes(op_name: str) -> dict[str, list[torch.dtype]]:
-    return {
-        arg: [_DTYPES[d] for d in dtypes if d in _DTYPES]
-        for arg, dtypes in describe_op(op_name).dtypes
-    }
+    declared = {}
+    for arg, dtypes in describe_op(op_name).dtypes:
+        unknown = [d for d in dtypes if d not in _DTYPES]
+        if unknown:
+            raise TypeError(
+                f"opreg.opcheck: op '{op_name}' declares dtype {unknown[0]} for argument "
+                f"'{arg}', of which opcheck cannot make random samples; pass samples="
+            )
+        declared[arg] = [_DTYPES[d] for d in dtypes]
+    return declared
 
 
 def _random_tensor(shape: Sequence[int], dtype: torch.dtype, device: str) -> torch.Tensor:
+    if dtype.is_complex:
+        return torch.randn(shape, device=device, dtype=torch.complex128).to(dtype)
     if dtype.is_floating_point:
         return torch.randn(shape, device=device).to(dtype)
     if dtype == torch.bool:
         return torch.rand(shape, device=device) > 0.5
-    info = torch.iinfo(dtype)
-    return torch.randint(
-        max(info.min, -(2**62)), min(info.max, 2**62), shape, dtype=dtype, device=device
-    )
+    info = torch.iinfo(dtype)  # drawn as int64: randint has no kernel for some unsigned types
+    low, high = max(info.min, -(2**62)), min(info.max, 2**62)
+    return torch.randint(low, high, shape, dtype=torch.int64, device=device).to(dtype)
 
 
 def _takes_tensors(op: torch._ops.OpOverload) -> bool:
@@ -430,25 +453,40 @@ def _check_gradients(op, sample, device):
     flat, spec = pytree.tree_flatten(double.args)
 
     random = not _values_comparable(op)
+    no_double = [  # arguments declared with floating dtypes, float64 not among them
+        arg
+        for arg, names in describe_op(_qualified(op)).dtypes
+        if "Double" not in names
+        and any(name in _DTYPES and _DTYPES[name].is_floating_point for name in names)
+    ]
 
     def fn(*diff):
         it = iter(diff)  # cloned: an op that mutates an input must not write into a leaf
         leaves = [
             next(it).clone() if isinstance(x, torch.Tensor) and x.requires_grad else x for x in flat
         ]
-        if not random:
-            return op(*pytree.tree_unflatten(leaves, spec), **double.kwargs)
-        # A random op is a function of its inputs once its draws are fixed: every evaluation of
-        # gradcheck starts from the same seed.
-        with torch.random.fork_rng(devices=_cuda_devices_of(inputs)):
-            torch.manual_seed(0)
-            return op(*pytree.tree_unflatten(leaves, spec), **double.kwargs)
+        with contextlib.ExitStack() as stack:
+            if random:
+                # A random op is a function of its inputs once its draws are fixed: every
+                # evaluation of gradcheck starts from the same seed.
+                stack.enter_context(torch.random.fork_rng(devices=_cuda_devices_of(inputs)))
+                torch.manual_seed(0)
+            out = op(*pytree.tree_unflatten(leaves, spec), **double.kwargs)
+        # Only what has a derivative: a (Tensor, int) op's int is no output of gradcheck's.
+        return tuple(o for o in _tensors(out) if o.is_floating_point() or o.is_complex())
 
-    try:
-        torch.autograd.gradcheck(fn, tuple(inputs), raise_exception=True, fast_mode=True)
-    except Exception as error:
-        return False, 0.0, f"gradcheck: {str(error).splitlines()[0]}"
+    # gradcheck needs float64; an op that refuses it gets the comparison below alone.
+    gradcheck_note = ""
+    if no_double:
+        gradcheck_note = f"gradcheck skipped: '{no_double[0]}' does not take float64"
+    else:
+        try:
+            torch.autograd.gradcheck(fn, tuple(inputs), raise_exception=True, fast_mode=True)
+        except Exception as error:
+            return False, 0.0, f"gradcheck: {str(error).splitlines()[0]}"
     if random:  # the kernel draws other numbers than the fallback: nothing to compare
+        if no_double:
+            raise _Skipped(f"{gradcheck_note}, and a random op's kernel draws its own numbers")
         return True, 0.0, "gradcheck with fixed draws; kernel vs fallback not comparable (random)"
     # The kernel path's gradients against the fallback's (PyTorch's autograd of its ATen ops).
     kernel_inputs = [
@@ -487,7 +525,7 @@ def _check_gradients(op, sample, device):
         error = max(error, _max_error(kg, fg))
         if not torch.allclose(kg.double(), fg.double(), rtol=1e-3, atol=1e-4):
             return False, error, "the op's gradients differ from the fallback's"
-    return True, error, ""
+    return True, error, gradcheck_note
 
 
 def _batch(value: Any, size: int) -> Any:

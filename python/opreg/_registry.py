@@ -184,6 +184,16 @@ def check_op_name(api: str, name: Any) -> None:
                 f"{api}: name {name!r}: {part!r} is not an identifier (letters, digits and "
                 "'_', not starting with a digit)"
             )
+    namespace, op = name.split("::")
+    for part, owner, taken in (
+        (namespace, "torch.ops", [*dir(type(torch.ops)), "loaded_libraries", "_dir"]),
+        (op, f"torch.ops.{namespace}", dir(torch._ops._OpNamespace("opreg_reserved_names"))),
+    ):
+        if part in taken or part.startswith("__"):
+            raise ValueError(
+                f"{api}: name {name!r}: {owner}.{part} is an attribute of PyTorch's own, so "
+                f"{owner}.{part} could not reach the op; choose another name"
+            )
 
 
 @public

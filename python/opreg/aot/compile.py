@@ -60,6 +60,7 @@ MAX_CTAS = 16
 MAX_REGISTERS = 255  # per thread, on every NVIDIA GPU Triton compiles for
 MAX_INT32 = 2**31 - 1
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_NAME = 128
 TARGET = re.compile(r"(?:sm_|cuda:)(\d{2,4})")
 ELF_MACHINE_CUDA = 190
 
@@ -141,6 +142,12 @@ def check_kernel_spec(spec: KernelSpec, path: Path) -> None:
     if not isinstance(spec.name, str) or not IDENTIFIER.fullmatch(spec.name):
         fail("name", "a C identifier (letters, digits, _; it names files and C++ symbols)",
              spec.name)  # fmt: skip
+    if len(spec.name) > MAX_NAME:  # file names of the cache are the name and 60 more characters
+        fail(
+            "name",
+            f"at most {MAX_NAME} characters (it names files)",
+            f"{len(spec.name)} characters",
+        )
     if not isinstance(spec.source, str):
         fail("source", "a string 'file.py:function' or 'module:function'", spec.source)
     if not isinstance(spec.signature, dict) or not spec.signature:
@@ -220,7 +227,7 @@ def load_function(source: str, base: Path):
         sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
-        except Exception as error:
+        except (Exception, SystemExit) as error:  # a script's argparse exits on import
             del sys.modules[module_name]
             raise SpecError(
                 f"source '{source}': importing {path} failed: {raised(error)}"
@@ -228,7 +235,7 @@ def load_function(source: str, base: Path):
     else:
         try:
             module = importlib.import_module(location)
-        except Exception as error:
+        except (Exception, SystemExit) as error:
             missing = error.name if isinstance(error, ModuleNotFoundError) else None
             if missing and location.startswith(missing):  # not a module it imports
                 raise SpecError(f"source '{source}': no module named {missing!r}") from None

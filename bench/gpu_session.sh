@@ -51,7 +51,8 @@ cmake -S tests -B build/gpu-tests -G Ninja -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX" \
 tail -4 "$WORK/logs/cpp-tests.log"
 else  # only the op libraries the Python tests load
   libraries="opreg_test_ops opreg_replacing_ops"
-  for failure in bad_schema duplicate_name signature_mismatch other_version nested_load; do
+  for failure in bad_schema duplicate_name signature_mismatch other_version nested_load \
+    undefine_then_fail undefine_unknown; do
     libraries="$libraries opreg_failing_$failure"
   done
   cmake -S tests -B build/gpu-tests -G Ninja -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX" \

@@ -53,7 +53,8 @@ OPREG_API OpReport describe_op(const std::string& name);
 OPREG_API bool is_defined(const std::string& name);
 
 // Undefines an opreg op: calls then raise an error naming it, and it can be defined again (with
-// any schema). PyTorch keeps the name, so handles taken earlier stay safe to call.
+// any schema). PyTorch keeps the name, so handles taken earlier stay safe to call. Within
+// load_library, a failed load puts the op back, and an error is recorded as a definition's is.
 OPREG_API void undefine(const std::string& name);
 
 // Opens a library whose static initializers define opreg ops. If any definition fails, every op

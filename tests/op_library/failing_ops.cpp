@@ -1,6 +1,7 @@
 // tests/op_library/failing_ops.cpp: op libraries whose static initializers define one good op and
-// then make one mistake (chosen by OPREG_FAILURE at compile time), for the tests that loading them
-// raises one clear error, rolls the good op back, and keeps the process alive.
+// then make one mistake (chosen by OPREG_FAILURE at compile time; some undefine an op first), for
+// the tests that loading them raises one clear error, rolls the good op back (and the undefined
+// op in), and keeps the process alive.
 #include <ATen/ATen.h>
 
 #include <cstdlib>
@@ -28,12 +29,18 @@ const auto first =
     opreg::op("opreg_failing::twice(Tensor x) -> Tensor").fallback(identity).define();
 const auto second =
     opreg::op("opreg_failing::twice(Tensor x) -> Tensor").fallback(identity).define();
-#elif defined(OPREG_NESTED_LOAD)  // loads the library OPREG_NESTED_LIBRARY names as it loads
+#elif defined(OPREG_NESTED_LOAD)         // loads the library OPREG_NESTED_LIBRARY names as it loads
 const bool nested = [] {
   const char* path = std::getenv("OPREG_NESTED_LIBRARY");
   opreg::load_library(path != nullptr ? path : "OPREG_NESTED_LIBRARY is not set");
   return true;
 }();
+#elif defined(OPREG_UNDEFINE_THEN_FAIL)  // undefines an op defined before the load, then fails
+const bool undefined = (opreg::undefine("opreg::fused_add"), true);
+const auto bad =
+    opreg::op("opreg_failing::bad(Tensor x, Tensr y) -> Tensor").fallback(identity).define();
+#elif defined(OPREG_UNDEFINE_UNKNOWN)    // undefines an op that no one defined
+const bool undefined = (opreg::undefine("opreg_failing::never_defined"), true);
 #elif defined(OPREG_SIGNATURE_MISMATCH)
 const auto mismatch =
     opreg::op("opreg_failing::mismatch(Tensor x, Tensor y) -> Tensor").fallback(identity).define();

@@ -4,6 +4,9 @@
 #include <ATen/ATen.h>
 #include <opreg/opreg.h>
 
+#include <cstdio>
+#include <exception>
+
 namespace {
 
 at::Tensor affine_reference(const at::Tensor& x, double scale, double shift) {
@@ -146,3 +149,15 @@ const auto bad_vmap_rule =
         .define();
 
 }  // namespace
+
+// opreg::undefine for the Python tests, through ctypes (the Python front has no undefine): 0 when
+// the op was undefined, 1 (with the message on stderr) when it was refused.
+extern "C" __attribute__((visibility("default"))) int opreg_test_undefine(const char* name) {
+  try {
+    opreg::undefine(name);
+    return 0;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "%s\n", error.what());
+    return 1;
+  }
+}

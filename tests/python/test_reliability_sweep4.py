@@ -110,7 +110,8 @@ def test_opreg_debug_compares_tensor_list_outputs_with_the_fake():
             )(lambda x: [x * 2, x * 3])
 
         x = torch.ones(2)
-        assert len(define("sweep4::right", lambda x: [torch.empty_like(x)] * 2)(x)) == 2
+        right = lambda x: [torch.empty_like(x), torch.empty_like(x)]  # two tensors, not one twice
+        assert len(define("sweep4::right", right)(x)) == 2
         empty = torch.empty_like
         for name, fake, expected in [
             ("sweep4::short", lambda x: [empty(x)], "with 2 tensors, but the op's fake gives 1"),

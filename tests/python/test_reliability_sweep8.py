@@ -1,0 +1,389 @@
+"""Regression tests for the eighth adversarial sweep's findings (against 408de2c): a fallback
+computed outside autograd (numpy, .detach()) gave silently wrong gradients under the default
+autograd policy; outputs sharing memory with each other were accepted (eager and torch.compile
+then disagreed); a failed library load did not put back an op its initializers had undefined, and
+an undefine of an unknown op there terminated the process; a Python op undefined from C++ could
+not be defined again with its vmap_fn; opcheck refused correct ops (dtypes outside its table,
+float32-only ops in its float64 gradcheck, (Tensor, int) outputs); the AOT compiler's tracebacks
+for a long kernel name and a source that exits on import."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from test_reliability import assert_survived, load_failing_library, run_probe
+
+import opreg
+from conftest import TEST_OPS_LIBRARY
+
+_names = itertools.count()
+
+
+def fresh(stem: str) -> str:
+    return f"sweep8::{stem}{next(_names)}"
+
+
+def empty(x):
+    return torch.empty_like(x)
+
+
+# ---- S8-01: a fallback computed outside autograd ---------------------------------------------
+
+
+def numpy_sin_op():
+    def numpy_sin(x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(np.sin(x.detach().cpu().numpy()))
+
+    return opreg.register_vmap_op(numpy_sin, fake_fn=empty, name=fresh("numpy_sin"))
+
+
+def test_a_gradient_through_a_fallback_computed_outside_autograd_raises_naming_the_op():
+    op = numpy_sin_op()
+    x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    out = op(x)  # forward-only use stays possible
+    torch.testing.assert_close(out.detach(), torch.sin(x.detach()))
+    # The op's term was silently left out: x.grad came back as ones.
+    with pytest.raises(RuntimeError, match=r"numpy_sin\d+: a gradient reached output 0, which "
+                       r"is not connected to its inputs.*give the op a backward"):  # fmt: skip
+        (out.sum() + x.sum()).backward()
+    with torch.no_grad():  # no gradient asked for: nothing to refuse
+        torch.testing.assert_close(op(x), torch.sin(x.detach()))
+
+
+def test_forward_mode_through_a_fallback_computed_outside_autograd_raises_naming_the_op():
+    def detached_sin(x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(x.detach())
+
+    op = opreg.register_vmap_op(detached_sin, fake_fn=empty, name=fresh("detached_sin"))
+    x, t = torch.randn(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+    message = r"detached_sin\d+: an input has a forward-mode tangent, but output 0 is not connected"
+    with pytest.raises(RuntimeError, match=message):  # was: a zero tangent
+        torch.func.jvp(op, (x,), (t,))
+    with pytest.raises(RuntimeError, match=message), torch.autograd.forward_ad.dual_level():
+        op(torch.autograd.forward_ad.make_dual(x, t))
+
+
+def test_a_fallback_with_one_connected_output_keeps_its_constant_ones():
+    def sin_and_count(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.sin(x), torch.full((1,), float(x.numel()))
+
+    op = opreg.register_vmap_op(
+        sin_and_count,
+        fake_fn=lambda x: (torch.empty_like(x), x.new_empty(1)),
+        name=fresh("sin_and_count"),
+    )
+    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    y, count = op(x)
+    (y.sum() + count.sum()).backward()
+    torch.testing.assert_close(x.grad, torch.cos(x.detach()))
+    _, tangent = torch.func.jvp(lambda a: op(a)[0], (x.detach(),), (torch.ones(4).double(),))
+    torch.testing.assert_close(tangent, torch.cos(x.detach()))
+
+
+def test_a_fallback_computed_outside_autograd_under_the_none_policy_is_refused_nowhere():
+    def numpy_sin(x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(np.sin(x.detach().numpy()))
+
+    op = opreg.register_vmap_op(numpy_sin, fake_fn=empty, name=fresh("none"), autograd="none")
+    x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    assert not op(x).requires_grad  # declared: its outputs have no gradient
+
+
+# ---- S8-02: outputs sharing memory with each other --------------------------------------------
+
+
+def test_outputs_sharing_memory_with_each_other_are_refused():
+    def twice_the_same(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x + 1
+        return y, y
+
+    op = opreg.register_vmap_op(
+        twice_the_same,
+        fake_fn=lambda x: (torch.empty_like(x), torch.empty_like(x)),
+        name=fresh("two"),
+    )
+    with pytest.raises(RuntimeError, match=r"the fallback returned outputs 0 and 1 sharing "
+                       r"memory, but the schema .* declares no alias"):  # fmt: skip
+        op(torch.ones(2))
+
+    def views(x: torch.Tensor) -> list[torch.Tensor]:
+        y = x * 2
+        return [y[:1], y[1:]]
+
+    listed = opreg.register_vmap_op(
+        views,
+        fake_fn=lambda x: [x.new_empty(1), x.new_empty(x.shape[0] - 1)],
+        name=fresh("listed"),
+        schema="(Tensor x) -> Tensor[]",
+    )
+    with pytest.raises(RuntimeError, match="returned two tensors in output 0 sharing memory"):
+        listed(torch.ones(3))
+
+
+def test_a_fake_returning_one_tensor_twice_is_refused():
+    def apart(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x + 1, x + 2
+
+    def same(x):
+        y = torch.empty_like(x)
+        return y, y
+
+    op = opreg.register_vmap_op(apart, fake_fn=same, name=fresh("fake_same"))
+    torch.testing.assert_close(op(torch.ones(2))[1], torch.full((2,), 3.0))
+    with pytest.raises(RuntimeError, match=r"its fake returned outputs 0 and 1 sharing memory"):
+        op(torch.ones(2, device="meta"))
+
+
+def test_outputs_declared_as_aliases_of_one_input_are_accepted():
+    def both(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x.mul_(2)
+        return x, x
+
+    op = opreg.register_vmap_op(
+        both,
+        fake_fn=lambda x: (x, x),
+        name=fresh("aliases"),
+        schema="(Tensor(a!) x) -> (Tensor(a!), Tensor(a!))",
+    )
+    x = torch.ones(2)
+    first, second = op(x)
+    assert first.data_ptr() == second.data_ptr() == x.data_ptr()
+
+
+# ---- S8-03 and S8-04: undefine ---------------------------------------------------------------
+
+
+def undefine(test_ops_library, name: str) -> None:
+    """opreg::undefine through the test library (the Python front has none)."""
+    hook = ctypes.CDLL(str(test_ops_library)).opreg_test_undefine
+    hook.argtypes = [ctypes.c_char_p]
+    assert hook(name.encode()) == 0
+
+
+def test_an_op_undefined_from_cpp_is_defined_again_with_its_vmap_fn(test_ops_library):
+    name = fresh("undefined")
+
+    def define(factor: float, **flags):
+        return opreg.register_vmap_op(
+            lambda x: x * factor,
+            fake_fn=empty,
+            name=name,
+            schema="(Tensor x) -> Tensor",
+            vmap_fn=lambda x: x * factor,
+            fake_vmap_fn=empty,
+            **flags,
+        )
+
+    define(2.0)
+    undefine(test_ops_library, name)
+    op = define(3.0)  # was: '<name>_vmap: an op of this name is already defined'
+    x = torch.ones(2, 3)
+    torch.testing.assert_close(op(x), torch.full((2, 3), 3.0))
+    torch.testing.assert_close(torch.vmap(op)(x), torch.full((2, 3), 3.0))
+    with pytest.raises(ValueError, match="an op of this name is already defined"):
+        define(4.0)  # the op itself is defined now: replace=True is still needed
+
+
+def test_a_failed_load_puts_back_an_op_its_initializers_undefined():
+    output = load_failing_library(
+        "undefine_then_fail",
+        then="""
+        print("fused_add:", torch.ops.opreg.fused_add(torch.ones(2), torch.ones(2)).tolist())
+        """,
+    )
+    assert "opreg_failing::bad: opreg: op 'opreg_failing::bad': cannot parse schema" in output
+    assert "fused_add: [2.0, 2.0]" in output  # was: 'opreg::fused_add: the op is not defined now'
+
+
+def test_an_undefine_of_an_unknown_op_during_a_load_is_a_load_error():
+    # It threw out of the library's static initializer: the process terminated.
+    output = load_failing_library("undefine_unknown")
+    assert (
+        "opreg_failing::never_defined: opreg: cannot undefine 'opreg_failing::never_defined'"
+        in (output)
+    )
+
+
+# ---- S8-05 to S8-07: opcheck and correct ops --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dtypes",
+    [[torch.uint8], [torch.int8, torch.int16], [torch.complex64], [torch.float32, torch.uint8]],
+    ids=str,
+)
+def test_opcheck_passes_a_correct_op_of_any_declared_dtype(dtypes):
+    # uint8, int8, complex64: IndexError inside opcheck; [float32, uint8]: uint8 never sampled.
+    def double_it(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    op = opreg.register_vmap_op(
+        double_it, fake_fn=empty, name=fresh("dtypes"), dtypes={"x": dtypes}
+    )
+    report = opreg.opcheck(op, devices=["cpu"])
+    assert not report.failures
+    sampled = {row.sample.rsplit(" ", 1)[1] for row in report.rows}
+    assert sampled == {str(d).removeprefix("torch.") for d in dtypes}
+
+
+def test_opcheck_checks_the_gradients_of_a_float32_only_op_without_float64():
+    def sine(x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(x)
+
+    op = opreg.register_vmap_op(
+        sine, fake_fn=empty, name=fresh("f32"), dtypes={"x": [torch.float32]}
+    )
+    report = opreg.opcheck(op, devices=["cpu"], checks=["gradients"])
+    assert not report.failures, str(report)
+    assert {row.message for row in report.rows if not row.skipped} == {
+        "gradcheck skipped: 'x' does not take float64"
+    }
+
+    def wrong_backward(ctx, grad):
+        return grad * 2  # d sin = cos: the comparison with the fallback's gradients catches it
+
+    wrong = opreg.register_vmap_op(
+        sine,
+        fake_fn=empty,
+        name=fresh("f32_wrong"),
+        dtypes={"x": [torch.float32]},
+        backward=wrong_backward,
+    )
+    with pytest.raises(opreg.OpcheckError, match="the op's gradients differ from the fallback's"):
+        opreg.opcheck(wrong, devices=["cpu"], checks=["gradients"])
+
+
+def test_opcheck_passes_an_op_returning_a_tensor_and_an_int():
+    def plus_one_and_three(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return x + 1, 3
+
+    op = opreg.register_vmap_op(
+        plus_one_and_three,
+        fake_fn=lambda x: (torch.empty_like(x), 3),
+        name=fresh("tensor_int"),
+        schema="(Tensor x) -> (Tensor, int)",
+    )
+    report = opreg.opcheck(op, devices=["cpu"], checks=["gradients"])
+    assert not report.failures, str(report)
+
+
+# ---- S8-08 and S8-09: the AOT compiler's one-line errors --------------------------------------
+
+_SPEC = """
+[[kernel]]
+name = "{name}"
+source = "{source}"
+signature = {{ x_ptr = "*fp32", n = "i32" }}
+constexprs = {{ BLOCK = 64 }}
+targets = ["sm_90"]
+configs = [{{ num_warps = 4 }}]
+"""
+
+_KERNEL = """
+import triton
+from triton import language as tl
+{before}
+@triton.jit
+def kernel(x_ptr, n, BLOCK: tl.constexpr):
+    pass
+"""
+
+
+def compile_spec(tmp_path, name: str, before: str = "") -> subprocess.CompletedProcess:
+    (tmp_path / "kernel.py").write_text(_KERNEL.format(before=before))
+    (tmp_path / "spec.toml").write_text(_SPEC.format(name=name, source="kernel.py:kernel"))
+    return subprocess.run(
+        [sys.executable, "-m", "opreg.aot", str(tmp_path / "spec.toml"), "--out",
+         str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+
+
+def one_line_error(result: subprocess.CompletedProcess) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr[-2000:]
+    assert lines[0].startswith("python -m opreg.aot: error: ")
+    return lines[0]
+
+
+def test_a_kernel_name_too_long_for_a_file_name_is_refused_in_one_line(tmp_path):
+    error = one_line_error(compile_spec(tmp_path, "k" * 300))
+    assert "'name' must be at most 128 characters (it names files), got '300 characters'" in error
+
+
+def test_a_kernel_source_that_exits_on_import_is_named_in_one_line(tmp_path):
+    # It exited with the source's own status, printing nothing.
+    error = one_line_error(compile_spec(tmp_path, "exits", before="raise SystemExit(3)"))
+    assert "kernel.py failed: " in error and "SystemExit: 3" in error
+
+
+def test_no_probe_of_this_file_left_the_process_in_a_bad_state():
+    # The undefine hook and the failing libraries ran in this process or in probes; a last call of
+    # a shipped op proves the process and its registry are whole.
+    result = run_probe(
+        textwrap.dedent(
+            f"""
+            import ctypes, torch, opreg
+            opreg.load_library({str(TEST_OPS_LIBRARY)!r})
+            hook = ctypes.CDLL({str(TEST_OPS_LIBRARY)!r}).opreg_test_undefine
+            hook.argtypes = [ctypes.c_char_p]
+            print("refused:", hook(b"sweep8::never_defined"))
+            print(torch.ops.opreg.fused_add(torch.ones(2), torch.ones(2)).tolist())
+            """
+        )
+    )
+    assert_survived(result)
+    assert "refused: 1" in result.stdout and "[2.0, 2.0]" in result.stdout
+    assert "cannot undefine 'sweep8::never_defined'" in result.stderr
+
+
+# ---- S8-10 and S8-12: names torch.ops cannot reach, a negative grid ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "owner"),
+    [
+        ("sweep8_names::name", "torch.ops.sweep8_names.name"),
+        ("sweep8_names::_dir", "torch.ops.sweep8_names._dir"),
+        ("load_library::op", "torch.ops.load_library"),
+        ("sweep8_names::__doc__", "torch.ops.sweep8_names.__doc__"),
+    ],
+)
+def test_a_name_torch_ops_cannot_reach_is_refused_before_anything_is_defined(name, owner):
+    # 'ns::name' raised AttributeError ('str' object has no attribute 'default') after the op
+    # was defined, so a retry was refused as a second definition.
+    for define in (
+        lambda: opreg.register_vmap_op(
+            lambda x: x * 2, fake_fn=empty, name=name, schema="(Tensor x) -> Tensor"
+        ),
+        lambda: opreg.custom_op(
+            name, lambda x: x * 2, mutates_args=(), schema="(Tensor x) -> Tensor"
+        ),
+    ):
+        with pytest.raises(ValueError, match=rf"{owner} is an attribute of PyTorch's own"):
+            define()
+    assert name not in {op.name for op in opreg.describe_ops()}
+
+
+def test_a_negative_constant_grid_is_refused_at_definition():
+    with pytest.raises(ValueError, match=r"aot_kernel grid: cannot read '-1': a grid dimension "
+                       "is a count of programs, at least 0"):  # fmt: skip
+        opreg.register_triton_op(
+            fake_fn=empty,
+            triton_fn=None,
+            aot=opreg.AotLaunch("sweep8_no_such_kernel", ("-1",), ("x", "out0"), outputs="like:x"),
+            name=fresh("negative_grid"),
+        )(twice)
+
+
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 
 #include <pthread.h>
 
@@ -299,9 +300,24 @@ class BackwardError final : public ::python_error {
     count(-1);
   }
 
+  // Until no error is alive, then until kSettle has passed since the last one went: it goes with
+  // the engine's GraphTask, whose destruction goes on after it (the task's thread-local state
+  // holds a Python object, the contextvars.Context that torch.autograd.grad stashes there, and
+  // frees it under the GIL; seen killed mid-free at exit, one run in six on a loaded machine).
   static bool wait_until_none(std::chrono::milliseconds limit) {
+    constexpr auto kSettle = std::chrono::milliseconds(250);
+    const auto deadline = std::chrono::steady_clock::now() + limit;
     std::unique_lock<std::mutex> lock(state().mutex);
-    return state().released.wait_for(lock, limit, [] { return state().alive == 0; });
+    while (true) {
+      if (!state().released.wait_until(lock, deadline, [] { return state().alive == 0; })) {
+        return false;
+      }
+      if (!state().last_freed) return true;
+      const auto settled = std::min(*state().last_freed + kSettle, deadline);
+      if (!state().released.wait_until(lock, settled, [] { return state().alive != 0; })) {
+        return true;  // settled with none alive
+      }
+    }
   }
 
  private:
@@ -309,6 +325,7 @@ class BackwardError final : public ::python_error {
     std::mutex mutex;
     std::condition_variable released;
     int64_t alive = 0;
+    std::optional<std::chrono::steady_clock::time_point> last_freed;
   };
   static State*& instance() {
     static State* state = [] {
@@ -322,6 +339,7 @@ class BackwardError final : public ::python_error {
   static void count(int delta) {
     std::lock_guard<std::mutex> lock(state().mutex);
     state().alive += delta;
+    if (delta < 0) state().last_freed = std::chrono::steady_clock::now();
     if (state().alive == 0) state().released.notify_all();
   }
 };

@@ -185,6 +185,12 @@ def check_op_name(api: str, name: Any) -> None:
                 "'_', not starting with a digit)"
             )
     namespace, op = name.split("::")
+    held = vars(torch.ops).get(namespace)  # torch.ops.higher_order, say, holds no custom ops
+    if held is not None and not isinstance(held, torch._ops._OpNamespace):
+        raise ValueError(
+            f"{api}: name {name!r}: torch.ops.{namespace} is PyTorch's own "
+            f"{type(held).__name__}, which could not reach the op; choose another namespace"
+        )
     for part, owner, taken in (
         (namespace, "torch.ops", [*dir(type(torch.ops)), "loaded_libraries", "_dir"]),
         (op, f"torch.ops.{namespace}", dir(torch._ops._OpNamespace("opreg_reserved_names"))),

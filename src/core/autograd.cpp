@@ -3,6 +3,7 @@
 #include "opreg/autograd.h"
 
 #include <atomic>
+#include <optional>
 #include <sstream>
 #include <type_traits>
 #include <utility>
@@ -13,7 +14,6 @@
 #include <c10/util/ScopeExit.h>
 #include <torch/csrc/autograd/VariableTypeUtils.h>
 #include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
@@ -217,6 +217,24 @@ void bump_versions_of_mutated_inputs(const c10::FunctionSchema& schema,
 
 }  // namespace
 
+// The grad_fn of a fallback's outputs that are not connected to its inputs (see
+// check_fallback_is_differentiable): warns once per op and passes no gradient on.
+class DisconnectedOutput final : public torch::autograd::Node {
+ public:
+  DisconnectedOutput(std::string message, std::shared_ptr<std::atomic<bool>> warned,
+                     torch::autograd::edge_list&& next_edges)
+      : Node(std::move(next_edges)), message_(std::move(message)), warned_(std::move(warned)) {}
+  torch::autograd::variable_list apply(torch::autograd::variable_list&&) override {
+    if (!warned_->exchange(true)) TORCH_WARN(message_);
+    return torch::autograd::variable_list(num_outputs());
+  }
+  std::string name() const override { return "DisconnectedOutput"; }
+
+ private:
+  std::string message_;
+  std::shared_ptr<std::atomic<bool>> warned_;
+};
+
 class AutogradKernel final : public c10::OperatorKernel {
  public:
   AutogradKernel(detail::IdentityPtr op, AutogradDeclaration declaration,
@@ -269,47 +287,66 @@ class AutogradKernel final : public c10::OperatorKernel {
 
  private:
   // The fallback ran under autograd because an input needs a gradient, but none of its floating
-  // outputs is connected to the inputs (its code went through numpy, .detach(), an integer step):
-  // the op's part would silently be left out of every gradient through it. A reverse-mode
-  // gradient through such an output raises, naming the op (as torch.library's ops without an
-  // autograd formula do); a forward-mode call raises at once, having no later moment. An op with
-  // at least one connected output is taken at its word: its other outputs may well be constant.
+  // outputs is connected to the inputs: its code went through numpy, .detach() or an integer
+  // step, and the op's part is missing from every derivative through it; or the outputs do not
+  // depend on those inputs, and the derivative is zero. opreg cannot tell the two apart, so it
+  // warns (once per op) when a derivative meets such an output: in forward mode at the call, in
+  // reverse mode when a gradient reaches the output (a DisconnectedOutput node, which passes no
+  // gradient on). An op with at least one connected output is taken at its word: its other
+  // outputs may well be constant.
   void check_fallback_is_differentiable(bool any_requires_grad, bool any_tangent,
                                         const std::vector<at::Tensor>& inputs,
                                         torch::jit::Stack* stack) const {
     const auto& returns = op_->schema.returns();
     const size_t first = stack->size() - returns.size();
-    std::vector<size_t> floating;  // the outputs a gradient can reach
+    std::vector<std::pair<size_t, std::optional<size_t>>> floating;  // (output, list element)
     bool reverse_connected = !any_requires_grad;
     bool forward_connected = !any_tangent;
-    for (size_t index = 0; index < returns.size(); ++index) {
-      const c10::IValue& output = (*stack)[first + index];
-      if (returns[index].alias_info() != nullptr || !output.isTensor()) continue;
-      const at::Tensor& tensor = output.toTensor();
-      if (!tensor.defined() || !torch::autograd::isDifferentiableType(tensor.scalar_type())) {
-        continue;
-      }
-      floating.push_back(index);
+    auto visit = [&](const at::Tensor& tensor, size_t index, std::optional<size_t> element) {
+      if (!tensor.defined() || !torch::autograd::isDifferentiableType(tensor.scalar_type())) return;
+      floating.emplace_back(index, element);
       reverse_connected = reverse_connected || tensor.requires_grad();
       forward_connected = forward_connected || tensor._fw_grad(/*level=*/0).defined();
+    };
+    for (size_t index = 0; index < returns.size(); ++index) {
+      const c10::IValue& output = (*stack)[first + index];
+      if (returns[index].alias_info() != nullptr) continue;
+      if (output.isTensor()) {
+        visit(output.toTensor(), index, std::nullopt);
+      } else if (output.isTensorList()) {
+        const auto list = output.toTensorList();
+        for (size_t i = 0; i < list.size(); ++i) visit(list.get(i), index, i);
+      }
     }
     if (floating.empty() || (reverse_connected && forward_connected)) return;
-    const std::string why =
-        " is not connected to its inputs: the fallback computed it outside autograd (numpy, "
-        ".detach(), .item(), an integer step), so its derivative is unknown; give the op a "
-        "backward (backward= in Python, .backward() in C++), or declare autograd='none' "
-        "(AutogradPolicy::kNone in C++) if its outputs have no gradient";
-    TORCH_CHECK(forward_connected, op_->name, ": an input has a forward-mode tangent, but output ",
-                floating.front(), why);
-    auto node = detail::make_node<torch::autograd::Error>(
-        op_->name + ": a gradient reached output " + std::to_string(floating.front()) + ", which" +
-            why,
+    const std::string what =
+        " is not connected to its inputs: the fallback computed it outside "
+        "autograd (numpy, .detach(), .item(), an integer step), or it does not "
+        "depend on them; the op adds nothing to the derivative. If it should, "
+        "give the op a backward (backward= in Python, .backward() in C++); "
+        "declare autograd='none' (AutogradPolicy::kNone) if it has none";
+    const std::string output = std::to_string(floating.front().first);
+    if (!forward_connected && !warned_->exchange(true)) {
+      TORCH_WARN(op_->name, ": an input has a forward-mode tangent, but output ", output, what);
+    }
+    if (reverse_connected) return;
+    auto node = detail::make_node<DisconnectedOutput>(
+        op_->name + ": a gradient reached output " + output + ", which" + what, warned_,
         torch::autograd::collect_next_edges(inputs));
-    for (size_t index : floating) {
+    for (const auto& [index, element] : floating) {
       // A new tensor on the same memory: the fallback may have returned one that it keeps.
-      at::Tensor output = (*stack)[first + index].toTensor().detach();
-      torch::autograd::set_history(output, detail::NodePtr(node));
-      (*stack)[first + index] = std::move(output);
+      c10::IValue& slot = (*stack)[first + index];
+      if (!element) {
+        at::Tensor tensor = slot.toTensor().detach();
+        torch::autograd::set_history(tensor, detail::NodePtr(node));
+        slot = std::move(tensor);
+      } else {
+        auto list = slot.toTensorList().copy();
+        at::Tensor tensor = list.get(*element).detach();
+        torch::autograd::set_history(tensor, detail::NodePtr(node));
+        list.set(*element, tensor);
+        slot = std::move(list);
+      }
     }
   }
 
@@ -384,6 +421,7 @@ class AutogradKernel final : public c10::OperatorKernel {
   detail::IdentityPtr op_;
   std::shared_ptr<const AutogradDeclaration> spec_;
   detail::FallbackPtr fallback_;
+  std::shared_ptr<std::atomic<bool>> warned_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 namespace detail {

@@ -111,8 +111,8 @@ class Parser {
     auto expr = parse(text);
     fail(expr->type == ValueType::kInt, text,
          std::string("expected an integer expression, got ") + type_name(expr->type));
-    fail(expr->kind != Expr::Kind::kInt || expr->number >= 0, text,
-         "a grid dimension is a count of programs, at least 0");
+    fail(expr->kind != Expr::Kind::kInt || (expr->number >= 0 && expr->number < (int64_t{1} << 31)),
+         text, "a grid dimension is a count of programs, from 0 to 2^31 - 1");
     return expr;
   }
 

@@ -227,7 +227,7 @@ def load_function(source: str, base: Path):
         sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
-        except (Exception, SystemExit) as error:  # a script's argparse exits on import
+        except BaseException as error:  # SystemExit too: a script's argparse exits on import
             del sys.modules[module_name]
             raise SpecError(
                 f"source '{source}': importing {path} failed: {raised(error)}"
@@ -235,7 +235,7 @@ def load_function(source: str, base: Path):
     else:
         try:
             module = importlib.import_module(location)
-        except (Exception, SystemExit) as error:
+        except BaseException as error:
             missing = error.name if isinstance(error, ModuleNotFoundError) else None
             if missing and location.startswith(missing):  # not a module it imports
                 raise SpecError(f"source '{source}': no module named {missing!r}") from None

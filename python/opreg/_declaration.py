@@ -339,10 +339,12 @@ def python_defined_forms() -> dict[str, tuple[str, bool] | None]:
 def forget_replaced_by(library: str, before: Mapping[str, tuple[str, bool] | None]) -> None:
     """After a library load: the ops it replaced lose their Python definition's pieces that stay
     in Python (seen: its fake and its decomposition under compile went on serving
-    torch.compile, which then ran the old Triton kernels or failed on the old fake's shape)."""
+    torch.compile, which then ran the old Triton kernels or failed on the old fake's shape).
+    So do the ops it undefined."""
     for qualname, form in before.items():
-        if _C.describe_op(qualname).origin == library:
-            _forget(qualname, schema_changed=form != _registered_form(qualname))
+        now = _registered_form(qualname)  # None: undefined by the library
+        if now is None or _C.describe_op(qualname).origin == library:
+            _forget(qualname, schema_changed=form != now)
             _compile_key.forget(qualname)
 
 

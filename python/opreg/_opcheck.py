@@ -305,11 +305,17 @@ def _clone(sample: Sample) -> Sample:
     )
 
 
+def _wide(tensor: torch.Tensor) -> torch.Tensor:
+    """For comparing values: complex128 for complex tensors (.double() drops the imaginary
+    part), float64 otherwise."""
+    return tensor.to(torch.complex128) if tensor.is_complex() else tensor.double()
+
+
 def _max_error(got: Any, want: Any) -> float:
     errors = [0.0]
     for a, b in zip(_tensors(got), _tensors(want), strict=True):
         if a.numel():
-            errors.append((a.double() - b.double().to(a.device)).abs().nan_to_num(0).max().item())
+            errors.append((_wide(a) - _wide(b).to(a.device)).abs().nan_to_num(0).max().item())
     return max(errors)
 
 
@@ -523,7 +529,7 @@ def _check_gradients(op, sample, device):
         kg = torch.zeros_like(t) if kg is None else kg
         fg = torch.zeros_like(t) if fg is None else fg
         error = max(error, _max_error(kg, fg))
-        if not torch.allclose(kg.double(), fg.double(), rtol=1e-3, atol=1e-4):
+        if not torch.allclose(_wide(kg), _wide(fg), rtol=1e-3, atol=1e-4):
             return False, error, "the op's gradients differ from the fallback's"
     return True, error, gradcheck_note
 
@@ -533,7 +539,9 @@ def _batch(value: Any, size: int) -> Any:
         return value
     if value.is_floating_point():
         return torch.stack([value] + [torch.randn_like(value) for _ in range(size - 1)])
-    return torch.stack([value + i if value.dtype != torch.bool else value for i in range(size)])
+    if value.dtype == torch.bool or value.dtype in (torch.uint16, torch.uint32, torch.uint64):
+        return torch.stack([value] * size)  # no add for these on every device: the same values
+    return torch.stack([value + i for i in range(size)])
 
 
 def _check_vmap(op, sample, device, depths=(1, 2, 3)):
@@ -584,7 +592,7 @@ def _check_vmap(op, sample, device, depths=(1, 2, 3)):
             error = max(error, _max_error(got, want))
             for g, w in zip(_tensors(got), _tensors(want), strict=True):
                 values_differ = _values_comparable(op) and not torch.allclose(
-                    g.double(), w.double(), rtol=1e-4, atol=1e-5, equal_nan=True
+                    _wide(g), _wide(w), rtol=1e-4, atol=1e-5, equal_nan=True
                 )
                 if g.shape != w.shape or values_differ:
                     return (
@@ -623,7 +631,7 @@ def _check_compile(op, sample, device, backend="aot_eager"):
         for g, e in zip(_tensors(got), _tensors(eager), strict=True):
             if g.shape != e.shape or (
                 _values_comparable(op)
-                and not torch.allclose(g.double(), e.double(), rtol=1e-5, atol=1e-6, equal_nan=True)
+                and not torch.allclose(_wide(g), _wide(e), rtol=1e-5, atol=1e-6, equal_nan=True)
             ):
                 return (
                     False,

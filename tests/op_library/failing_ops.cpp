@@ -39,6 +39,12 @@ const bool nested = [] {
 const bool undefined = (opreg::undefine("opreg::fused_add"), true);
 const auto bad =
     opreg::op("opreg_failing::bad(Tensor x, Tensr y) -> Tensor").fallback(identity).define();
+#elif defined(OPREG_UNDEFINE_NAMED)      // undefines the op OPREG_UNDEFINE_NAME names, and loads
+const bool undefined = [] {
+  const char* name = std::getenv("OPREG_UNDEFINE_NAME");
+  opreg::undefine(name != nullptr ? name : "OPREG_UNDEFINE_NAME is not set");
+  return true;
+}();
 #elif defined(OPREG_UNDEFINE_UNKNOWN)    // undefines an op that no one defined
 const bool undefined = (opreg::undefine("opreg_failing::never_defined"), true);
 #elif defined(OPREG_SIGNATURE_MISMATCH)

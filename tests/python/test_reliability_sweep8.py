@@ -444,3 +444,59 @@ def test_a_constant_grid_out_of_range_is_refused_at_definition(grid):
 
 def twice(x: torch.Tensor) -> torch.Tensor:
     return x * 2
+
+
+# ---- ninth sweep: a library undefining a Python op; opcheck and complex or unsigned ops --------
+
+
+def test_a_library_that_undefines_a_python_op_loads_and_takes_its_python_pieces_along():
+    # The load succeeded, then load_library raised "no op named ... is defined by opreg".
+    library = TEST_OPS_LIBRARY.parent / "libopreg_failing_undefine_named.so"
+    result = run_probe(
+        textwrap.dedent(
+            f"""
+            import os, torch, opreg
+            os.environ["OPREG_UNDEFINE_NAME"] = "sweep9_py::op"
+            op = opreg.register_vmap_op(lambda x: x * 2, fake_fn=lambda x: torch.empty_like(x),
+                                        name="sweep9_py::op", schema="(Tensor x) -> Tensor")
+            opreg.load_library({str(library)!r})
+            try:
+                torch.ops.sweep9_py.op(torch.ones(2))
+            except RuntimeError as error:
+                print("undefined:", error)
+            again = opreg.register_vmap_op(lambda x: x * 3, fake_fn=lambda x: torch.empty_like(x),
+                                           name="sweep9_py::op", schema="(Tensor x) -> Tensor")
+            print("again:", again(torch.ones(2)).tolist())
+            """
+        )
+    )
+    assert_survived(result)
+    assert "undefined: sweep9_py::op: the op is not defined now" in result.stdout
+    assert "again: [3.0, 3.0]" in result.stdout
+
+
+def test_opcheck_compares_complex_values_whole():
+    # A vmap_fn that conjugates passed: the comparison took the real parts alone.
+    def double_it(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    op = opreg.register_vmap_op(
+        double_it,
+        fake_fn=empty,
+        name=fresh("complex"),
+        dtypes={"x": [torch.complex64]},
+        vmap_fn=lambda x: torch.conj_physical(x * 2),
+        fake_vmap_fn=empty,
+    )
+    with pytest.raises(opreg.OpcheckError, match="vmap failed"):
+        opreg.opcheck(op, devices=["cpu"], checks=["vmap"])
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64], ids=str)
+def test_opcheck_passes_a_correct_op_of_an_unsigned_dtype(dtype):
+    # Its own vmap check added to these, which have no add on the CPU.
+    def copy(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    op = opreg.register_vmap_op(copy, fake_fn=empty, name=fresh("unsigned"), dtypes={"x": [dtype]})
+    assert not opreg.opcheck(op, devices=["cpu"], checks=["kernel_vs_fallback", "vmap"]).failures

@@ -342,8 +342,9 @@ def forget_replaced_by(library: str, before: Mapping[str, tuple[str, bool] | Non
     torch.compile, which then ran the old Triton kernels or failed on the old fake's shape).
     So do the ops it undefined."""
     for qualname, form in before.items():
-        now = _registered_form(qualname)  # None: undefined by the library
-        if now is None or _C.describe_op(qualname).origin == library:
+        now = _registered_form(qualname)
+        undefined_by_it = now is None and form is not None
+        if undefined_by_it or (now is not None and _C.describe_op(qualname).origin == library):
             _forget(qualname, schema_changed=form != now)
             _compile_key.forget(qualname)
 

@@ -537,8 +537,9 @@ def _check_gradients(op, sample, device):
 def _batch(value: Any, size: int) -> Any:
     if not isinstance(value, torch.Tensor):
         return value
-    if value.is_floating_point():
-        return torch.stack([value] + [torch.randn_like(value) for _ in range(size - 1)])
+    if value.is_floating_point():  # drawn in float32: randn has no float8 kernel
+        draws = [torch.randn(value.shape, device=value.device) for _ in range(size - 1)]
+        return torch.stack([value] + [d.to(value.dtype) for d in draws])
     if value.dtype == torch.bool or value.dtype in (torch.uint16, torch.uint32, torch.uint64):
         return torch.stack([value] * size)  # no add for these on every device: the same values
     return torch.stack([value + i for i in range(size)])

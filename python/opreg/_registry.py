@@ -193,9 +193,14 @@ def check_op_name(api: str, name: Any) -> None:
         )
     for part, owner, taken in (
         (namespace, "torch.ops", [*dir(type(torch.ops)), "loaded_libraries", "_dir"]),
-        (op, f"torch.ops.{namespace}", dir(torch._ops._OpNamespace("opreg_reserved_names"))),
+        (
+            op,
+            f"torch.ops.{namespace}",
+            # __origin__ and __self__: _OpNamespace.__getattr__ refuses them
+            [*dir(torch._ops._OpNamespace("opreg_reserved_names")), "__origin__", "__self__"],
+        ),
     ):
-        if part in taken or part.startswith("__"):
+        if part in taken:
             raise ValueError(
                 f"{api}: name {name!r}: {owner}.{part} is an attribute of PyTorch's own, so "
                 f"{owner}.{part} could not reach the op; choose another name"

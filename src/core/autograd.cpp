@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <type_traits>
 #include <utility>
@@ -319,19 +320,24 @@ class AutogradKernel final : public c10::OperatorKernel {
       }
     }
     if (floating.empty() || (reverse_connected && forward_connected)) return;
+    std::set<size_t> indices;
+    for (const auto& entry : floating) indices.insert(entry.first);
+    std::string output = indices.size() == 1 ? "output " : "outputs ";  // "outputs 0, 1"
+    for (size_t index : indices) {
+      output += (index == *indices.begin() ? "" : ", ") + std::to_string(index);
+    }
     const std::string what =
-        " is not connected to its inputs: the fallback computed it outside "
-        "autograd (numpy, .detach(), .item(), an integer step), or it does not "
-        "depend on them; the op adds nothing to the derivative. If it should, "
-        "give the op a backward (backward= in Python, .backward() in C++); "
-        "declare autograd='none' (AutogradPolicy::kNone) if it has none";
-    const std::string output = std::to_string(floating.front().first);
+        std::string(indices.size() == 1 ? " is" : " are") +
+        " not connected to its inputs: the fallback computed the values outside autograd (numpy, "
+        ".detach(), .item(), an integer step), or they do not depend on the inputs; the op adds "
+        "nothing to the derivative. If it should, give the op a backward (backward= in Python, "
+        ".backward() in C++); declare autograd='none' (AutogradPolicy::kNone) if it has none";
     if (!forward_connected && !warned_->exchange(true)) {
-      TORCH_WARN(op_->name, ": an input has a forward-mode tangent, but output ", output, what);
+      TORCH_WARN(op_->name, ": an input has a forward-mode tangent, but ", output, what);
     }
     if (reverse_connected) return;
     auto node = detail::make_node<DisconnectedOutput>(
-        op_->name + ": a gradient reached output " + output + ", which" + what, warned_,
+        op_->name + ": a gradient reached " + output + ", which" + what, warned_,
         torch::autograd::collect_next_edges(inputs));
     for (const auto& [index, element] : floating) {
       // A new tensor on the same memory: the fallback may have returned one that it keeps.

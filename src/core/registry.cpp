@@ -1382,6 +1382,8 @@ void undefine(const std::string& name) {
     undefine_now(name);
   } catch (const c10::Error& error) {
     detail::record_load_failure(name, error.what_without_backtrace());
+  } catch (const std::exception& error) {
+    detail::record_load_failure(name, error.what());
   }
 }
 

@@ -313,8 +313,12 @@ class BackwardError final : public ::python_error {
         return false;
       }
       if (!state().last_freed) return true;
-      const auto settled = std::min(*state().last_freed + kSettle, deadline);
-      if (!state().released.wait_until(lock, settled, [] { return state().alive != 0; })) {
+      const auto seen = *state().last_freed;
+      const auto settled = std::min(seen + kSettle, deadline);
+      // Woken early by another error freed (or made) meanwhile: wait again, from that one.
+      if (!state().released.wait_until(lock, settled, [seen] {
+            return state().alive != 0 || *state().last_freed != seen;
+          })) {
         return true;  // settled with none alive
       }
     }

@@ -42,6 +42,7 @@ Loaded load() {
               resolve(library, "cuDeviceGet", &d.cuDeviceGet, &why) &&
               resolve(library, "cuDeviceGetAttribute", &d.cuDeviceGetAttribute, &why) &&
               resolve(library, "cuCtxGetCurrent", &d.cuCtxGetCurrent, &why) &&
+              resolve(library, "cuCtxGetDevice", &d.cuCtxGetDevice, &why) &&
               resolve(library, "cuCtxSetCurrent", &d.cuCtxSetCurrent, &why) &&
               resolve(library, "cuDevicePrimaryCtxRetain", &d.cuDevicePrimaryCtxRetain, &why) &&
               resolve(library, "cuModuleLoadData", &d.cuModuleLoadData, &why) &&

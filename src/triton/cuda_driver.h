@@ -56,6 +56,7 @@ struct Driver {
   CUresult (*cuDeviceGet)(CUdevice*, int);
   CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice);
   CUresult (*cuCtxGetCurrent)(CUcontext*);
+  CUresult (*cuCtxGetDevice)(CUdevice*);
   CUresult (*cuCtxSetCurrent)(CUcontext);
   CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice);
   CUresult (*cuModuleLoadData)(CUmodule*, const void*);

@@ -850,12 +850,17 @@ void Kernel::launch(Grid grid, c10::ArrayRef<Arg> args) const {
   // Note [A device guard only where the device is not current]: restoring the device at the end
   // of a guard costs a driver query on CUDA (PyTorch's MaybeSetDevice asks whether the device has
   // a primary context) on every call, even when nothing changed; inside an op's call, whose
-  // trampoline made the device current, nothing needs changing. Reading the current device is
-  // one runtime call.
+  // trampoline made the device current, nothing needs changing. The driver says which device's
+  // context is current: PyTorch's own current device can name another one (a thread-local target
+  // it sets when it restores a device that has no context yet).
   const c10::impl::DeviceGuardImplInterface* cuda_guard =
       c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  cuda::CUcontext current = nullptr;
+  cuda::CUdevice current_device = -1;
+  const bool on_device = d->cuCtxGetCurrent(&current) == 0 && current != nullptr &&
+                         d->cuCtxGetDevice(&current_device) == 0 && current_device == call.device;
   c10::OptionalDeviceGuard guard;
-  if (cuda_guard->getDevice() != device) guard.reset_device(device);
+  if (!on_device) guard.reset_device(device);
   cuda::make_context_current(*d, call.device);
   auto stream = static_cast<cuda::CUstream>(cuda_guard->getStream(device).native_handle());
   cuda::CUfunction function = function_on(kernel, *variant, *d, call.device);

@@ -329,8 +329,18 @@ def _qualified(op: torch._ops.OpOverload) -> str:
     return schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
 
 
+def _differentiable_tensor(value: Any) -> bool:
+    """A tensor with a derivative: floating or complex (gradcheck takes complex as PyTorch's
+    autograd does, by Wirtinger calculus)."""
+    return isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex())
+
+
 def _to_double(sample: Sample) -> Sample:
-    up = lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+    def up(t):
+        if not _differentiable_tensor(t):
+            return t
+        return t.to(torch.complex128) if t.is_complex() else t.double()
+
     return Sample(
         pytree.tree_map(up, sample.args), pytree.tree_map(up, sample.kwargs), sample.label
     )
@@ -442,16 +452,33 @@ def _signed_weights(output: torch.Tensor, index: int) -> torch.Tensor:
     return torch.randn(output.shape, generator=generator, dtype=torch.float64).to(output.device)
 
 
+def _weighted_sum(output: torch.Tensor, index: int) -> torch.Tensor:
+    """A real number that every element of `output` reaches, with its own weight (the real and
+    imaginary parts of a complex output with different ones: a conjugated gradient differs)."""
+    if output.is_complex():
+        parts = torch.view_as_real(output.to(torch.complex128))
+        return (parts * _signed_weights(parts, index)).sum()
+    return (output.double() * _signed_weights(output, index)).sum()
+
+
+def _lacks_double(names: Sequence[str], complex_: bool) -> bool:
+    """Whether declared dtypes `names` hold a floating (complex_: complex) one but not its
+    64-bit kind, which gradcheck needs."""
+    kind = (lambda d: d.is_complex) if complex_ else (lambda d: d.is_floating_point)
+    double = "ComplexDouble" if complex_ else "Double"
+    return double not in names and any(name in _DTYPES and kind(_DTYPES[name]) for name in names)
+
+
 def _check_gradients(op, sample, device):
-    if not _differentiable(op) or not any(t.is_floating_point() for t in _tensors(sample.args)):
+    if not _differentiable(op) or not any(map(_differentiable_tensor, _tensors(sample.args))):
         raise _Skipped("not differentiable")
     if not op._schema.returns:
         raise _Skipped("no outputs (an in-place op)")
     outputs = _tensors(op(*_clone(sample).args, **_clone(sample).kwargs))
-    if not any(o.is_floating_point() or o.is_complex() for o in outputs):
+    if not any(map(_differentiable_tensor, outputs)):
         raise _Skipped("no floating outputs (nothing to differentiate)")
     double = _to_double(_clone(sample))
-    inputs = [t for t in _tensors(double.args) if t.is_floating_point() and t.numel()]
+    inputs = [t for t in _tensors(double.args) if _differentiable_tensor(t) and t.numel()]
     for t in inputs:
         t.requires_grad_(True)
     if not inputs:
@@ -459,11 +486,12 @@ def _check_gradients(op, sample, device):
     flat, spec = pytree.tree_flatten(double.args)
 
     random = not _values_comparable(op)
-    no_double = [  # arguments declared with floating dtypes, float64 not among them
-        arg
+    # Arguments declared with floating (or complex) dtypes, their 64-bit kind not among them.
+    no_double = [
+        f"'{arg}' does not take {'complex128' if complex_ else 'float64'}"
         for arg, names in describe_op(_qualified(op)).dtypes
-        if "Double" not in names
-        and any(name in _DTYPES and _DTYPES[name].is_floating_point for name in names)
+        for complex_ in (False, True)
+        if _lacks_double(names, complex_)
     ]
 
     def fn(*diff):
@@ -479,12 +507,12 @@ def _check_gradients(op, sample, device):
                 torch.manual_seed(0)
             out = op(*pytree.tree_unflatten(leaves, spec), **double.kwargs)
         # Only what has a derivative: a (Tensor, int) op's int is no output of gradcheck's.
-        return tuple(o for o in _tensors(out) if o.is_floating_point() or o.is_complex())
+        return tuple(o for o in _tensors(out) if _differentiable_tensor(o))
 
     # gradcheck needs float64; an op that refuses it gets the comparison below alone.
     gradcheck_note = ""
     if no_double:
-        gradcheck_note = f"gradcheck skipped: '{no_double[0]}' does not take float64"
+        gradcheck_note = f"gradcheck skipped: {no_double[0]}"
     else:
         try:
             torch.autograd.gradcheck(fn, tuple(inputs), raise_exception=True, fast_mode=True)
@@ -498,23 +526,23 @@ def _check_gradients(op, sample, device):
     kernel_inputs = [
         t.detach().clone().requires_grad_(True)
         for t in _tensors(sample.args)
-        if t.is_floating_point() and t.numel()
+        if _differentiable_tensor(t) and t.numel()
     ]
     fallback_inputs = [t.detach().clone().requires_grad_(True) for t in kernel_inputs]
 
     def run(call, ins):
         it = iter(ins)
         leaves = [
-            next(it) if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() else x
+            next(it) if _differentiable_tensor(x) and x.numel() else x
             for x in pytree.tree_flatten(sample.args)[0]
         ]
         out = call(pytree.tree_unflatten(leaves, pytree.tree_flatten(sample.args)[1]))
         # Weights of both signs, the same for both paths: with all-positive grad_outputs (ones,
         # as gradcheck's fast mode also draws) a backward taking grad.abs() passed (seen).
         total = sum(
-            (o.double() * _signed_weights(o, index)).sum()
+            _weighted_sum(o, index)
             for index, o in enumerate(_tensors(out))
-            if o.is_floating_point()
+            if _differentiable_tensor(o)
         )
         return torch.autograd.grad(total, ins, allow_unused=True)
 

@@ -84,6 +84,9 @@ std::optional<ValueType> argument_type(const c10::Argument& argument) {
   }
 }
 
+// ceil(a / b) for b > 0 without computing a + b - 1 (which overflows near INT64_MAX).
+int64_t ceil_div(int64_t a, int64_t b) { return a / b + ((a % b != 0 && a > 0) ? 1 : 0); }
+
 // Note [AotLaunch expression grammar]
 //   expr    := number | out<i> | name | call
 //   call    := numel(name) | size(name, int) | stride(name, int) | cdiv(expr, int)
@@ -111,9 +114,19 @@ class Parser {
     auto expr = parse(text);
     fail(expr->type == ValueType::kInt, text,
          std::string("expected an integer expression, got ") + type_name(expr->type));
-    fail(expr->kind != Expr::Kind::kInt || (expr->number >= 0 && expr->number < (int64_t{1} << 31)),
-         text, "a grid dimension is a count of programs, from 0 to 2^31 - 1");
+    const auto value = constant(*expr);
+    fail(!value || (*value >= 0 && *value < (int64_t{1} << 31)), text,
+         "a grid dimension is a count of programs, from 0 to 2^31 - 1");
     return expr;
+  }
+
+  // The value of an expression that reads no argument (a literal, or cdiv of one).
+  static std::optional<int64_t> constant(const Expr& expr) {
+    if (expr.kind == Expr::Kind::kInt) return expr.number;
+    if (expr.kind != Expr::Kind::kCdiv) return std::nullopt;
+    const auto inner = constant(*expr.inner);
+    if (!inner) return std::nullopt;
+    return ceil_div(*inner, expr.number);
   }
 
   // The index of the tensor argument `text` names (outputs "like:<argument>").
@@ -322,9 +335,6 @@ struct Value {
   double real = 0;
   bool is_real = false;
 };
-
-// ceil(a / b) for b > 0 without computing a + b - 1 (which overflows near INT64_MAX).
-int64_t ceil_div(int64_t a, int64_t b) { return a / b + ((a % b != 0 && a > 0) ? 1 : 0); }
 
 class AotLaunchKernel final : public c10::OperatorKernel {
  public:

@@ -430,10 +430,13 @@ def test_a_name_torch_ops_cannot_reach_is_refused_before_anything_is_defined(nam
     assert name not in {op.name for op in opreg.describe_ops()}
 
 
-@pytest.mark.parametrize("grid", ["-1", "2147483648"])
+# cdiv of a constant is a constant (ninth sweep S9-09: 'cdiv(-1, 1)' was accepted).
+@pytest.mark.parametrize(
+    "grid", ["-1", "2147483648", "cdiv(-1, 1)", "cdiv(cdiv(4294967296, 1), 2)"]
+)
 def test_a_constant_grid_out_of_range_is_refused_at_definition(grid):
-    with pytest.raises(ValueError, match=rf"aot_kernel grid: cannot read '{grid}': a grid "
-                       r"dimension is a count of programs, from 0 to 2\^31 - 1"):  # fmt: skip
+    message = rf"aot_kernel grid: cannot read '{re.escape(grid)}': a grid dimension is a count"
+    with pytest.raises(ValueError, match=message + r" of programs, from 0 to 2\^31 - 1"):
         opreg.register_triton_op(
             fake_fn=empty,
             triton_fn=None,
@@ -490,6 +493,53 @@ def test_opcheck_compares_complex_values_whole():
     )
     with pytest.raises(opreg.OpcheckError, match="vmap failed"):
         opreg.opcheck(op, devices=["cpu"], checks=["vmap"])
+
+
+def test_opcheck_checks_the_gradients_of_a_complex_op():
+    # Complex inputs were left out of the gradients check: a conjugation error passed (S9-05).
+    def square(x: torch.Tensor) -> torch.Tensor:
+        return x * x
+
+    def save_input(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    def define(backward, what):
+        return opreg.register_vmap_op(
+            square,
+            fake_fn=empty,
+            name=fresh(what),
+            dtypes={"x": [torch.complex64, torch.complex128]},
+            backward=backward,
+            setup_context=save_input,
+        )
+
+    right = define(lambda ctx, grad: grad * 2 * ctx.saved_tensors[0].conj(), "complex_right")
+    report = opreg.opcheck(right, devices=["cpu"], checks=["gradients"])
+    assert not report.failures, str(report)
+    assert [row for row in report.rows if not row.skipped], str(report)
+
+    wrong = define(lambda ctx, grad: grad * 2 * ctx.saved_tensors[0], "complex_wrong")
+    with pytest.raises(opreg.OpcheckError, match="gradcheck"):
+        opreg.opcheck(wrong, devices=["cpu"], checks=["gradients"])
+
+
+def test_opcheck_compares_the_gradients_of_a_complex64_only_op():
+    def square(x: torch.Tensor) -> torch.Tensor:
+        return x * x
+
+    def wrong_backward(ctx, grad):
+        return grad * 2 * ctx.saved_tensors[0]  # the conjugate is missing
+
+    op = opreg.register_vmap_op(
+        square,
+        fake_fn=empty,
+        name=fresh("complex64_wrong"),
+        dtypes={"x": [torch.complex64]},
+        backward=wrong_backward,
+        setup_context=lambda ctx, inputs, output: ctx.save_for_backward(inputs[0]),
+    )
+    with pytest.raises(opreg.OpcheckError, match="the op's gradients differ from the fallback's"):
+        opreg.opcheck(op, devices=["cpu"], checks=["gradients"])
 
 
 @pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64], ids=str)

@@ -113,6 +113,9 @@ class OPREG_API OpBuilder {
   OpBuilder& vmap(VmapRule rule);
   OpBuilder& replace(bool replace = true);
   OpBuilder& origin(std::string where);
+  // The op serves `owner` (Python's vmap_fn companion `<owner>_vmap`): undefining `owner`
+  // undefines it too.
+  OpBuilder& part_of(std::string owner);
   // An address in the defining library: names it in reports and keeps it loaded.
   OpBuilder& caller(const void* address);
 

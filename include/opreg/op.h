@@ -202,6 +202,11 @@ class Op<Ret(Args...)> {
     builder_.origin(std::move(where));
     return std::move(*this);
   }
+  // The op serves `owner` and is undefined with it (OpBuilder::part_of).
+  Op&& part_of(std::string owner) && {
+    builder_.part_of(std::move(owner));
+    return std::move(*this);
+  }
 
   // Registers everything with the dispatcher. Errors name the op and the piece at fault.
   __attribute__((noinline)) OpHandle<Signature> define() && {

@@ -140,6 +140,8 @@ class OpDeclaration:
             builder.vmap(self.vmap, self.schema)
         builder.replace(self.replace)
         builder.origin(self.origin)
+        if self.companion_of is not None:
+            builder.part_of(self.companion_of)
         return builder
 
 

@@ -119,6 +119,11 @@ OpBuilder& OpBuilder::origin(std::string where) {
   return *this;
 }
 
+OpBuilder& OpBuilder::part_of(std::string owner) {
+  live(state_).part_of = std::move(owner);
+  return *this;
+}
+
 OpBuilder& OpBuilder::caller(const void* address) {
   live(state_).caller = address;
   return *this;

@@ -1371,6 +1371,12 @@ void undefine_now(const std::string& name) {
                     "opreg: cannot undefine '", name, "': no op of this name is defined by opreg");
   // Inside opreg::load_library, a failed load puts the definition back with the others.
   detail::record_loaded_definition(name, publish(*found->second, nullptr, &garbage));
+  for (auto& [part, entry] : reg.ops) {
+    auto definition = entry->load();
+    if (definition != nullptr && definition->spec.part_of == name) {
+      detail::record_loaded_definition(part, publish(*entry, nullptr, &garbage));
+    }
+  }
 }
 
 }  // namespace

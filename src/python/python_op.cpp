@@ -557,7 +557,11 @@ void bind_op_builder(py::module& m) {
           py::arg("replace"))
       .def(
           "origin", [](OpBuilder& builder, std::string where) { builder.origin(std::move(where)); },
-          py::arg("origin"));
+          py::arg("origin"))
+      .def(
+          "part_of",
+          [](OpBuilder& builder, std::string owner) { builder.part_of(std::move(owner)); },
+          py::arg("owner"));
   // All or none; each builder is used up (its Python object can no longer be defined).
   m.def(
       "define_all",

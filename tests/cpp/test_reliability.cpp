@@ -68,6 +68,22 @@ TEST(Reliability, CallingAnUndefinedOpNamesIt) {
   EXPECT_TRUE(at::equal(stack[0].toTensor(), at::full({2}, 3.0)));
 }
 
+TEST(Reliability, UndefiningAnOpUndefinesItsParts) {
+  auto times = [](double factor) { return [factor](const at::Tensor& x) { return x * factor; }; };
+  opreg::op("opreg_rel::owner(Tensor x) -> Tensor").fallback(times(2)).define();
+  auto part = opreg::op("opreg_rel::owner_part(Tensor x) -> Tensor")
+                  .fallback(times(3))
+                  .part_of("opreg_rel::owner")
+                  .define();
+  opreg::op("opreg_rel::bystander(Tensor x) -> Tensor").fallback(times(4)).define();
+  opreg::undefine("opreg_rel::owner");
+  EXPECT_FALSE(opreg::is_defined("opreg_rel::owner"));
+  EXPECT_FALSE(opreg::is_defined("opreg_rel::owner_part"));
+  EXPECT_TRUE(opreg::is_defined("opreg_rel::bystander"));
+  EXPECT_CONTAINS(error_of([&] { part(at::ones({2})); }),
+                  "opreg_rel::owner_part: the op is not defined");
+}
+
 TEST(Reliability, FailedReplaceKeepsTheOp) {
   auto op = define_plus(1.0, false);
   const auto before = opreg::describe_op("opreg_rel::plus");

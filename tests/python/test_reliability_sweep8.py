@@ -236,6 +236,11 @@ def test_an_op_undefined_from_cpp_is_defined_again_with_its_vmap_fn(test_ops_lib
 
     define(2.0)
     undefine(test_ops_library, name)
+    # Its companion goes with it (ninth sweep S9-07: '<name>_vmap' stayed callable).
+    companion = getattr(torch.ops.sweep8, name.split("::")[1] + "_vmap")
+    with pytest.raises(RuntimeError, match=f"{name}_vmap: the op is not defined now"):
+        companion(torch.ones(2, 3))
+    assert f"{name}_vmap" not in {op.name for op in opreg.describe_ops()}
     op = define(3.0)  # was: '<name>_vmap: an op of this name is already defined'
     x = torch.ones(2, 3)
     torch.testing.assert_close(op(x), torch.full((2, 3), 3.0))

@@ -301,27 +301,31 @@ class AutogradKernel final : public c10::OperatorKernel {
     const auto& returns = op_->schema.returns();
     const size_t first = stack->size() - returns.size();
     std::vector<std::pair<size_t, std::optional<size_t>>> floating;  // (output, list element)
+    std::set<size_t> indices;  // of floating outputs, declared aliases included
     bool reverse_connected = !any_requires_grad;
     bool forward_connected = !any_tangent;
-    auto visit = [&](const at::Tensor& tensor, size_t index, std::optional<size_t> element) {
-      if (!tensor.defined() || !torch::autograd::isDifferentiableType(tensor.scalar_type())) return;
-      floating.emplace_back(index, element);
-      reverse_connected = reverse_connected || tensor.requires_grad();
-      forward_connected = forward_connected || tensor._fw_grad(/*level=*/0).defined();
-    };
     for (size_t index = 0; index < returns.size(); ++index) {
+      // A declared alias must stay the very tensor the fallback returned: it gets no node, and
+      // a disconnected one is told at the call.
+      const bool alias = returns[index].alias_info() != nullptr;
+      auto visit = [&](const at::Tensor& tensor, std::optional<size_t> element) {
+        if (!tensor.defined() || !torch::autograd::isDifferentiableType(tensor.scalar_type())) {
+          return;
+        }
+        if (!alias) floating.emplace_back(index, element);
+        indices.insert(index);
+        reverse_connected = reverse_connected || tensor.requires_grad();
+        forward_connected = forward_connected || tensor._fw_grad(/*level=*/0).defined();
+      };
       const c10::IValue& output = (*stack)[first + index];
-      if (returns[index].alias_info() != nullptr) continue;
       if (output.isTensor()) {
-        visit(output.toTensor(), index, std::nullopt);
+        visit(output.toTensor(), std::nullopt);
       } else if (output.isTensorList()) {
         const auto list = output.toTensorList();
-        for (size_t i = 0; i < list.size(); ++i) visit(list.get(i), index, i);
+        for (size_t i = 0; i < list.size(); ++i) visit(list.get(i), i);
       }
     }
-    if (floating.empty() || (reverse_connected && forward_connected)) return;
-    std::set<size_t> indices;
-    for (const auto& entry : floating) indices.insert(entry.first);
+    if (indices.empty() || (reverse_connected && forward_connected)) return;
     std::string output = indices.size() == 1 ? "output " : "outputs ";  // "outputs 0, 1"
     for (size_t index : indices) {
       output += (index == *indices.begin() ? "" : ", ") + std::to_string(index);
@@ -336,6 +340,12 @@ class AutogradKernel final : public c10::OperatorKernel {
       TORCH_WARN(op_->name, ": an input has a forward-mode tangent, but ", output, what);
     }
     if (reverse_connected) return;
+    if (floating.empty()) {  // declared aliases alone
+      if (!warned_->exchange(true)) {
+        TORCH_WARN(op_->name, ": an input requires grad, but ", output, what);
+      }
+      return;
+    }
     auto node = detail::make_node<DisconnectedOutput>(
         op_->name + ": a gradient reached " + output + ", which" + what, warned_,
         torch::autograd::collect_next_edges(inputs));

@@ -593,3 +593,33 @@ def test_a_gradient_reaching_two_disconnected_outputs_names_both():
         UserWarning, match="a gradient reached outputs 0, 1, which are not connected"
     ):
         (second.sum() + x.sum()).backward()
+
+
+def test_a_declared_alias_computed_outside_autograd_warns_at_the_call(capfd):
+    # Ninth sweep S9-13: a declared alias was left out of the check, and its gradient was
+    # silently missing. It must stay the tensor the fallback returned (no node), so the warning
+    # comes at the call; torch's own detach has this schema, so it is no error.
+    def detached_view(x: torch.Tensor) -> torch.Tensor:
+        return x.detach().view(-1)
+
+    op = opreg.register_vmap_op(
+        detached_view,
+        fake_fn=lambda x: x.view(-1),
+        name=fresh("alias_detached"),
+        schema="(Tensor(a) x) -> Tensor(a)",
+    )
+    x = torch.randn(2, 3, requires_grad=True)
+    capfd.readouterr()
+    y = op(x)  # through torch.ops: C++'s warning handler, which writes to stderr
+    assert "an input requires grad, but output 0 is not connected" in capfd.readouterr().err
+    assert y.data_ptr() == x.data_ptr()  # still the fallback's own alias
+
+    def view(x: torch.Tensor) -> torch.Tensor:
+        return x.view(-1)
+
+    connected = opreg.register_vmap_op(
+        view, fake_fn=view, name=fresh("alias_view"), schema="(Tensor(a) x) -> Tensor(a)"
+    )
+    connected(x).sum().backward()
+    assert "not connected" not in capfd.readouterr().err
+    torch.testing.assert_close(x.grad, torch.ones(2, 3))

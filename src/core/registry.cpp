@@ -79,6 +79,8 @@ struct Definition {
   std::vector<size_t> plain_tensor_returns;
   std::vector<size_t> other_tensor_returns;  // Tensor? and Tensor[]
   std::vector<bool> return_aliases;          // per return: declared as aliasing an input
+  // ScalarType, Layout and MemoryFormat outputs: integers on the stack, with their count of values.
+  std::vector<std::pair<size_t, int64_t>> enum_returns;
   c10::KernelFunction fallback;
   // The fallback behind the checks of a call, for kernels that decline and for the autograd and
   // vmap kernels, which call it directly rather than through the dispatcher.
@@ -495,6 +497,28 @@ class CheckedFallback final : public c10::OperatorKernel {
 };
 
 // Everything validated and built; nothing published.
+// How many values an enumeration type (or an optional one) has; nullopt for other types.
+std::optional<int64_t> enum_values(const c10::Type& type) {
+  if (const auto* optional = type.castRaw<c10::OptionalType>()) {
+    return enum_values(*optional->getElementType());
+  }
+  switch (type.kind()) {
+    case c10::TypeKind::ScalarTypeType:
+      return static_cast<int64_t>(c10::ScalarType::NumOptions);
+    case c10::TypeKind::LayoutType:
+      return static_cast<int64_t>(c10::Layout::NumOptions);
+    case c10::TypeKind::MemoryFormatType:
+      return static_cast<int64_t>(c10::MemoryFormat::NumOptions);
+    default:
+      return std::nullopt;
+  }
+}
+
+std::string enum_name(const c10::Type& type) {
+  const auto* optional = type.castRaw<c10::OptionalType>();
+  return optional ? optional->getElementType()->str() : type.str();
+}
+
 DefinitionPtr build(OpBuilder::State spec, const std::vector<std::string>& device_types) {
   auto definition = std::make_shared<Definition>(std::move(spec));
   const auto& declared = definition->spec;
@@ -518,6 +542,8 @@ DefinitionPtr build(OpBuilder::State spec, const std::vector<std::string>& devic
   }
   for (size_t i = 0; i < op.schema.returns().size(); ++i) {
     const auto& ret = op.schema.returns()[i];
+    if (auto values = enum_values(*ret.real_type()))
+      definition->enum_returns.emplace_back(i, *values);
     if (ret.type()->kind() == c10::TypeKind::TensorType) {
       definition->plain_tensor_returns.push_back(i);
     } else if (ret.type()->isSubtypeOf(*c10::OptionalType::ofTensor()) ||
@@ -594,11 +620,33 @@ void check_arguments(const Definition& definition, const torch::jit::Stack& stac
   }
 }
 
-// What the checks of a call need of its tensor inputs. Raw storage pointers suffice: every
-// opreg kernel allocates its outputs while its inputs are alive, so an output cannot get the
-// storage of an input freed during the call.
+// The memory a tensor's storage holds. Raw pointers suffice: every opreg kernel allocates its
+// outputs while its inputs are alive, so an output cannot get the memory of an input freed
+// during the call.
+struct Memory {
+  const c10::StorageImpl* storage = nullptr;  // null for tensors without storage
+  uintptr_t begin = 0;                        // 0 for storage without data (meta tensors)
+  uintptr_t end = 0;
+
+  explicit Memory(const at::Tensor& tensor) {
+    if (!tensor.has_storage()) return;
+    storage = tensor.storage().unsafeGetStorageImpl();
+    begin = reinterpret_cast<uintptr_t>(storage->data_ptr().get());
+    end = begin + storage->nbytes();
+  }
+  // One storage, or two storages on the same bytes (numpy, DLPack or frombuffer wrap an input's
+  // memory in a storage of their own). `same_device`: data pointers of other devices are not
+  // comparable.
+  bool shared_with(const Memory& other, bool same_device) const {
+    if (storage == nullptr || other.storage == nullptr) return false;
+    if (storage == other.storage) return true;
+    return same_device && begin != 0 && other.begin != 0 && begin < other.end && other.begin < end;
+  }
+};
+
+// What the checks of a call need of its tensor inputs.
 struct InputTensor {
-  const c10::StorageImpl* storage;  // null for tensors without storage
+  Memory memory;
   c10::Device device;
   bool cpu_scalar;  // 0-dim CPU tensors mix with any device
 };
@@ -609,8 +657,8 @@ CallInputs inputs_of(const Definition& definition, const torch::jit::Stack& stac
   const size_t num_args = definition.schema().arguments().size();
   const c10::IValue* first = stack.data() + (stack.size() - num_args);
   auto add = [&](const at::Tensor& tensor) {
-    inputs.push_back({tensor.has_storage() ? tensor.storage().unsafeGetStorageImpl() : nullptr,
-                      tensor.device(), tensor.dim() == 0 && tensor.device().is_cpu()});
+    inputs.push_back(
+        {Memory(tensor), tensor.device(), tensor.dim() == 0 && tensor.device().is_cpu()});
   };
   for (size_t i = 0; i < num_args; ++i) {
     if (first[i].isTensor()) {
@@ -682,9 +730,9 @@ void check_output_tensor(const Definition& definition, const at::Tensor& output,
                 output.device(), ", expected ", *device, " (the device of its inputs)");
   }
   if (definition.return_aliases[index] || !output.has_storage()) return;
-  const c10::StorageImpl* storage = output.storage().unsafeGetStorageImpl();
+  const Memory memory(output);
   for (const auto& input : inputs) {
-    if (input.storage != storage) continue;
+    if (!memory.shared_with(input.memory, input.device == output.device())) continue;
     TORCH_CHECK(false, definition.name(), ": ", impl, " returned output ", index,
                 " sharing memory with an input, but the schema '", definition.schema_text(),
                 "' declares no alias; return a new tensor (e.g. x.clone())");
@@ -695,14 +743,19 @@ void check_output_tensor(const Definition& definition, const at::Tensor& output,
 // sees the other change, while torch.compile, which trusts the schema, makes them apart.
 void check_outputs_apart(const Definition& definition, const torch::jit::Stack& stack, size_t base,
                          const std::string& impl) {
-  c10::SmallVector<std::pair<const c10::StorageImpl*, size_t>, 4> seen;
+  struct Seen {
+    Memory memory;
+    c10::Device device;
+    size_t index;
+  };
+  c10::SmallVector<Seen, 4> seen;
   auto check = [&](const c10::IValue& value, size_t index) {
     if (definition.return_aliases[index] || !value.isTensor()) return;
     const at::Tensor& tensor = value.toTensor();
     if (!tensor.defined() || !tensor.has_storage()) return;
-    const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
-    for (const auto& [other, other_index] : seen) {
-      if (other != storage) continue;
+    const Memory memory(tensor);
+    for (const auto& [other, device, other_index] : seen) {
+      if (!memory.shared_with(other, device == tensor.device())) continue;
       TORCH_CHECK(other_index != index, definition.name(), ": ", impl,
                   " returned two tensors in output ", index, " sharing memory, but the schema '",
                   definition.schema_text(),
@@ -711,7 +764,7 @@ void check_outputs_apart(const Definition& definition, const torch::jit::Stack& 
                   index, " sharing memory, but the schema '", definition.schema_text(),
                   "' declares no alias; return separate tensors (e.g. y.clone())");
     }
-    seen.emplace_back(storage, index);
+    seen.push_back({memory, tensor.device(), index});
   };
   const auto& returns = definition.schema().returns();
   for (size_t index = 0; index < returns.size(); ++index) {
@@ -750,6 +803,14 @@ void check_outputs(const Definition& definition, const torch::jit::Stack& stack,
           check_output_tensor(definition, element.toTensor(), index, inputs, impl, device);
       }
     }
+  }
+  for (const auto& [index, values] : definition.enum_returns) {
+    const auto& value = stack[base + index];
+    if (!value.isInt()) continue;  // None of an optional one
+    TORCH_CHECK_VALUE(value.toInt() >= 0 && value.toInt() < values, definition.name(), ": ", impl,
+                      " returned ", value.toInt(), " for output ", index, ", which is no ",
+                      enum_name(*definition.schema().returns()[index].real_type()),
+                      " (expected 0 to ", values - 1, "; schema '", definition.schema_text(), "')");
   }
   if (definition.plain_tensor_returns.size() + definition.other_tensor_returns.size() > 1 ||
       !definition.other_tensor_returns.empty()) {  // more than one tensor can come back

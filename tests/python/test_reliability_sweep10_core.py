@@ -1,0 +1,104 @@
+"""Regression tests for the tenth adversarial sweep's findings in the core: outputs on an input's
+memory through a storage of their own, calls racing a replace that changes the schema, enum
+outputs out of range, definitions from a thread a loading library waits for."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+import opreg
+
+_names = itertools.count()
+
+
+def fresh(stem: str) -> str:
+    return f"sweep10::{stem}{next(_names)}"
+
+
+def empty(x):
+    return torch.empty_like(x)
+
+
+# ---- F3: memory shared through a storage of its own -------------------------------------------
+
+WRAPS_THE_INPUT = {
+    "numpy": lambda x: torch.from_numpy(x.numpy()),
+    "dlpack": lambda x: torch.utils.dlpack.from_dlpack(x),
+    "numpy_reshape": lambda x: torch.from_numpy(np.reshape(x.numpy(), (-1,))),
+    "frombuffer": lambda x: torch.frombuffer(x.numpy(), dtype=torch.float32),
+    "numpy_slice": lambda x: torch.from_numpy(x.numpy()[1:]),
+}
+
+
+@pytest.mark.parametrize("how", list(WRAPS_THE_INPUT))
+def test_an_output_wrapping_the_memory_of_an_input_is_refused(how):
+    # The check compared storages: a new storage on the input's bytes passed, and writing the
+    # output changed the input.
+    wrap = WRAPS_THE_INPUT[how]
+
+    def fallback(x: torch.Tensor) -> torch.Tensor:
+        return wrap(x)
+
+    op = opreg.register_vmap_op(fallback, fake_fn=empty, name=fresh(how))
+    x = torch.ones(3)
+    with pytest.raises(RuntimeError, match="returned output 0 sharing memory with an input"):
+        op(x)
+    torch.testing.assert_close(x, torch.ones(3))
+
+
+def test_two_outputs_wrapping_one_array_are_refused():
+    def pair(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        array = x.numpy() * 2
+        return torch.from_numpy(array), torch.from_numpy(array[1:])
+
+    op = opreg.register_vmap_op(
+        pair, fake_fn=lambda x: (empty(x), empty(x[1:])), name=fresh("pair")
+    )
+    with pytest.raises(RuntimeError, match="returned outputs 0 and 1 sharing memory"):
+        op(torch.ones(3))
+
+
+def test_outputs_on_memory_of_their_own_pass():
+    def apart(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.from_numpy(x.numpy() * 2), torch.from_numpy(x.numpy() + 1)
+
+    op = opreg.register_vmap_op(apart, fake_fn=lambda x: (empty(x), empty(x)), name=fresh("apart"))
+    doubled, plus_one = op(torch.ones(3))
+    torch.testing.assert_close(doubled, torch.full((3,), 2.0))
+    torch.testing.assert_close(plus_one, torch.full((3,), 2.0))
+
+
+# ---- F5: enum outputs out of range ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("returns", "value"),
+    [("ScalarType", 999), ("Layout", 12345), ("MemoryFormat", -1), ("ScalarType?", 999)],
+)
+def test_an_enum_output_out_of_range_is_refused(returns, value):
+    # 999 came back as the op's ScalarType, as PyTorch refuses for arguments.
+    op = opreg.register_triton_op(
+        name=fresh("enum"),
+        fake_fn=lambda x: value,
+        triton_fn=None,
+        schema=f"(Tensor x) -> {returns}",
+    )(lambda x: value)
+    kind = returns.rstrip("?")
+    with pytest.raises(ValueError, match=rf"the fallback returned {value} for output 0, which is "
+                       rf"no {kind} \(expected 0 to \d+"):  # fmt: skip
+        op(torch.ones(2))
+
+
+def test_enum_outputs_in_range_pass():
+    op = opreg.register_triton_op(
+        name=fresh("enum_ok"),
+        fake_fn=lambda x: x.dtype,
+        triton_fn=None,
+        schema="(Tensor x) -> (ScalarType, ScalarType?)",
+    )(lambda x: (x.dtype, None))
+    dtype, nothing = op(torch.ones(2, dtype=torch.float64))
+    assert dtype in (torch.float64, 7) and nothing is None  # PyTorch returns the int of a dtype

@@ -93,6 +93,8 @@ struct Definition {
   c10::KernelFunction vmap;
   std::optional<c10::KernelFunction> randomness;
   Sharding sharding = Sharding::kNone;  // resolved: as declared, or the default
+  // The op entry's schema_generation when this definition was published (again).
+  mutable std::atomic<uint64_t> schema_generation{0};
 
   const ServedKernel* kernel_at(c10::DispatchKey key) const {
     for (const auto& served : kernels) {
@@ -114,6 +116,9 @@ struct OpEntry {
   // calls may read it is kept in `retired` until a publish finds no call in flight.
   std::atomic<const Definition*> current{nullptr};
   mutable std::atomic<int64_t> calls_in_flight{0};
+  // See Note [A call racing a change of schema].
+  std::atomic<bool> schema_changed{false};
+  std::atomic<uint64_t> schema_generation{0};
   DefinitionPtr owner;  // read and written under the registry lock
   std::vector<DefinitionPtr> retired;
   // The registered schema, with what else its registration carries.
@@ -172,9 +177,11 @@ class CallInFlight {
   CallInFlight(const CallInFlight&) = delete;
   CallInFlight& operator=(const CallInFlight&) = delete;
   const Definition* definition() const {
-    if (pinned_definition.entry == &entry_) return pinned_definition.definition;
+    if (pinned()) return pinned_definition.definition;
     return entry_.current.load();
   }
+  // The call below autograd of an autograd call: its stack was made for the pinned definition.
+  bool pinned() const { return pinned_definition.entry == &entry_; }
 
  private:
   const OpEntry& entry_;
@@ -632,7 +639,8 @@ struct Memory {
     if (!tensor.has_storage()) return;
     storage = tensor.storage().unsafeGetStorageImpl();
     begin = reinterpret_cast<uintptr_t>(storage->data_ptr().get());
-    end = begin + storage->nbytes();
+    // Only storage with data has a size in bytes for certain (a fake tensor's may be symbolic).
+    if (begin != 0) end = begin + storage->nbytes();
   }
   // One storage, or two storages on the same bytes (numpy, DLPack or frombuffer wrap an input's
   // memory in a storage of their own). `same_device`: data pointers of other devices are not
@@ -643,6 +651,33 @@ struct Memory {
     return same_device && begin != 0 && other.begin != 0 && begin < other.end && other.begin < end;
   }
 };
+
+// Note [A call racing a change of schema]
+// A caller reads its arguments against the schema registered at that moment (Python's parser,
+// C++'s unboxed-to-boxed wrapper), then the trampoline reads the op's definition. A replace that
+// changes the schema registers the new schema, then publishes the new definition: a call in
+// between would run one definition on arguments read against the other schema (seen: the old
+// definition took the new schema's default for its argument, and the caller's value came back
+// as an extra output). So publish() counts schema changes (schema_generation) before it
+// registers a schema, each definition carries the count it was published under, and a call that
+// finds the two apart raises. A call that read its arguments before the change and reaches the
+// trampoline after the publish is caught by its argument count: once an op's schema has changed,
+// a call's stack must hold exactly its arguments (as every caller but a hand-made boxed call's
+// makes it). Left: such a call whose old and new schemas take the same types in the same order.
+void check_schema_current(const OpEntry& entry, const Definition& definition,
+                          const torch::jit::Stack& stack) {
+  if (!entry.schema_changed.load()) return;
+  TORCH_CHECK(definition.schema_generation.load() == entry.schema_generation.load(),
+              definition.name(),
+              ": this call raced a replace that changed the op's schema, so its arguments may "
+              "have been read against the other schema (the definition it reached has '",
+              definition.schema_text(), "'); call it again");
+  const size_t expected = definition.schema().arguments().size();
+  TORCH_CHECK(stack.size() == expected, definition.name(), ": called with ", stack.size(),
+              " arguments, expected ", expected, " (schema '", definition.schema_text(),
+              "'); the op's schema was replaced, and a call that raced the replace reads its "
+              "arguments against the other schema; call it again");
+}
 
 // What the checks of a call need of its tensor inputs.
 struct InputTensor {
@@ -935,6 +970,7 @@ class Trampoline final : public c10::OperatorKernel {
     const Definition* definition = call.definition();
     if (definition == nullptr) throw_undefined(*entry_);
     const Definition& d = *definition;
+    if (!call.pinned()) check_schema_current(*entry_, d, *stack);
     check_arguments(d, *stack);
     switch (key_) {
       case c10::DispatchKey::Autograd: {
@@ -1122,17 +1158,29 @@ DefinitionPtr publish(OpEntry& entry, DefinitionPtr definition,
     return previous;
   }
   const auto tags = tags_of(definition->spec.flags);
-  if (!entry.registered || entry.registered->text != definition->schema_text() ||
-      entry.registered->python_module != definition->spec.python_module ||
-      entry.registered->tags != tags) {
-    auto earlier = entry.registered;
+  const auto earlier = entry.registered;
+  const uint64_t generation = entry.schema_generation.load();
+  auto restore_schema = [&] {
+    if (earlier) {
+      register_schema(entry, earlier->schema, earlier->python_module, earlier->tags);
+    } else {
+      entry.registered.reset();
+    }
+    entry.schema_generation = generation;
+  };
+  const bool registers = !earlier || earlier->text != definition->schema_text() ||
+                         earlier->python_module != definition->spec.python_module ||
+                         earlier->tags != tags;
+  if (registers) {
+    if (earlier && earlier->text != definition->schema_text()) {
+      entry.schema_changed = true;
+      entry.schema_generation = generation + 1;  // before calls can read the new schema
+    }
     entry.schema_library.reset();  // the entry stays: trampolines are registered on it
     try {
       register_schema(entry, definition->schema(), definition->spec.python_module, tags);
     } catch (...) {
-      if (earlier) {
-        register_schema(entry, earlier->schema, earlier->python_module, earlier->tags);
-      }
+      restore_schema();
       throw;
     }
   }
@@ -1146,8 +1194,13 @@ DefinitionPtr publish(OpEntry& entry, DefinitionPtr definition,
     }
   } catch (...) {
     for (auto key : added) entry.trampolines.erase(key);
+    if (registers) {
+      entry.schema_library.reset();
+      restore_schema();
+    }
     throw;
   }
+  definition->schema_generation = entry.schema_generation.load();
   store(definition);
   for (auto it = entry.trampolines.begin(); it != entry.trampolines.end();) {
     it = keys.count(it->first) ? std::next(it) : entry.trampolines.erase(it);

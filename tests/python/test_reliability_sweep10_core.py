@@ -4,11 +4,13 @@ outputs out of range, definitions from a thread a loading library waits for."""
 
 from __future__ import annotations
 
+import ast
 import itertools
 
 import numpy as np
 import pytest
 import torch
+from test_reliability import assert_survived, run_probe
 
 import opreg
 
@@ -102,3 +104,56 @@ def test_enum_outputs_in_range_pass():
     )(lambda x: (x.dtype, None))
     dtype, nothing = op(torch.ones(2, dtype=torch.float64))
     assert dtype in (torch.float64, 7) and nothing is None  # PyTorch returns the int of a dtype
+
+
+# ---- F1: calls racing a replace that changes the schema ---------------------------------------
+
+RACE = """
+import collections, sys, threading, torch, opreg
+
+def a(k: int) -> torch.Tensor:
+    return torch.full((1,), float(k))
+
+def b(j: int, k: int = 7) -> torch.Tensor:
+    return torch.full((1,), float(j))
+
+fakes = {a: lambda k: torch.empty(1), b: lambda j, k=7: torch.empty(1)}
+
+def define(fn, replace=True):
+    opreg.register_triton_op(name="race10::flip", fake_fn=fakes[fn], triton_fn=None,
+                             replace=replace)(fn)
+
+define(a, replace=False)
+stop = False
+outcomes = collections.Counter()
+
+def call():
+    while not stop:
+        try:
+            out = torch.ops.race10.flip(3)
+            right = isinstance(out, torch.Tensor) and out.tolist() == [3.0]
+            outcomes["right" if right else f"wrong: {out!r}"] += 1
+        except RuntimeError as error:
+            told = "raced a replace" in str(error) or "the op's schema was replaced" in str(error)
+            outcomes["raced" if told else f"error: {str(error).splitlines()[0]}"] += 1
+
+threads = [threading.Thread(target=call) for _ in range(3)]
+for thread in threads:
+    thread.start()
+for i in range(300):
+    define(b if i % 2 == 0 else a)
+stop = True
+for thread in threads:
+    thread.join()
+print(dict(outcomes))
+"""
+
+
+def test_calls_racing_a_replace_that_changes_the_schema_never_mix_the_two():
+    # Nine calls in about 650,000 returned (3, tensor([7.])): the old definition ran on a stack
+    # read against the new schema, took its default 7 and left the caller's 3 behind.
+    result = run_probe(RACE, timeout=240)
+    assert_survived(result)
+    outcomes = ast.literal_eval(result.stdout.strip().splitlines()[-1])
+    assert set(outcomes) <= {"right", "raced"}, outcomes
+    assert outcomes["right"] > 0

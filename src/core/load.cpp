@@ -18,7 +18,9 @@
 #include <dlfcn.h>
 #include <elf.h>
 
+#include <atomic>
 #include <fstream>
+#include <functional>
 
 #include <cstring>
 #include <map>
@@ -41,6 +43,24 @@ struct LoadContext {
 };
 
 thread_local LoadContext* t_load = nullptr;
+
+// Threads inside load_once's dlopen (all, and this one), and the work that waits for them.
+std::atomic<int> g_dlopens{0};
+thread_local int t_dlopens = 0;
+std::mutex g_deferred_mutex;
+std::vector<std::function<void()>>& deferred() {
+  static auto* tasks = new std::vector<std::function<void()>>();  // leaked: used until exit
+  return *tasks;
+}
+
+void run_deferred() {
+  std::vector<std::function<void()>> tasks;
+  {
+    std::lock_guard<std::mutex> lock(g_deferred_mutex);
+    tasks.swap(deferred());
+  }
+  for (auto& task : tasks) task();
+}
 
 // Libraries whose load failed, by dlopen handle, with the error: opening one again does not run
 // its initializers, so a second load_library must raise the same error instead of succeeding.
@@ -86,6 +106,21 @@ namespace detail {
 
 bool loading_library() { return t_load != nullptr; }
 
+bool library_loading_elsewhere() { return g_dlopens.load() > t_dlopens; }
+
+void when_loader_is_free(std::function<void()> task) {
+  if (!library_loading_elsewhere()) {
+    task();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_deferred_mutex);
+    deferred().push_back(std::move(task));
+  }
+  // The load may have ended (and run what was deferred) between the check and the push.
+  if (!library_loading_elsewhere()) run_deferred();
+}
+
 void record_load_failure(const std::string& op, const std::string& message) {
   t_load->failures.emplace_back(op, message);
 }
@@ -105,8 +140,13 @@ void load_once(const std::string& path) {
   LoadContext context;
   context.outer = t_load;
   t_load = &context;
+  ++g_dlopens;
+  ++t_dlopens;
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  --t_dlopens;
+  --g_dlopens;
   t_load = context.outer;
+  if (!detail::library_loading_elsewhere()) run_deferred();
   if (handle == nullptr) {
     const char* why = dlerror();
     TORCH_CHECK(false, "opreg::load_library: cannot load '", path,

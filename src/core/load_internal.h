@@ -3,6 +3,7 @@
 // was published is remembered so that a failed load can be rolled back.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -13,6 +14,14 @@ bool loading_library();
 void record_load_failure(const std::string& op, const std::string& message);
 // A definition published during the load of this thread, and the one it replaced (or null).
 void record_loaded_definition(const std::string& qualified, std::shared_ptr<const void> previous);
+
+// Whether another thread is inside opreg::load_library's dlopen. It holds the dynamic loader's
+// lock, which dladdr and dlopen wait for: a define() on a thread that a library's initializer
+// waits for must not call them (it would wait forever).
+bool library_loading_elsewhere();
+// Runs `task` (which calls dladdr or dlopen) now, or, while a library is loading on another
+// thread, once that load's dlopen has returned.
+void when_loader_is_free(std::function<void()> task);
 
 // Puts back an op's earlier definition (null: undefined); src/core/registry.cpp.
 void restore_definition(const std::string& qualified, std::shared_ptr<const void> previous);

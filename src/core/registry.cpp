@@ -33,6 +33,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -199,19 +200,42 @@ Registry& registry() {
   return *instance;
 }
 
-std::string origin_of(const void* address) {
-  Dl_info info;
-  if (address != nullptr && dladdr(address, &info) != 0 && info.dli_fname != nullptr) {
-    return info.dli_fname;
+// The file mapped at `address`, from /proc/self/maps: what dladdr says, without the dynamic
+// loader's lock (see detail::library_loading_elsewhere).
+std::string mapped_file_of(const void* address) {
+  std::ifstream maps("/proc/self/maps");
+  const auto target = reinterpret_cast<uintptr_t>(address);
+  std::string line;
+  while (std::getline(maps, line)) {
+    uintptr_t begin = 0, end = 0;
+    const char* text = line.c_str();
+    char* rest = nullptr;
+    begin = std::strtoull(text, &rest, 16);
+    if (rest == nullptr || *rest != '-') continue;
+    end = std::strtoull(rest + 1, &rest, 16);
+    if (target < begin || target >= end) continue;
+    const auto path = line.find('/');
+    return path == std::string::npos ? "unknown" : line.substr(path);
   }
+  return "unknown";
+}
+
+std::string origin_of(const void* address) {
+  if (address == nullptr) return "unknown";
+  if (detail::library_loading_elsewhere()) return mapped_file_of(address);
+  Dl_info info;
+  if (dladdr(address, &info) != 0 && info.dli_fname != nullptr) return info.dli_fname;
   return "unknown";
 }
 
 // A library that defined ops stays loaded: its code is what the definitions call.
 void pin_library_of(const void* address) {
-  Dl_info info;
-  if (address == nullptr || dladdr(address, &info) == 0 || info.dli_fname == nullptr) return;
-  dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+  if (address == nullptr) return;
+  detail::when_loader_is_free([address] {
+    Dl_info info;
+    if (dladdr(address, &info) == 0 || info.dli_fname == nullptr) return;
+    dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+  });
 }
 
 bool is_identifier(const std::string& text) {

@@ -1,10 +1,12 @@
 // tests/op_library/failing_ops.cpp: op libraries whose static initializers define one good op and
 // then make one mistake (chosen by OPREG_FAILURE at compile time; some undefine an op first), for
 // the tests that loading them raises one clear error, rolls the good op back (and the undefined
-// op in), and keeps the process alive.
+// op in), and keeps the process alive; and one (thread_define) that defines an op from a thread
+// its initializer waits for, which must load.
 #include <ATen/ATen.h>
 
 #include <cstdlib>
+#include <thread>
 
 #if defined(OPREG_OTHER_VERSION)  // as if built against the headers of another minor version
 #include <opreg/version.h>
@@ -47,6 +49,13 @@ const bool undefined = [] {
 }();
 #elif defined(OPREG_UNDEFINE_UNKNOWN)    // undefines an op that no one defined
 const bool undefined = (opreg::undefine("opreg_failing::never_defined"), true);
+#elif defined(OPREG_THREAD_DEFINE)       // defines an op on a thread that it waits for, and loads
+const bool from_thread = [] {
+  std::thread([] {
+    opreg::op("opreg_failing::from_thread(Tensor x) -> Tensor").fallback(identity).define();
+  }).join();
+  return true;
+}();
 #elif defined(OPREG_SIGNATURE_MISMATCH)
 const auto mismatch =
     opreg::op("opreg_failing::mismatch(Tensor x, Tensor y) -> Tensor").fallback(identity).define();

@@ -13,6 +13,7 @@ import torch
 from test_reliability import assert_survived, run_probe
 
 import opreg
+from conftest import TEST_OPS_LIBRARY
 
 _names = itertools.count()
 
@@ -157,3 +158,23 @@ def test_calls_racing_a_replace_that_changes_the_schema_never_mix_the_two():
     outcomes = ast.literal_eval(result.stdout.strip().splitlines()[-1])
     assert set(outcomes) <= {"right", "raced"}, outcomes
     assert outcomes["right"] > 0
+
+
+# ---- F4: a definition from a thread that a loading library waits for --------------------------
+
+
+def test_a_library_whose_initializer_waits_for_a_thread_that_defines_an_op_loads():
+    # The thread's define() waited in dladdr for the dynamic loader's lock, which the loading
+    # thread held while it waited for the thread: the process hung.
+    library = TEST_OPS_LIBRARY.parent / "libopreg_failing_thread_define.so"
+    result = run_probe(
+        f"""
+        import torch, opreg
+        opreg.load_library({str(library)!r})
+        print(torch.ops.opreg_failing.from_thread(torch.ones(2)).tolist())
+        print(opreg.describe_op("opreg_failing::from_thread").origin)
+        """,
+        timeout=60,
+    )
+    assert_survived(result)
+    assert result.stdout.splitlines() == ["[1.0, 1.0]", str(library)]

@@ -45,6 +45,7 @@
 #include <ATen/core/op_registration/infer_schema.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/TensorOptions.h>
+#include <c10/core/impl/COW.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -662,6 +663,8 @@ struct Memory {
   explicit Memory(const at::Tensor& tensor) {
     if (!tensor.has_storage()) return;
     storage = tensor.storage().unsafeGetStorageImpl();
+    // A lazy clone's bytes are its source's until either is written: a copy, not an alias.
+    if (c10::impl::cow::is_cow_data_ptr(storage->data_ptr())) return;
     begin = reinterpret_cast<uintptr_t>(storage->data_ptr().get());
     // Only storage with data has a size in bytes for certain (a fake tensor's may be symbolic).
     if (begin != 0) end = begin + storage->nbytes();

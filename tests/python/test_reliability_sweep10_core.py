@@ -65,6 +65,18 @@ def test_two_outputs_wrapping_one_array_are_refused():
         op(torch.ones(3))
 
 
+def test_a_lazy_clone_of_an_input_is_a_copy_not_an_alias():
+    # Its bytes are the input's until one is written (copy-on-write): the bytes check must not
+    # take it for an alias.
+    def lazy_copy(x: torch.Tensor) -> torch.Tensor:
+        return x._lazy_clone()
+
+    op = opreg.register_vmap_op(lazy_copy, fake_fn=empty, name=fresh("lazy_clone"))
+    x = torch.ones(3)
+    op(x).add_(1)
+    torch.testing.assert_close(x, torch.ones(3))
+
+
 def test_outputs_on_memory_of_their_own_pass():
     def apart(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.from_numpy(x.numpy() * 2), torch.from_numpy(x.numpy() + 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import os
 import sys
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,10 +151,26 @@ def forget_compiled_code() -> None:
     it would go on running the old kernels with no error. Dynamo recompiles on the next call.
     Only the compiled code goes: torch._dynamo.reset() would also restart the numbering of
     Triton kernels' arguments, so the new graph could take the key of the old one in Inductor's
-    graph cache and get its code back (seen). Nothing to do if Dynamo was never imported."""
+    graph cache and get its code back (seen). Nothing to do if Dynamo was never imported, or is
+    being imported for the first time (nothing is compiled before that import ends).
+
+    Never raises: the definition it follows has taken effect, so a failed reset warns."""
     dynamo = sys.modules.get("torch._dynamo")
-    if dynamo is not None:
-        dynamo.reset_code_caches()
+    reset_code_caches = getattr(dynamo, "reset_code_caches", None)
+    if reset_code_caches is None:
+        return
+    _reset_code_caches(reset_code_caches)
+
+
+def _reset_code_caches(reset_code_caches: Any) -> None:
+    try:
+        reset_code_caches()
+    except Exception as error:
+        warnings.warn(
+            "opreg: code torch.compile compiled before a replace (or a library load) could not "
+            f"be dropped, and may run the earlier definition: {type(error).__name__}: {error}",
+            stacklevel=3,
+        )
 
 
 def op_overload(qualname: str) -> torch._ops.OpOverload:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import os
 import sys
+import threading
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -154,12 +155,29 @@ def forget_compiled_code() -> None:
     graph cache and get its code back (seen). Nothing to do if Dynamo was never imported, or is
     being imported for the first time (nothing is compiled before that import ends).
 
+    A compile on another thread holds Dynamo's compile lock, which the reset waits for. A replace
+    from inside a compile on this thread (a fake that replaces an op) cannot reset there: Dynamo
+    still holds the code cache being compiled into and crashes on its freed memory (SIGSEGV, seen).
+    The reset is then handed to a thread of its own, which waits for that lock: it runs once the
+    compile ends and Python switches to it, so calls made until then (the first call of the
+    code that compile made, at least) still run code compiled before the replace.
+
     Never raises: the definition it follows has taken effect, so a failed reset warns."""
     dynamo = sys.modules.get("torch._dynamo")
     reset_code_caches = getattr(dynamo, "reset_code_caches", None)
     if reset_code_caches is None:
         return
-    _reset_code_caches(reset_code_caches)
+    import torch._guards  # imported by torch._dynamo
+
+    if torch._guards.CompileContext.try_get() is not None:
+        threading.Thread(
+            target=_reset_code_caches, args=(reset_code_caches,), name=DEFERRED_RESET, daemon=True
+        ).start()
+    else:
+        _reset_code_caches(reset_code_caches)
+
+
+DEFERRED_RESET = "opreg: forget compiled code after the compile"
 
 
 def _reset_code_caches(reset_code_caches: Any) -> None:

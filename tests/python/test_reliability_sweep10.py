@@ -4,6 +4,56 @@ from __future__ import annotations
 
 from test_reliability import assert_survived, run_probe
 
+# ---- F2: a replace while torch.compile is tracing --------------------------------------------
+
+
+def test_a_replace_from_a_fake_during_a_compile_survives_and_drops_compiled_code():
+    # The reset of Dynamo's code caches ran inside the compile, which crashed (SIGSEGV); it now
+    # runs once the compile ends, and code compiled before the replace is compiled again.
+    result = run_probe(
+        """
+        import threading, torch, opreg
+        from opreg import _registry
+
+        graphs = []
+
+        def counting(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        def plus(value):
+            def f(x: torch.Tensor) -> torch.Tensor:
+                return x + value
+            return f
+
+        def replace_once(x):
+            if not replaced:
+                replaced.append(True)
+                opreg.register_triton_op(name="sweep10::r8", fake_fn=torch.empty_like,
+                                         triton_fn=None, replace=True)(plus(2))
+            return torch.empty_like(x)
+
+        replaced = []
+        op = opreg.register_triton_op(name="sweep10::r8", fake_fn=torch.empty_like,
+                                      triton_fn=None)(plus(1))
+        earlier = torch.compile(lambda x: op(x) * 3, fullgraph=True, backend=counting)
+        assert earlier(torch.zeros(2)).tolist() == [3.0, 3.0]
+        op = opreg.register_triton_op(name="sweep10::r8", fake_fn=replace_once, triton_fn=None,
+                                      replace=True)(plus(1))
+        compiled = torch.compile(lambda x: op(x) * 1, fullgraph=True, backend=counting)
+        assert compiled(torch.zeros(2)).tolist() == [2.0, 2.0]
+        assert len(graphs) == 2
+        for thread in threading.enumerate():
+            if thread.name == _registry.DEFERRED_RESET:
+                thread.join()
+        assert compiled(torch.zeros(2)).tolist() == [2.0, 2.0]
+        assert earlier(torch.zeros(2)).tolist() == [6.0, 6.0]
+        assert len(graphs) == 4, len(graphs)  # both compiled again
+        """
+    )
+    assert_survived(result)
+
+
 # ---- F6: a replace while torch._dynamo is first being imported ---------------------------------
 
 
@@ -57,6 +107,49 @@ def test_a_replace_whose_reset_of_compiled_code_fails_warns_instead_of_raising()
         assert "may run the earlier definition: RuntimeError: no reset here" in str(
             warning.message
         ), warning.message
+        """
+    )
+    assert_survived(result)
+
+
+def test_a_replace_during_a_compile_on_another_thread_waits_for_it_and_drops_its_code():
+    # torch.compiler.is_compiling() is True on every thread while one compiles; the reset waits
+    # for Dynamo's compile lock instead, and the code that compile made is compiled again.
+    result = run_probe(
+        """
+        import threading, time, torch, opreg
+
+        graphs, tracing = [], threading.Event()
+
+        def counting(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        def plus(value):
+            def f(x: torch.Tensor) -> torch.Tensor:
+                return x + value
+            return f
+
+        def slow_fake(x):
+            tracing.set()
+            time.sleep(0.5)
+            return torch.empty_like(x)
+
+        op = opreg.register_triton_op(name="sweep10::other", fake_fn=slow_fake,
+                                      triton_fn=None)(plus(1))
+        compiled = torch.compile(lambda x: op(x) * 1, fullgraph=True, backend=counting)
+
+        def replace():
+            tracing.wait()
+            opreg.register_triton_op(name="sweep10::other", fake_fn=torch.empty_like,
+                                     triton_fn=None, replace=True)(plus(2))
+
+        replacer = threading.Thread(target=replace)
+        replacer.start()
+        compiled(torch.zeros(2))
+        replacer.join()
+        assert compiled(torch.zeros(2)).tolist() == [2.0, 2.0]
+        assert len(graphs) == 2, len(graphs)
         """
     )
     assert_survived(result)

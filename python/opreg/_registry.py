@@ -208,6 +208,42 @@ def op_name(name: Any, function: str) -> str:
     return name
 
 
+# The words PyTorch's schema lexer takes for keywords (TC_FORALL_TOKEN_KINDS in
+# torch/csrc/jit/frontend/lexer.h), which its parser refuses as a name.
+SCHEMA_RESERVED_WORDS = frozenset(
+    [
+        "False",
+        "None",
+        "NoneType",
+        "True",
+        "Ellipsis",
+        "and",
+        "as",
+        "assert",
+        "break",
+        "class",
+        "continue",
+        "def",
+        "del",
+        "elif",
+        "else",
+        "for",
+        "global",
+        "if",
+        "import",
+        "in",
+        "is",
+        "not",
+        "or",
+        "pass",
+        "raise",
+        "return",
+        "while",
+        "with",
+    ]
+)
+
+
 def check_op_name(api: str, name: Any) -> None:
     """A name to define an op by: 'namespace::name', both identifiers (so no overload: an op is
     defined by its name alone, as torch.library.custom_op's are)."""
@@ -218,6 +254,12 @@ def check_op_name(api: str, name: Any) -> None:
             raise ValueError(
                 f"{api}: name {name!r}: {part!r} is not an identifier (letters, digits and "
                 "'_', not starting with a digit)"
+            )
+    for part in name.split("::"):
+        if part in SCHEMA_RESERVED_WORDS:
+            raise ValueError(
+                f"{api}: name {name!r}: '{part}' is a reserved word of PyTorch's schema language "
+                "and cannot be an op name or namespace; choose another name"
             )
     namespace, op = name.split("::")
     held = vars(torch.ops).get(namespace)  # torch.ops.higher_order, say, holds no custom ops

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
+import pytest
+import torch
 from test_reliability import assert_survived, run_probe
+
+import opreg
+from opreg._registry import SCHEMA_RESERVED_WORDS
 
 # ---- F2: a replace while torch.compile is tracing --------------------------------------------
 
@@ -153,3 +161,46 @@ def test_a_replace_during_a_compile_on_another_thread_waits_for_it_and_drops_its
         """
     )
     assert_survived(result)
+
+
+# ---- F7: op names that are reserved words of PyTorch's schema language -----------------------
+
+
+def define_named(name: str) -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    opreg.register_triton_op(name=name, fake_fn=torch.empty_like, triton_fn=None)(f)
+
+
+def test_the_reserved_words_are_those_of_pytorchs_schema_lexer():
+    lexer = Path(torch.__file__).parent / "include/torch/csrc/jit/frontend/lexer.h"
+    if not lexer.is_file():
+        pytest.skip("PyTorch's headers are not installed")
+    tokens = re.findall(r'_\(TK_\w+, "[^"]*", "([^"]*)"\)', lexer.read_text())
+    assert {token for token in tokens if token.isidentifier()} == SCHEMA_RESERVED_WORDS
+
+
+@pytest.mark.parametrize("word", sorted(SCHEMA_RESERVED_WORDS))
+def test_a_reserved_word_of_the_schema_language_is_refused_as_op_name_or_namespace(word):
+    # The refusal was the schema parser's ("expected ident but found 'in'"), naming no name.
+    for name in (f"sweep10_reserved::{word}", f"{word}::sweep10_reserved"):
+        with pytest.raises(RuntimeError):
+            torch._C.parse_schema(f"{name}(Tensor x) -> Tensor")
+        message = (
+            f"name '{name}': '{word}' is a reserved word of PyTorch's schema language and cannot "
+            "be an op name or namespace"
+        )
+        with pytest.raises(ValueError, match=re.escape(f"opreg: {message}")):
+            define_named(name)
+        with pytest.raises(ValueError, match=re.escape(f"opreg.custom_op: {message}")):
+            opreg.custom_op(name, mutates_args=())(lambda x: x)
+        with pytest.raises(ValueError, match="no op"):
+            opreg.describe_op(name)
+
+
+@pytest.mark.parametrize("word", ["ins", "define", "If", "not_", "lambda", "yield", "Tensor"])
+def test_a_near_miss_of_a_reserved_word_is_an_op_name(word):
+    torch._C.parse_schema(f"sweep10_near::{word}(Tensor x) -> Tensor")
+    define_named(f"sweep10_near::{word}")
+    assert getattr(torch.ops.sweep10_near, word)(torch.zeros(2)).tolist() == [1.0, 1.0]

@@ -8,6 +8,7 @@ docs/python-front.md, "Coming from torch.library", lists the differences from to
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -125,6 +126,9 @@ class CustomOpDef:
             isinstance(r.type, torch.TensorType) for r in parsed.returns
         )
         self._registration: object = None  # the definition this object made last
+        # Held while a method reads and redefines the pieces: each call from several threads
+        # adds its piece to the others' and sees the definition this object made last.
+        self._lock = threading.RLock()
 
     @property
     def __name__(self) -> str:  # functools and torch read it
@@ -222,16 +226,17 @@ class CustomOpDef:
 
     def _with(self, **pieces: Any) -> None:
         """Sets pieces and re-defines the op; a refused definition restores them."""
-        self._check_current()
-        before = {name: getattr(self, name) for name in pieces}
-        for name, value in pieces.items():
-            setattr(self, name, value)
-        try:
-            self._define()
-        except BaseException:
-            for name, value in before.items():
+        with self._lock:
+            self._check_current()
+            before = {name: getattr(self, name) for name in pieces}
+            for name, value in pieces.items():
                 setattr(self, name, value)
-            raise
+            try:
+                self._define()
+            except BaseException:
+                for name, value in before.items():
+                    setattr(self, name, value)
+                raise
 
     # ---- keyword-only arguments, as torch passes them -----------------------------------------
 
@@ -307,14 +312,15 @@ class CustomOpDef:
             check_signature(
                 self._qualname, "register_kernel's fn", fn, self._qualname + self._schema
             )
-            reference = self._reference
-            kernels = dict(self._kernels)
-            for device in types:
-                if device is None or device.strip().lower() == "cpu":
-                    reference = fn
-                else:
-                    kernels[device.strip().lower()] = fn
-            self._with(_reference=reference, _kernels=kernels)
+            with self._lock:
+                reference = self._reference
+                kernels = dict(self._kernels)
+                for device in types:
+                    if device is None or device.strip().lower() == "cpu":
+                        reference = fn
+                    else:
+                        kernels[device.strip().lower()] = fn
+                self._with(_reference=reference, _kernels=kernels)
             return fn
 
         return register if fn is None else register(fn)
@@ -357,14 +363,15 @@ class CustomOpDef:
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             self._check_callable("register_torch_dispatch", fn)
-            self._check_current()
-            if self._dispatch_library is None:
-                self._dispatch_library = torch.library.Library(
-                    self._qualname.split("::")[0], "FRAGMENT"
+            with self._lock:
+                self._check_current()
+                if self._dispatch_library is None:
+                    self._dispatch_library = torch.library.Library(
+                        self._qualname.split("::")[0], "FRAGMENT"
+                    )
+                torch.library.register_torch_dispatch(
+                    self._qualname, torch_dispatch_class, fn, lib=self._dispatch_library
                 )
-            torch.library.register_torch_dispatch(
-                self._qualname, torch_dispatch_class, fn, lib=self._dispatch_library
-            )
             return fn
 
         return register if fn is None else register(fn)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,46 @@ def test_a_near_miss_of_a_reserved_word_is_an_op_name(word):
     torch._C.parse_schema(f"sweep10_near::{word}(Tensor x) -> Tensor")
     define_named(f"sweep10_near::{word}")
     assert getattr(torch.ops.sweep10_near, word)(torch.zeros(2)).tolist() == [1.0, 1.0]
+
+
+# ---- F8: one CustomOpDef used from several threads at once -----------------------------------
+
+
+def test_one_custom_op_def_takes_pieces_from_several_threads_at_once():
+    # Each method re-defines the op; a thread that read the registry between another's define
+    # and its bookkeeping was told the op "was defined again since this object defined it".
+    @opreg.custom_op("sweep10::shared", mutates_args=())
+    def shared(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    def backward(ctx, grad):
+        return grad * 3
+
+    errors, ready = [], threading.Barrier(4)
+
+    def repeat(register):
+        ready.wait()
+        try:
+            for _ in range(30):
+                register()
+        except Exception as error:
+            errors.append(error)
+
+    registers = [
+        lambda: shared.register_fake(torch.empty_like),
+        lambda: shared.register_autograd(backward),
+        lambda: shared.register_kernel("cuda", lambda x: x * 2),
+        lambda: shared.register_vmap(lambda info, in_dims, x: (x * 2, in_dims[0])),
+    ]
+    threads = [threading.Thread(target=repeat, args=(register,)) for register in registers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    x = torch.ones(2, requires_grad=True)
+    shared(x).sum().backward()
+    assert x.grad.tolist() == [3.0, 3.0]  # every thread's piece is in the last definition
+    report = opreg.describe_op("sweep10::shared")
+    assert (report.fake, report.vmap) == (opreg.FakeSource.PYTHON, opreg.VmapSupport.RULE)
+    assert [k.device_type for k in report.kernels if k.kind is opreg.ServingKind.KERNEL] == ["cuda"]

@@ -100,7 +100,8 @@ def _check_mutates_args(qualname: str, full_schema: str, mutates_args: Any) -> N
 def _device_types(
     qualname: str, keyword: str, types: str | Sequence[str] | None
 ) -> list[str] | None:
-    """Device types as the core takes them ('cuda', not 'cuda:0'), each one checked."""
+    """Device types as the core takes them ('cuda', not 'cuda:0'), each one checked; a type
+    named twice counts once, as in torch.library.custom_op's device_types."""
     if types is None:
         return None
     where = f"opreg: op '{qualname}': {keyword}"
@@ -120,7 +121,8 @@ def _device_types(
             )
         if not device_type.isidentifier():
             raise ValueError(f"{where}: {given!r} is not a device type name like 'cuda'")
-        checked.append(device_type)
+        if device_type not in checked:
+            checked.append(device_type)
     return checked
 
 

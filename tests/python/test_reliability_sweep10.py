@@ -248,3 +248,32 @@ def test_one_custom_op_def_takes_pieces_from_several_threads_at_once():
     report = opreg.describe_op("sweep10::shared")
     assert (report.fake, report.vmap) == (opreg.FakeSource.PYTHON, opreg.VmapSupport.RULE)
     assert [k.device_type for k in report.kernels if k.kind is opreg.ServingKind.KERNEL] == ["cuda"]
+
+
+# ---- F9: a device type named twice -----------------------------------------------------------
+
+
+def test_a_device_type_named_twice_counts_once_as_in_torch_library():
+    # Was refused as "kernels 'triton' and 'triton' both serve device type 'cpu'".
+    def plus_one(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    def plus_ten(x):
+        return x + 10
+
+    op = opreg.register_triton_op(
+        name="sweep10::twice",
+        fake_fn=torch.empty_like,
+        triton_fn=plus_ten,
+        triton_device_types=["cpu", "CPU "],
+        device_types=["cuda", "cuda"],
+    )(plus_one)
+    report = opreg.describe_op("sweep10::twice")
+    assert [(k.device_type, k.kernel) for k in report.kernels] == [("cpu", "triton")]
+    assert op(torch.zeros(2)).tolist() == [10.0, 10.0]
+
+    @torch.library.custom_op("sweep10_torch::twice", mutates_args=(), device_types=["cpu", "cpu"])
+    def torchs(x: torch.Tensor) -> torch.Tensor:  # what torch.library does with the same list
+        return x + 10
+
+    assert torchs(torch.zeros(2)).tolist() == [10.0, 10.0]

@@ -401,6 +401,13 @@ def _check_outputs_apart(qualname: str, values: list[Any], declared_alias: list[
             seen.append((tensor, index))
 
 
+_ENUM_CLASSES = {
+    "ScalarType": "torch.dtype",
+    "Layout": "torch.layout",
+    "MemoryFormat": "torch.memory_format",
+}
+
+
 def _checked_fake(declaration: OpDeclaration) -> Callable[..., Any]:
     """The fake, with its outputs checked against the schema and the inputs' device (the C++
     core checks C++ fakes)."""
@@ -408,6 +415,11 @@ def _checked_fake(declaration: OpDeclaration) -> Callable[..., Any]:
     parsed = torch._C.parse_schema(declaration.schema)
     returns = [r.type for r in parsed.returns]
     declared_alias = [r.alias_info is not None for r in parsed.returns]
+    enums = {  # output index -> (enumeration, how many values it has)
+        index: (name, _C.enum_value_count(name))
+        for index, r in enumerate(parsed.returns)
+        if (name := str(r.real_type).removeprefix("Optional[").removesuffix("]")) in _ENUM_CLASSES
+    }
 
     def fake(*args: Any, **kwargs: Any) -> Any:
         result = fake_fn(*args, **kwargs)
@@ -446,6 +458,12 @@ def _checked_fake(declaration: OpDeclaration) -> Callable[..., Any]:
                 )
             if not declared_alias[index]:
                 _check_no_alias(qualname, index, value, inputs)
+            if index in enums and type(value) is int and not 0 <= value < enums[index][1]:
+                name, count = enums[index]
+                raise ValueError(
+                    f"opreg: op '{qualname}': its fake returned {value} for output {index}, "
+                    f"which is no {name} (expected 0 to {count - 1}, or a {_ENUM_CLASSES[name]})"
+                )
         _check_outputs_apart(qualname, values, declared_alias)
         return result
 

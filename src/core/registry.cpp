@@ -562,6 +562,19 @@ DefinitionPtr build(OpBuilder::State spec, const std::vector<std::string>& devic
       detail::OpIdentity{qualified, std::move(schema), schema_text.str()});
   const auto& op = *definition->identity;
   definition->origin = declared.origin.empty() ? origin_of(declared.caller) : declared.origin;
+  if (!declared.part_of.empty()) {
+    const auto& owner = declared.part_of;
+    const auto colons = owner.find("::");
+    const auto dot = owner.find('.');
+    const bool well_formed = colons != std::string::npos &&
+                             is_identifier(owner.substr(0, colons)) &&
+                             is_identifier(owner.substr(
+                                 colons + 2, dot == std::string::npos ? dot : dot - colons - 2)) &&
+                             (dot == std::string::npos || dot > colons);
+    TORCH_CHECK_VALUE(well_formed, qualified, ": part_of('", owner,
+                      "') names no op (expected 'namespace::name')");
+    TORCH_CHECK_VALUE(owner != qualified, qualified, ": an op cannot be part of itself");
+  }
   TORCH_CHECK_VALUE(static_cast<bool>(declared.fallback.make), qualified,
                     ": the declaration has no fallback");
   definition->dtype_rules = resolve_dtype_rules(declared, op);
@@ -652,17 +665,18 @@ void check_arguments(const Definition& definition, const torch::jit::Stack& stac
   }
 }
 
-// The memory a tensor's storage holds. Raw pointers suffice: every opreg kernel allocates its
-// outputs while its inputs are alive, so an output cannot get the memory of an input freed
-// during the call.
+// The memory a tensor holds: the tensor itself, and its storage's bytes. Raw pointers suffice:
+// every opreg kernel allocates its outputs while its inputs are alive, so an output cannot get the
+// memory of an input freed during the call.
 struct Memory {
+  const c10::TensorImpl* tensor = nullptr;
   const c10::StorageImpl* storage = nullptr;  // null for tensors without storage
   uintptr_t begin = 0;                        // 0 for storage without data (meta tensors)
   uintptr_t end = 0;
 
-  explicit Memory(const at::Tensor& tensor) {
-    if (!tensor.has_storage()) return;
-    storage = tensor.storage().unsafeGetStorageImpl();
+  explicit Memory(const at::Tensor& of) : tensor(of.unsafeGetTensorImpl()) {
+    if (!of.has_storage()) return;
+    storage = of.storage().unsafeGetStorageImpl();
     // A lazy clone's bytes are its source's until either is written: a copy, not an alias.
     if (c10::impl::cow::is_cow_data_ptr(storage->data_ptr())) return;
     begin = reinterpret_cast<uintptr_t>(storage->data_ptr().get());
@@ -673,6 +687,7 @@ struct Memory {
   // memory in a storage of their own). `same_device`: data pointers of other devices are not
   // comparable.
   bool shared_with(const Memory& other, bool same_device) const {
+    if (tensor == other.tensor) return true;  // the very tensor (sparse ones have no storage)
     if (storage == nullptr || other.storage == nullptr) return false;
     if (storage == other.storage) return true;
     return same_device && begin != 0 && other.begin != 0 && begin < other.end && other.begin < end;
@@ -706,6 +721,32 @@ void check_schema_current(const OpEntry& entry, const Definition& definition,
               "arguments against the other schema; call it again");
 }
 
+// Calls `f` with each tensor whose memory `tensor` holds: itself, and a sparse tensor's parts.
+template <typename F>
+void for_each_part(const at::Tensor& tensor, F f) {
+  f(tensor);
+  switch (tensor.layout()) {
+    case at::kSparse:
+      f(tensor._indices());
+      f(tensor._values());
+      return;
+    case at::kSparseCsr:
+    case at::kSparseBsr:
+      f(tensor.crow_indices());
+      f(tensor.col_indices());
+      f(tensor.values());
+      return;
+    case at::kSparseCsc:
+    case at::kSparseBsc:
+      f(tensor.ccol_indices());
+      f(tensor.row_indices());
+      f(tensor.values());
+      return;
+    default:
+      return;
+  }
+}
+
 // What the checks of a call need of its tensor inputs.
 struct InputTensor {
   Memory memory;
@@ -719,8 +760,10 @@ CallInputs inputs_of(const Definition& definition, const torch::jit::Stack& stac
   const size_t num_args = definition.schema().arguments().size();
   const c10::IValue* first = stack.data() + (stack.size() - num_args);
   auto add = [&](const at::Tensor& tensor) {
-    inputs.push_back(
-        {Memory(tensor), tensor.device(), tensor.dim() == 0 && tensor.device().is_cpu()});
+    const bool cpu_scalar = tensor.dim() == 0 && tensor.device().is_cpu();
+    for_each_part(tensor, [&](const at::Tensor& part) {
+      inputs.push_back({Memory(part), tensor.device(), cpu_scalar});
+    });
   };
   for (size_t i = 0; i < num_args; ++i) {
     if (first[i].isTensor()) {
@@ -791,14 +834,16 @@ void check_output_tensor(const Definition& definition, const at::Tensor& output,
     TORCH_CHECK(false, definition.name(), ": ", impl, " returned output ", index, " on ",
                 output.device(), ", expected ", *device, " (the device of its inputs)");
   }
-  if (definition.return_aliases[index] || !output.has_storage()) return;
-  const Memory memory(output);
-  for (const auto& input : inputs) {
-    if (!memory.shared_with(input.memory, input.device == output.device())) continue;
-    TORCH_CHECK(false, definition.name(), ": ", impl, " returned output ", index,
-                " sharing memory with an input, but the schema '", definition.schema_text(),
-                "' declares no alias; return a new tensor (e.g. x.clone())");
-  }
+  if (definition.return_aliases[index]) return;
+  for_each_part(output, [&](const at::Tensor& part) {
+    const Memory memory(part);
+    for (const auto& input : inputs) {
+      if (!memory.shared_with(input.memory, input.device == output.device())) continue;
+      TORCH_CHECK(false, definition.name(), ": ", impl, " returned output ", index,
+                  " sharing memory with an input, but the schema '", definition.schema_text(),
+                  "' declares no alias; return a new tensor (e.g. x.clone())");
+    }
+  });
 }
 
 // Two outputs on one memory, where the schema declares no alias: eager code that writes one
@@ -1510,12 +1555,18 @@ void undefine_now(const std::string& name) {
   auto found = reg.ops.find(name);
   TORCH_CHECK_VALUE(found != reg.ops.end() && found->second->load() != nullptr,
                     "opreg: cannot undefine '", name, "': no op of this name is defined by opreg");
-  // Inside opreg::load_library, a failed load puts the definition back with the others.
+  // Inside opreg::load_library, a failed load puts the definitions back with the others.
   detail::record_loaded_definition(name, publish(*found->second, nullptr, &garbage));
-  for (auto& [part, entry] : reg.ops) {
-    auto definition = entry->load();
-    if (definition != nullptr && definition->spec.part_of == name) {
-      detail::record_loaded_definition(part, publish(*entry, nullptr, &garbage));
+  std::vector<std::string> owners{name};  // and the parts of parts
+  while (!owners.empty()) {
+    const std::string owner = std::move(owners.back());
+    owners.pop_back();
+    for (auto& [part, entry] : reg.ops) {
+      auto definition = entry->load();
+      if (definition != nullptr && definition->spec.part_of == owner) {
+        detail::record_loaded_definition(part, publish(*entry, nullptr, &garbage));
+        owners.push_back(part);
+      }
     }
   }
 }

@@ -197,7 +197,17 @@ PYBIND11_MODULE(_C, m) {
       .def("describe", [](const opreg::OpReport& r) { return opreg::describe(r); });
   m.def("describe_ops", &opreg::describe_ops);
   m.def("describe_op", &opreg::describe_op, py::arg("name"));
-  m.def("load_library", &opreg::load_library, py::arg("path"));
+  // Without the GIL: a thread that the library's initializers start and wait for may define (or
+  // replace) ops from Python pieces, which takes the GIL.
+  m.def("load_library", &opreg::load_library, py::arg("path"),
+        py::call_guard<py::gil_scoped_release>());
+  // How many values an enumeration the schema language names has (the range of such an output).
+  m.def("enum_value_count", [](const std::string& name) -> int64_t {
+    if (name == "ScalarType") return static_cast<int64_t>(c10::ScalarType::NumOptions);
+    if (name == "Layout") return static_cast<int64_t>(c10::Layout::NumOptions);
+    if (name == "MemoryFormat") return static_cast<int64_t>(c10::MemoryFormat::NumOptions);
+    TORCH_CHECK_VALUE(false, "opreg: '", name, "' is no enumeration of the schema language");
+  });
 
   m.def("accelerated_device_types", &opreg::accelerated_device_types);
   m.def("register_accelerated_device_type", &opreg::register_accelerated_device_type,

@@ -75,13 +75,31 @@ TEST(Reliability, UndefiningAnOpUndefinesItsParts) {
                   .fallback(times(3))
                   .part_of("opreg_rel::owner")
                   .define();
+  opreg::op("opreg_rel::part_of_part(Tensor x) -> Tensor")  // undefined with it too
+      .fallback(times(5))
+      .part_of("opreg_rel::owner_part")
+      .define();
   opreg::op("opreg_rel::bystander(Tensor x) -> Tensor").fallback(times(4)).define();
   opreg::undefine("opreg_rel::owner");
   EXPECT_FALSE(opreg::is_defined("opreg_rel::owner"));
   EXPECT_FALSE(opreg::is_defined("opreg_rel::owner_part"));
+  EXPECT_FALSE(opreg::is_defined("opreg_rel::part_of_part"));
   EXPECT_TRUE(opreg::is_defined("opreg_rel::bystander"));
   EXPECT_CONTAINS(error_of([&] { part(at::ones({2})); }),
                   "opreg_rel::owner_part: the op is not defined");
+}
+
+TEST(Reliability, PartOfNamesAnOp) {
+  for (const char* owner : {"not a name!", "no_namespace", "ns::", "opreg_rel::self_part"}) {
+    EXPECT_CONTAINS(error_of([&] {
+                      opreg::op("opreg_rel::self_part(Tensor x) -> Tensor")
+                          .fallback([](const at::Tensor& x) { return x * 2; })
+                          .part_of(owner)
+                          .define();
+                    }),
+                    "opreg_rel::self_part: ");
+    EXPECT_FALSE(opreg::is_defined("opreg_rel::self_part"));
+  }
 }
 
 TEST(Reliability, FailedReplaceKeepsTheOp) {

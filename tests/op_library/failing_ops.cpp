@@ -1,11 +1,12 @@
 // tests/op_library/failing_ops.cpp: op libraries whose static initializers define one good op and
 // then make one mistake (chosen by OPREG_FAILURE at compile time; some undefine an op first), for
 // the tests that loading them raises one clear error, rolls the good op back (and the undefined
-// op in), and keeps the process alive; and one (thread_define) that defines an op from a thread
-// its initializer waits for, which must load.
+// op in), and keeps the process alive; and two (thread_define, thread_replace) that define or
+// replace an op from a thread their initializer waits for, which must load.
 #include <ATen/ATen.h>
 
 #include <cstdlib>
+#include <string>
 #include <thread>
 
 #if defined(OPREG_OTHER_VERSION)  // as if built against the headers of another minor version
@@ -53,6 +54,18 @@ const bool undefined = (opreg::undefine("opreg_failing::never_defined"), true);
 const bool from_thread = [] {
   std::thread([] {
     opreg::op("opreg_failing::from_thread(Tensor x) -> Tensor").fallback(identity).define();
+  }).join();
+  return true;
+}();
+#elif defined(OPREG_THREAD_REPLACE)  // replaces OPREG_REPLACE_NAME's op from a thread it waits for
+const bool from_thread = [] {
+  const char* name = std::getenv("OPREG_REPLACE_NAME");
+  std::thread([name] {
+    opreg::op(std::string(name != nullptr ? name : "OPREG_REPLACE_NAME_is_not::set") +
+              "(Tensor x) -> Tensor")
+        .fallback(identity)
+        .replace()
+        .define();
   }).join();
   return true;
 }();

@@ -190,3 +190,70 @@ def test_a_library_whose_initializer_waits_for_a_thread_that_defines_an_op_loads
     )
     assert_survived(result)
     assert result.stdout.splitlines() == ["[1.0, 1.0]", str(library)]
+
+
+# ---- eleventh sweep: a Python op replaced from such a thread, fakes' enum outputs, sparse ------
+
+
+def test_a_thread_of_a_loading_library_replaces_a_python_defined_op():
+    # The thread's replace freed the Python pieces of the op, which takes the GIL; the loading
+    # thread held it inside dlopen while it waited for the thread: the process hung.
+    library = TEST_OPS_LIBRARY.parent / "libopreg_failing_thread_replace.so"
+    result = run_probe(
+        f"""
+        import os, torch, opreg
+        os.environ["OPREG_REPLACE_NAME"] = "sweep11_thread::op"
+        opreg.register_vmap_op(lambda x: x * 2, fake_fn=lambda x: torch.empty_like(x),
+                               name="sweep11_thread::op", schema="(Tensor x) -> Tensor")
+        opreg.load_library({str(library)!r})
+        print(torch.ops.sweep11_thread.op(torch.ones(2)).tolist())
+        """,
+        timeout=60,
+    )
+    assert_survived(result)
+    assert result.stdout.splitlines()[-1] == "[1.0, 1.0]"  # the library's identity
+
+
+@pytest.mark.parametrize("returns", ["ScalarType", "Layout", "MemoryFormat", "ScalarType?"])
+def test_a_fake_returning_an_enum_out_of_range_is_refused(returns):
+    op = opreg.register_triton_op(
+        name=fresh("fake_enum"),
+        fake_fn=lambda x: 999,
+        triton_fn=None,
+        schema=f"(Tensor x) -> {returns}",
+    )(lambda x: 0)
+    kind = returns.rstrip("?")
+    with pytest.raises(
+        ValueError, match=rf"its fake returned 999 for output 0, which is no {kind}"
+    ):
+        op(torch.zeros(1, device="meta"))
+
+
+SPARSE_ALIASES = {
+    "itself": (lambda x: x, lambda: torch.eye(3).to_sparse()),
+    "coalesce": (lambda x: x.coalesce(), lambda: torch.eye(3).to_sparse()),
+    "values": (lambda x: x._values(), lambda: torch.eye(3).to_sparse()),
+    "csr_itself": (lambda x: x, lambda: torch.eye(3).to_sparse_csr()),
+    "csr_values": (lambda x: x.values(), lambda: torch.eye(3).to_sparse_csr()),
+}
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+@pytest.mark.parametrize("how", list(SPARSE_ALIASES))
+def test_a_sparse_input_or_its_parts_returned_as_an_output_is_refused(how):
+    returned, make = SPARSE_ALIASES[how]
+
+    def fallback(x: torch.Tensor) -> torch.Tensor:
+        return returned(x)
+
+    op = opreg.register_triton_op(name=fresh(how), fake_fn=empty, triton_fn=None)(fallback)
+    with pytest.raises(RuntimeError, match="returned output 0 sharing memory with an input"):
+        op(make())
+
+
+def test_a_new_sparse_output_passes():
+    def doubled(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).coalesce()
+
+    op = opreg.register_triton_op(name=fresh("sparse_new"), fake_fn=empty, triton_fn=None)(doubled)
+    torch.testing.assert_close(op(torch.eye(3).to_sparse()).to_dense(), 2 * torch.eye(3))

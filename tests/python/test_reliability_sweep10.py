@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import textwrap
 import threading
 from pathlib import Path
 
@@ -15,25 +16,30 @@ from opreg._registry import SCHEMA_RESERVED_WORDS
 
 # ---- F2: a replace while torch.compile is tracing --------------------------------------------
 
+# A backend that counts the graphs compiled (into `graphs`), and an op body adding `value`.
+COMPILE_HELPERS = """
+def counting(gm, example_inputs):
+    graphs.append(gm)
+    return gm.forward
+
+def plus(value):
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x + value
+    return f
+"""
+
 
 def test_a_replace_from_a_fake_during_a_compile_survives_and_drops_compiled_code():
     # The reset of Dynamo's code caches ran inside the compile, which crashed (SIGSEGV); it now
     # runs once the compile ends, and code compiled before the replace is compiled again.
     result = run_probe(
-        """
+        COMPILE_HELPERS
+        + textwrap.dedent(
+            """
         import threading, torch, opreg
         from opreg import _registry
 
         graphs = []
-
-        def counting(gm, example_inputs):
-            graphs.append(gm)
-            return gm.forward
-
-        def plus(value):
-            def f(x: torch.Tensor) -> torch.Tensor:
-                return x + value
-            return f
 
         def replace_once(x):
             if not replaced:
@@ -59,6 +65,7 @@ def test_a_replace_from_a_fake_during_a_compile_survives_and_drops_compiled_code
         assert earlier(torch.zeros(2)).tolist() == [6.0, 6.0]
         assert len(graphs) == 4, len(graphs)  # both compiled again
         """
+        )
     )
     assert_survived(result)
 
@@ -125,19 +132,12 @@ def test_a_replace_during_a_compile_on_another_thread_waits_for_it_and_drops_its
     # torch.compiler.is_compiling() is True on every thread while one compiles; the reset waits
     # for Dynamo's compile lock instead, and the code that compile made is compiled again.
     result = run_probe(
-        """
+        COMPILE_HELPERS
+        + textwrap.dedent(
+            """
         import threading, time, torch, opreg
 
         graphs, tracing = [], threading.Event()
-
-        def counting(gm, example_inputs):
-            graphs.append(gm)
-            return gm.forward
-
-        def plus(value):
-            def f(x: torch.Tensor) -> torch.Tensor:
-                return x + value
-            return f
 
         def slow_fake(x):
             tracing.set()
@@ -160,6 +160,7 @@ def test_a_replace_during_a_compile_on_another_thread_waits_for_it_and_drops_its
         assert compiled(torch.zeros(2)).tolist() == [2.0, 2.0]
         assert len(graphs) == 2, len(graphs)
         """
+        )
     )
     assert_survived(result)
 

@@ -676,10 +676,14 @@ struct Memory {
 
   explicit Memory(const at::Tensor& of) : tensor(of.unsafeGetTensorImpl()) {
     if (!of.has_storage()) return;
-    storage = of.storage().unsafeGetStorageImpl();
+    c10::StorageImpl* impl = of.storage().unsafeGetStorageImpl();
+    storage = impl;
+    // Read past PyTorch's checks (a storage may refuse reads of its data pointer): only the
+    // address is compared, and a lazy clone stays unmaterialized.
+    const at::DataPtr& data = impl->_mutable_data_ptr_no_checks();
     // A lazy clone's bytes are its source's until either is written: a copy, not an alias.
-    if (c10::impl::cow::is_cow_data_ptr(storage->data_ptr())) return;
-    begin = reinterpret_cast<uintptr_t>(storage->data_ptr().get());
+    if (c10::impl::cow::is_cow_data_ptr(data)) return;
+    begin = reinterpret_cast<uintptr_t>(data.get());
     // Only storage with data has a size in bytes for certain (a fake tensor's may be symbolic).
     if (begin != 0) end = begin + storage->nbytes();
   }

@@ -353,6 +353,12 @@ class AotLaunchKernel final : public c10::OperatorKernel {
                       ": aot_kernel grid has 1 to 3 expressions, got ", launch.grid.size());
     Parser grid_parser(*runtime_, schema, "grid");
     for (const auto& text : launch.grid) grid_.push_back(grid_parser.parse_integer(text));
+    for (size_t i = 1; i < grid_.size(); ++i) {  // CUDA's limit on y and z
+      const auto value = Parser::constant(*grid_[i]);
+      TORCH_CHECK_VALUE(!value || *value < 65536, runtime_->name, ": aot_kernel grid: '",
+                        launch.grid[i], "' is ", *value, " programs along ", i == 1 ? "y" : "z",
+                        ", and CUDA allows at most 65535 there");
+    }
     Parser argument_parser(*runtime_, schema, "arguments");
     for (const auto& text : launch.arguments) arguments_.push_back(argument_parser.parse(text));
     if (launch.outputs == "fake") {

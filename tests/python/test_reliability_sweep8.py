@@ -450,6 +450,20 @@ def test_a_constant_grid_out_of_range_is_refused_at_definition(grid):
         )(twice)
 
 
+@pytest.mark.parametrize(
+    ("grid", "axis"), [(("1", "65536"), "y"), (("1", "1", "cdiv(200000, 2)"), "z")]
+)
+def test_a_constant_grid_over_cudas_limit_along_y_or_z_is_refused_at_definition(grid, axis):
+    # Eleventh sweep: a y grid of 200000 was accepted, and refused only at the launch.
+    with pytest.raises(ValueError, match=rf"programs along {axis}, and CUDA allows at most 65535"):
+        opreg.register_triton_op(
+            fake_fn=empty,
+            triton_fn=None,
+            aot=opreg.AotLaunch("sweep8_no_such_kernel", grid, ("x", "out0"), outputs="like:x"),
+            name=fresh("grid_yz"),
+        )(twice)
+
+
 def twice(x: torch.Tensor) -> torch.Tensor:
     return x * 2
 

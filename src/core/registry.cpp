@@ -709,7 +709,8 @@ struct Memory {
 // finds the two apart raises. A call that read its arguments before the change and reaches the
 // trampoline after the publish is caught by its argument count: once an op's schema has changed,
 // a call's stack must hold exactly its arguments (as every caller but a hand-made boxed call's
-// makes it). Left: such a call whose old and new schemas take the same types in the same order.
+// makes it), each of its schema type (one schema's float is the other's int). Left: such a call
+// whose old and new schemas take the same types in the same order.
 void check_schema_current(const OpEntry& entry, const Definition& definition,
                           const torch::jit::Stack& stack) {
   if (!entry.schema_changed.load()) return;
@@ -718,11 +719,19 @@ void check_schema_current(const OpEntry& entry, const Definition& definition,
               ": this call raced a replace that changed the op's schema, so its arguments may "
               "have been read against the other schema (the definition it reached has '",
               definition.schema_text(), "'); call it again");
-  const size_t expected = definition.schema().arguments().size();
-  TORCH_CHECK(stack.size() == expected, definition.name(), ": called with ", stack.size(),
-              " arguments, expected ", expected, " (schema '", definition.schema_text(),
+  const auto& arguments = definition.schema().arguments();
+  TORCH_CHECK(stack.size() == arguments.size(), definition.name(), ": called with ", stack.size(),
+              " arguments, expected ", arguments.size(), " (schema '", definition.schema_text(),
               "'); the op's schema was replaced, and a call that raced the replace reads its "
               "arguments against the other schema; call it again");
+  for (size_t i = 0; i < arguments.size(); ++i) {  // one schema's float is the other's int
+    const c10::IValue& value = stack[i];
+    TORCH_CHECK(value.type()->isSubtypeOf(*arguments[i].type()), definition.name(), ": argument '",
+                arguments[i].name(), "' is ", value.tagKind(), ", expected ",
+                arguments[i].type()->str(), " (schema '", definition.schema_text(),
+                "'); the op's schema was replaced, and a call that raced the replace reads its "
+                "arguments against the other schema; call it again");
+  }
 }
 
 // Calls `f` with each tensor whose memory `tensor` holds: itself, and a sparse tensor's parts.

@@ -61,19 +61,21 @@ py::object to_python_argument(c10::IValue value, const c10::Argument& argument,
       type = optional->getElementType().get();
     }
     const int64_t number = value.toInt();
-    auto require_below = [&](int64_t end, const char* what) {
+    auto require_below = [&](int64_t end, const char* what, const char* example) {
       TORCH_CHECK_VALUE(number >= 0 && number < end, op, ": argument '", argument.name(), "' is ",
-                        number, ", which is not a ", what, " (pass e.g. torch.float32)");
+                        number, ", which is not a ", what, " (pass e.g. ", example, ")");
     };
     switch (type->kind()) {
       case c10::TypeKind::ScalarTypeType:
-        require_below(static_cast<int64_t>(at::ScalarType::NumOptions), "ScalarType");
+        require_below(static_cast<int64_t>(at::ScalarType::NumOptions), "ScalarType",
+                      "torch.float32");
         break;
       case c10::TypeKind::LayoutType:
-        require_below(static_cast<int64_t>(at::Layout::NumOptions), "Layout");
+        require_below(static_cast<int64_t>(at::Layout::NumOptions), "Layout", "torch.strided");
         break;
       case c10::TypeKind::MemoryFormatType:
-        require_below(static_cast<int64_t>(at::MemoryFormat::NumOptions), "MemoryFormat");
+        require_below(static_cast<int64_t>(at::MemoryFormat::NumOptions), "MemoryFormat",
+                      "torch.contiguous_format");
         break;
       default:
         break;

@@ -351,6 +351,9 @@ class AotLaunchKernel final : public c10::OperatorKernel {
     }
     TORCH_CHECK_VALUE(!launch.grid.empty() && launch.grid.size() <= 3, runtime_->name,
                       ": aot_kernel grid has 1 to 3 expressions, got ", launch.grid.size());
+    TORCH_CHECK_VALUE(!launch.kernel.empty(), runtime_->name,
+                      ": aot_kernel names no kernel (an empty name); name the kernel its bundle "
+                      "was compiled as");
     Parser grid_parser(*runtime_, schema, "grid");
     for (const auto& text : launch.grid) grid_.push_back(grid_parser.parse_integer(text));
     for (size_t i = 1; i < grid_.size(); ++i) {  // CUDA's limit on y and z

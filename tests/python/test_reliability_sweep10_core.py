@@ -257,3 +257,57 @@ def test_a_new_sparse_output_passes():
 
     op = opreg.register_triton_op(name=fresh("sparse_new"), fake_fn=empty, triton_fn=None)(doubled)
     torch.testing.assert_close(op(torch.eye(3).to_sparse()).to_dense(), 2 * torch.eye(3))
+
+
+TYPE_RACE = """
+import collections, threading, torch, opreg
+
+def a(x: torch.Tensor, s: float = 1.0) -> torch.Tensor:
+    return x * s
+
+def b(x: torch.Tensor, k: int = 1) -> torch.Tensor:
+    return x + k
+
+fakes = {a: lambda x, s=1.0: torch.empty_like(x), b: lambda x, k=1: torch.empty_like(x)}
+
+def define(fn, replace=True):
+    opreg.register_triton_op(name="race12::rf", fake_fn=fakes[fn], triton_fn=None,
+                             replace=replace)(fn)
+
+define(a, replace=False)
+stop = False
+outcomes = collections.Counter()
+
+def call():
+    while not stop:
+        try:
+            out = torch.ops.race12.rf(torch.ones(1), 3.0)
+            outcomes["right" if out.tolist() == [3.0] else f"wrong: {out.tolist()}"] += 1
+        except RuntimeError as error:
+            if "call it again" in str(error):
+                outcomes["raced"] += 1
+            elif "Expected a value of type 'int'" in str(error):  # PyTorch's parser, against b
+                outcomes["refused"] += 1
+            else:
+                outcomes[f"error: {str(error).splitlines()[0]}"] += 1
+
+threads = [threading.Thread(target=call) for _ in range(3)]
+for thread in threads:
+    thread.start()
+for i in range(300):
+    define(b if i % 2 == 0 else a)
+stop = True
+for thread in threads:
+    thread.join()
+print(dict(outcomes))
+"""
+
+
+def test_calls_racing_a_schema_change_of_one_argument_type_never_mix_the_two():
+    # Twelfth run: (Tensor x, float s) against (Tensor x, SymInt k): the count check passed, and
+    # b ran on a float read for a, returning 4.0 for 3.0 now and then.
+    result = run_probe(TYPE_RACE, timeout=240)
+    assert_survived(result)
+    outcomes = ast.literal_eval(result.stdout.strip().splitlines()[-1])
+    assert set(outcomes) <= {"right", "raced", "refused"}, outcomes
+    assert outcomes["right"] > 0

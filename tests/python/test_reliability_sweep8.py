@@ -464,6 +464,17 @@ def test_a_constant_grid_over_cudas_limit_along_y_or_z_is_refused_at_definition(
         )(twice)
 
 
+def test_an_aot_launch_naming_no_kernel_is_refused_at_definition():
+    # Twelfth run: AotLaunch("") was accepted, and the fallback served every call.
+    with pytest.raises(ValueError, match="aot_kernel names no kernel"):
+        opreg.register_triton_op(
+            fake_fn=empty,
+            triton_fn=None,
+            aot=opreg.AotLaunch("", ("1",), ("x", "out0"), outputs="like:x"),
+            name=fresh("no_kernel"),
+        )(twice)
+
+
 def twice(x: torch.Tensor) -> torch.Tensor:
     return x * 2
 

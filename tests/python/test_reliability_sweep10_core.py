@@ -150,6 +150,11 @@ def call():
             told = "raced a replace" in str(error) or "the op's schema was replaced" in str(error)
             outcomes["raced" if told else f"error: {str(error).splitlines()[0]}"] += 1
 
+"""
+
+
+# Three threads call the op (`call`) while this one replaces it 300 times, a and b in turn.
+RACE_DRIVER = """
 threads = [threading.Thread(target=call) for _ in range(3)]
 for thread in threads:
     thread.start()
@@ -162,12 +167,17 @@ print(dict(outcomes))
 """
 
 
+def race_outcomes(probe: str) -> dict[str, int]:
+    """How often each outcome came in `probe`'s calls, raced by RACE_DRIVER's replaces."""
+    result = run_probe(probe + RACE_DRIVER, timeout=240)
+    assert_survived(result)
+    return ast.literal_eval(result.stdout.strip().splitlines()[-1])
+
+
 def test_calls_racing_a_replace_that_changes_the_schema_never_mix_the_two():
     # Nine calls in about 650,000 returned (3, tensor([7.])): the old definition ran on a stack
     # read against the new schema, took its default 7 and left the caller's 3 behind.
-    result = run_probe(RACE, timeout=240)
-    assert_survived(result)
-    outcomes = ast.literal_eval(result.stdout.strip().splitlines()[-1])
+    outcomes = race_outcomes(RACE)
     assert set(outcomes) <= {"right", "raced"}, outcomes
     assert outcomes["right"] > 0
 
@@ -291,23 +301,12 @@ def call():
             else:
                 outcomes[f"error: {str(error).splitlines()[0]}"] += 1
 
-threads = [threading.Thread(target=call) for _ in range(3)]
-for thread in threads:
-    thread.start()
-for i in range(300):
-    define(b if i % 2 == 0 else a)
-stop = True
-for thread in threads:
-    thread.join()
-print(dict(outcomes))
 """
 
 
 def test_calls_racing_a_schema_change_of_one_argument_type_never_mix_the_two():
     # Twelfth run: (Tensor x, float s) against (Tensor x, SymInt k): the count check passed, and
     # b ran on a float read for a, returning 4.0 for 3.0 now and then.
-    result = run_probe(TYPE_RACE, timeout=240)
-    assert_survived(result)
-    outcomes = ast.literal_eval(result.stdout.strip().splitlines()[-1])
+    outcomes = race_outcomes(TYPE_RACE)
     assert set(outcomes) <= {"right", "raced", "refused"}, outcomes
     assert outcomes["right"] > 0

@@ -229,13 +229,21 @@ def _default_samples(op: torch._ops.OpOverload, device: str) -> list[Sample]:
     registered = _REGISTERED_SAMPLES.get(_qualified(op))
     if registered is None:
         return generate_samples(op, device)
-    given = registered(device)
-    if isinstance(given, str | torch.Tensor | Sample) or not isinstance(given, Iterable):
+    try:
+        given = registered(device)
+        wrong_kind = isinstance(given, str | torch.Tensor | Sample)
+        wrong_kind = wrong_kind or not isinstance(given, Iterable)
+        samples = [] if wrong_kind else list(given)
+    except Exception as error:
+        raise RuntimeError(
+            f"opreg.opcheck: {_qualified(op)}: its registered samples function raised on "
+            f"{device}: {type(error).__name__}: {error}"
+        ) from error
+    if wrong_kind:
         raise TypeError(
             f"opreg.opcheck: {_qualified(op)}: its registered samples function must return a "
             f"list of opreg.Sample or of argument tuples, got {type(given).__name__}"
         )
-    samples = list(given)
     if not samples:
         raise ValueError(
             f"opreg.opcheck: {_qualified(op)}: its registered samples function gave no sample "

@@ -12,9 +12,11 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <unordered_map>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
@@ -362,21 +364,44 @@ size_t json_nesting(const std::string& text) {
 
 constexpr size_t kMaxManifestNesting = 16;
 
+// Parses JSON text, refusing an object that gives one key twice: a parser keeps one of the two
+// values (this one the last), so a manifest holding both would be read as whichever wins.
+nlohmann::json parse_json_once_per_key(const std::string& text, const ManifestReader& in) {
+  using Event = nlohmann::json::parse_event_t;
+  std::vector<std::set<std::string>> open_objects;
+  std::optional<std::string> repeated;
+  auto note_keys = [&](int /*depth*/, Event event, nlohmann::json& parsed) {
+    if (event == Event::object_start) {
+      open_objects.emplace_back();
+    } else if (event == Event::object_end) {
+      open_objects.pop_back();
+    } else if (event == Event::key && !repeated) {
+      const auto& key = parsed.get_ref<const std::string&>();
+      if (!open_objects.back().insert(key).second) repeated = key;
+    }
+    return true;
+  };
+  nlohmann::json parsed;
+  try {
+    parsed = nlohmann::json::parse(text, note_keys);
+  } catch (const nlohmann::json::exception& error) {
+    TORCH_CHECK_VALUE(false, in.where(), " is not valid JSON: ", error.what());
+  }
+  TORCH_CHECK_VALUE(!repeated, in.where(), ": an object gives the key '", *repeated,
+                    "' twice; it is not a manifest of python3 -m opreg.aot");
+  return parsed;
+}
+
 // Parses a manifest read from `origin` (a path, or "embedded ..."); `read_file(name)` gives the
 // bytes of a binary it names. Every field is checked: a manifest is data, not trusted code.
 template <class ReadFile>
 std::unique_ptr<KernelImpl> parse_manifest(const std::string& text, const std::string& origin,
                                            ReadFile read_file) {
   ManifestReader in(origin);
-  nlohmann::json manifest;
   TORCH_CHECK_VALUE(json_nesting(text) <= kMaxManifestNesting, in.where(),
                     ": arrays and objects nest deeper than a manifest's ", kMaxManifestNesting,
                     " levels; it is not a manifest of python3 -m opreg.aot");
-  try {
-    manifest = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& error) {
-    TORCH_CHECK_VALUE(false, in.where(), " is not valid JSON: ", error.what());
-  }
+  const nlohmann::json manifest = parse_json_once_per_key(text, in);
   TORCH_CHECK_VALUE(manifest.is_object(), in.where(), ": expected a JSON object, got ",
                     ManifestReader::shown(manifest));
   const auto format = manifest.value("format", nlohmann::json()).dump();

@@ -616,6 +616,25 @@ def test_manifest_that_is_not_json_names_the_file(tmp_path):
         opreg.load_triton_bundle(tmp_path)
 
 
+@pytest.mark.parametrize("where", ["top", "variant"])
+def test_manifest_giving_a_key_twice_is_refused(aot_bundle, tmp_path, where):
+    # The last of the two values won, silently (the ninth sweep): which one the author meant is
+    # not knowable, so the manifest loads neither.
+    name = f"opreg_rel_dup_{where}"
+    path = tmp_path / renamed_manifest(aot_bundle, tmp_path, name)
+    text = path.read_text()
+    if where == "top":
+        text = text.replace('"kernel": ', '"kernel": "other", "kernel": ', 1)
+    else:
+        text = text.replace('"num_warps": ', '"num_warps": 4, "num_warps": ', 1)
+    path.write_text(text)
+    (tmp_path / "index.txt").write_text(f"{path.name}\n")
+    key = "kernel" if where == "top" else "num_warps"
+    with pytest.raises(ValueError, match=rf"{path.name}: an object gives the key '{key}' twice"):
+        opreg.load_triton_bundle(tmp_path)
+    assert name not in registered_kernels() and "other" not in registered_kernels()
+
+
 def test_manifest_with_wrongly_typed_params_names_the_field(tmp_path):
     manifest = {"format": "opreg-triton-aot/1", "kernel": "k", "params": {"x": 1}, "variants": []}
     (tmp_path / "k.json").write_text(json.dumps(manifest))

@@ -149,7 +149,9 @@ struct OpEntry {
 
 // The definition an autograd call of an op runs with, for the call below autograd that it makes
 // on the same thread: its forward must come from the definition whose backward it records, even
-// if a replace publishes another one in between.
+// if a replace publishes another one in between. A thread-local variable of a shared library costs
+// a call to the dynamic loader (__tls_get_addr) each time it is named, so each call of an op
+// names it once.
 struct PinnedDefinition {
   const OpEntry* entry = nullptr;
   const Definition* definition = nullptr;
@@ -158,14 +160,16 @@ thread_local PinnedDefinition pinned_definition;
 
 class PinDefinition {
  public:
-  PinDefinition(const OpEntry& entry, const Definition* definition) : previous_(pinned_definition) {
-    pinned_definition = {&entry, definition};
+  PinDefinition(const OpEntry& entry, const Definition* definition)
+      : slot_(pinned_definition), previous_(slot_) {
+    slot_ = {&entry, definition};
   }
-  ~PinDefinition() { pinned_definition = previous_; }
+  ~PinDefinition() { slot_ = previous_; }
   PinDefinition(const PinDefinition&) = delete;
   PinDefinition& operator=(const PinDefinition&) = delete;
 
  private:
+  PinnedDefinition& slot_;
   PinnedDefinition previous_;
 };
 
@@ -173,20 +177,22 @@ class PinDefinition {
 class CallInFlight {
  public:
   explicit CallInFlight(const OpEntry& entry) : entry_(entry) {
-    entry_.calls_in_flight.fetch_add(1);
+    entry_.calls_in_flight.fetch_add(1);  // before reading the definition: see store()
+    const PinnedDefinition& pinned = pinned_definition;
+    pinned_ = pinned.entry == &entry_;
+    definition_ = pinned_ ? pinned.definition : entry_.current.load();
   }
   ~CallInFlight() { entry_.calls_in_flight.fetch_sub(1); }
   CallInFlight(const CallInFlight&) = delete;
   CallInFlight& operator=(const CallInFlight&) = delete;
-  const Definition* definition() const {
-    if (pinned()) return pinned_definition.definition;
-    return entry_.current.load();
-  }
+  const Definition* definition() const { return definition_; }
   // The call below autograd of an autograd call: its stack was made for the pinned definition.
-  bool pinned() const { return pinned_definition.entry == &entry_; }
+  bool pinned() const { return pinned_; }
 
  private:
   const OpEntry& entry_;
+  bool pinned_;
+  const Definition* definition_;
 };
 
 struct Registry {

@@ -22,15 +22,19 @@ if ! PYTHONPATH="$BASE" python3 -c "import opreg" 2> /dev/null; then
     --config-settings=cmake.define.OPREG_NLOHMANN_JSON_INCLUDE_DIR="$PWD/.carry/include" \
     .carry/b0 > "$WORK/logs/base-build.log" 2>&1 || { tail -30 "$WORK/logs/base-build.log"; exit 1; }
 fi
+# Every run on the same cores: runs placed by the scheduler differed by up to 30% in host time
+# (eager_overhead_ab8, ab9), more than the A/B looks for.
+PIN=()
+command -v taskset > /dev/null && PIN=(taskset -c "${AB_CPUS:-2-5}")
 for i in $(seq 1 "$RUNS"); do
   for build in new base; do
     out="$WORK/ab/$build$i"
     mkdir -p "$out"
     if [ "$build" = new ]; then
-      OPREG_BENCH_OUT="$out" timeout 200 python3 bench/eager_overhead.py > "$out/log" 2>&1
+      OPREG_BENCH_OUT="$out" timeout 200 "${PIN[@]}" python3 bench/eager_overhead.py > "$out/log" 2>&1
     else
       (cd .carry/b0 && PYTHONPATH="$BASE" OPREG_BENCH_OUT="$out" \
-        timeout 200 python3 bench/eager_overhead.py > "$out/log" 2>&1)
+        timeout 200 "${PIN[@]}" python3 bench/eager_overhead.py > "$out/log" 2>&1)
     fi
     echo "$build$i: rc=$? $(grep -c '' "$out/log") lines"
   done

@@ -39,6 +39,22 @@ PyRef ref(py::object object) {
   });
 }
 
+// Python pieces do not run once the interpreter finalizes: a call from a __del__ of garbage
+// collected at exit reached a fallback while PyTorch's Python objects were being torn down, and
+// PyTorch aborted on an internal assert. (torch.library's ops are gone by then.)
+bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+[[noreturn]] void refuse_at_exit(const std::string& op, const std::string& piece) {
+  TORCH_CHECK(false, op, ": ", piece,
+              ", written in Python, cannot run: the Python interpreter is exiting");
+}
+
 struct PyArgs {
   py::tuple args;
   py::object kwargs;  // a dict; null when the schema has no keyword-only arguments
@@ -204,6 +220,7 @@ class PythonKernel final : public c10::OperatorKernel {
   void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const size_t num_args = schema_.arguments().size();
     const std::string device = trace_enabled() ? device_of(*stack, num_args) : "";
+    if (interpreter_finalizing()) refuse_at_exit(op_, in_words(label_));
     py::gil_scoped_acquire gil;
     InsideOp inside;
     auto arguments = pop_arguments(schema_, stack);
@@ -355,9 +372,11 @@ constexpr const char* kPythonContext = "__opreg_python_ctx";
 void add_autograd(OpBuilder& builder, PyRef backward, PyRef setup_context, PyRef make_context,
                   SchemaPtr schema) {
   if (!backward) return;
-  SetupContext setup = [setup_context, make_context, schema](
+  auto name = builder.declared_name();
+  SetupContext setup = [setup_context, make_context, schema, name](
                            AutogradContext& ctx, const std::vector<c10::IValue>& inputs,
                            const std::vector<c10::IValue>& outputs) {
+    if (interpreter_finalizing()) refuse_at_exit(name, "its setup_context");
     py::gil_scoped_acquire gil;
     InsideOp inside;
     py::object py_ctx = (*make_context)(py::cast(&ctx, py::return_value_policy::reference));
@@ -366,9 +385,9 @@ void add_autograd(OpBuilder& builder, PyRef backward, PyRef setup_context, PyRef
     }
     ctx.saved_data[kPythonContext] = torch::jit::toIValue(py_ctx, c10::PyObjectType::get());
   };
-  auto name = builder.declared_name();
   Backward run_backward = [backward, name](AutogradContext& ctx,
                                            const std::vector<at::Tensor>& grads) {
+    if (interpreter_finalizing()) refuse_at_exit(name, "its backward");
     py::gil_scoped_acquire gil;
     InsideOp inside;
     py::object py_ctx = torch::jit::toPyObject(ctx.saved_data.at(kPythonContext));
@@ -448,6 +467,7 @@ void add_vmap_rule(OpBuilder& builder, PyRef rule, SchemaPtr schema) {
   builder.vmap([rule, schema, op = builder.declared_name()](
                    const VmapInfo& info, const std::vector<std::optional<int64_t>>& in_dims,
                    const std::vector<c10::IValue>& args) {
+    if (interpreter_finalizing()) refuse_at_exit(op, "its vmap rule");
     py::gil_scoped_acquire gil;
     InsideOp inside;
     static const char* kRandomness[] = {"error", "same", "different"};

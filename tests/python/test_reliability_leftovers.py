@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_reliability import assert_survived, run_probe
 
 import opreg
 
@@ -38,3 +39,36 @@ def test_opcheck_names_the_op_when_its_registered_samples_function_raises():
         opreg.opcheck(op, devices=["cpu"])
     opreg.register_samples(op, lambda device: [(torch.randn(3, device=device),)])
     opreg.opcheck(op, devices=["cpu"], checks=["kernel_vs_fallback"])
+
+
+# ---- thirteenth sweep ------------------------------------------------------------------------
+
+
+def test_an_op_called_from_a_finalizer_at_exit_raises_instead_of_aborting():
+    # Garbage collected at exit ran a __del__ calling the op; its Python fallback ran while
+    # PyTorch's Python objects were torn down, and PyTorch aborted on an internal assert (11 runs
+    # in 11). torch.library's ops are gone by then; opreg's stay, and refuse Python pieces.
+    result = run_probe(
+        """
+        import gc, torch, opreg
+        opreg.register_vmap_op(
+            lambda x: x + 1, fake_fn=torch.empty_like, name="exit13::inner",
+            schema="(Tensor x) -> Tensor",
+        )
+        class Cycle:
+            def __del__(self):
+                torch.ops.exit13.inner(torch.zeros(1))
+        print("in time", torch.ops.exit13.inner(torch.zeros(1)))
+        gc.disable()  # the cycle is collected at exit, not before
+        a, b = Cycle(), Cycle()
+        a.other, b.other = b, a
+        del a, b
+        """
+    )
+    assert_survived(result)
+    assert "in time tensor([1.])" in result.stdout
+    assert result.stderr.count("Exception ignored in") == 2, result.stderr
+    assert (
+        "exit13::inner: the fallback, written in Python, cannot run: the Python interpreter is "
+        "exiting" in result.stderr
+    )

@@ -180,30 +180,30 @@ bool AutogradContext::needs_input_grad(size_t index) const {
 
 namespace {
 
-bool requires_grad(const c10::IValue& value) {
+// Calls `f` with each defined tensor a Tensor, Tensor?, Tensor[] or Tensor?[] argument holds.
+template <typename F>
+void for_each_tensor(const c10::IValue& value, F f) {
   if (value.isTensor()) {
-    const auto& tensor = value.toTensor();
-    return tensor.defined() && tensor.requires_grad();
-  }
-  if (value.isTensorList()) {
-    for (const auto& tensor : value.toTensorList()) {
-      if (static_cast<at::Tensor>(tensor).requires_grad()) return true;
+    if (value.toTensor().defined()) f(value.toTensor());
+  } else if (value.isList()) {
+    for (const c10::IValue& element : value.toListRef()) {
+      if (element.isTensor() && element.toTensor().defined()) f(element.toTensor());
     }
   }
-  return false;
+}
+
+bool requires_grad(const c10::IValue& value) {
+  bool any = false;
+  for_each_tensor(value, [&](const at::Tensor& tensor) { any = any || tensor.requires_grad(); });
+  return any;
 }
 
 bool has_tangent(const c10::IValue& value) {
-  if (value.isTensor()) {
-    const auto& tensor = value.toTensor();
-    return tensor.defined() && tensor._fw_grad(/*level=*/0).defined();
-  }
-  if (value.isTensorList()) {
-    for (const auto& tensor : value.toTensorList()) {
-      if (static_cast<at::Tensor>(tensor)._fw_grad(/*level=*/0).defined()) return true;
-    }
-  }
-  return false;
+  bool any = false;
+  for_each_tensor(value, [&](const at::Tensor& tensor) {
+    any = any || tensor._fw_grad(/*level=*/0).defined();
+  });
+  return any;
 }
 
 void bump_versions_of_mutated_inputs(const c10::FunctionSchema& schema,
@@ -283,6 +283,7 @@ class AutogradKernel final : public c10::OperatorKernel {
       check_fallback_is_differentiable(any_requires_grad, any_tangent, inputs, stack);
       return;
     }
+    check_no_list_requires_grad(*stack);
     run_with_backward(op, keys, stack);
   }
 
@@ -367,6 +368,22 @@ class AutogradKernel final : public c10::OperatorKernel {
   }
 
   // 3. Explicit backward: run the op below autograd (kernels included), then attach a node.
+  // An explicit backward returns one gradient per argument, and a Tensor[] argument's elements
+  // have no edge of their own: their gradients would be lost without a word.
+  void check_no_list_requires_grad(const torch::jit::Stack& stack) const {
+    const auto& arguments = op_->schema.arguments();
+    const c10::IValue* first = stack.data() + (stack.size() - arguments.size());
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      if (!first[i].isList() || !requires_grad(first[i])) continue;
+      TORCH_CHECK(false, op_->name, ": argument '", arguments[i].name(), "' (a ",
+                  arguments[i].type()->str(),
+                  ") holds a tensor that requires grad, but the op's explicit backward gives "
+                  "gradients to Tensor arguments only; pass such tensors as separate Tensor "
+                  "arguments, or leave backward out (the fallback's own gradients flow through "
+                  "lists)");
+    }
+  }
+
   void run_with_backward(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                          torch::jit::Stack* stack) {
     const auto& schema = op_->schema;

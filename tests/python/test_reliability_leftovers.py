@@ -72,3 +72,43 @@ def test_an_op_called_from_a_finalizer_at_exit_raises_instead_of_aborting():
         "exit13::inner: the fallback, written in Python, cannot run: the Python interpreter is "
         "exiting" in result.stderr
     )
+
+
+def test_an_explicit_backward_refuses_a_list_argument_that_requires_grad():
+    # The list's tensors got no gradient and no word: an explicit backward gives one gradient
+    # per argument, and a Tensor[] argument's elements have no edge of their own.
+    op = opreg.register_vmap_op(
+        lambda xs: xs[0] * 2 + xs[1] * 3,
+        fake_fn=lambda xs: torch.empty_like(xs[0]),
+        name="list13::with_backward",
+        schema="(Tensor[] xs) -> Tensor",
+        backward=lambda ctx, grad: None,
+        setup_context=lambda ctx, inputs, output: None,
+    )
+    a, b = torch.ones(2, requires_grad=True), torch.ones(2)
+    with pytest.raises(
+        RuntimeError,
+        match=r"list13::with_backward: argument 'xs' \(a Tensor\[\]\) holds a tensor that "
+        r"requires grad, but the op's explicit backward gives gradients to Tensor arguments only",
+    ):
+        op([a, b])
+    assert a.grad is None
+    torch.testing.assert_close(op([a.detach(), b]), torch.full((2,), 5.0))  # no grad: served
+    with torch.no_grad():
+        torch.testing.assert_close(op([a, b]), torch.full((2,), 5.0))
+
+
+def test_gradients_flow_through_an_optional_tensor_list_argument():
+    # A Tensor?[] argument was not seen to require grad: the fallback ran below autograd, the
+    # output required no grad, and forward mode gave a zero tangent.
+    op = opreg.register_vmap_op(
+        lambda xs: xs[0] * 2,
+        fake_fn=lambda xs: torch.empty_like(xs[0]),
+        name="list13::optional",
+        schema="(Tensor?[] xs) -> Tensor",
+    )
+    a = torch.ones(2, requires_grad=True)
+    op([a, None]).sum().backward()
+    torch.testing.assert_close(a.grad, torch.full((2,), 2.0))
+    _, tangent = torch.func.jvp(lambda t: op([t, None]), (torch.ones(2),), (torch.ones(2),))
+    torch.testing.assert_close(tangent, torch.full((2,), 2.0))

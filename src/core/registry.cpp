@@ -81,6 +81,8 @@ struct Definition {
   std::vector<size_t> plain_tensor_returns;
   std::vector<size_t> other_tensor_returns;  // Tensor? and Tensor[]
   std::vector<bool> return_aliases;          // per return: declared as aliasing an input
+  // Per return declared as an alias: the arguments it may alias (empty: any, a wildcard).
+  std::vector<std::vector<size_t>> return_alias_arguments;
   // ScalarType, Layout and MemoryFormat outputs: integers on the stack, with their count of values.
   std::vector<std::pair<size_t, int64_t>> enum_returns;
   c10::KernelFunction fallback;
@@ -536,6 +538,37 @@ class CheckedFallback final : public c10::OperatorKernel {
 
 // Everything validated and built; nothing published.
 // How many values an enumeration type (or an optional one) has; nullopt for other types.
+// The alias sets an argument or return names, its elements' included (`Tensor(a)[]`); nullopt
+// for a wildcard.
+std::optional<std::set<c10::Symbol>> alias_sets_of(const c10::AliasInfo* info) {
+  std::set<c10::Symbol> sets;
+  if (info == nullptr) return sets;
+  if (info->isWildcardBefore()) return std::nullopt;
+  sets.insert(info->beforeSets().begin(), info->beforeSets().end());
+  for (const auto& contained : info->containedTypes()) {
+    auto inner = alias_sets_of(&contained);
+    if (!inner) return std::nullopt;
+    sets.insert(inner->begin(), inner->end());
+  }
+  return sets;
+}
+
+std::vector<size_t> alias_arguments_of(const c10::FunctionSchema& schema,
+                                       const c10::Argument& ret) {
+  const auto returned = alias_sets_of(ret.alias_info());
+  if (!returned || returned->empty()) return {};
+  std::vector<size_t> arguments;
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const auto sets = alias_sets_of(schema.arguments()[i].alias_info());
+    if (!sets) return {};  // a wildcard argument may hold anything
+    if (std::any_of(sets->begin(), sets->end(),
+                    [&](const c10::Symbol& set) { return returned->count(set) != 0; })) {
+      arguments.push_back(i);
+    }
+  }
+  return arguments;
+}
+
 std::optional<int64_t> enum_values(const c10::Type& type) {
   if (const auto* optional = type.castRaw<c10::OptionalType>()) {
     return enum_values(*optional->getElementType());
@@ -611,6 +644,7 @@ DefinitionPtr build(OpBuilder::State spec, const std::vector<std::string>& devic
           "gradients flow through lists)");
     }
     definition->return_aliases.push_back(ret.alias_info() != nullptr);
+    definition->return_alias_arguments.push_back(alias_arguments_of(op.schema, ret));
   }
 
   definition->fallback = make_piece(*definition, declared.fallback, "fallback", nullptr);
@@ -771,6 +805,7 @@ struct InputTensor {
   Memory memory;
   c10::Device device;
   bool cpu_scalar;  // 0-dim CPU tensors mix with any device
+  size_t argument;  // its index in the schema
 };
 using CallInputs = c10::SmallVector<InputTensor, 4>;
 
@@ -778,18 +813,18 @@ CallInputs inputs_of(const Definition& definition, const torch::jit::Stack& stac
   CallInputs inputs;
   const size_t num_args = definition.schema().arguments().size();
   const c10::IValue* first = stack.data() + (stack.size() - num_args);
-  auto add = [&](const at::Tensor& tensor) {
+  auto add = [&](const at::Tensor& tensor, size_t argument) {
     const bool cpu_scalar = tensor.dim() == 0 && tensor.device().is_cpu();
     for_each_part(tensor, [&](const at::Tensor& part) {
-      inputs.push_back({Memory(part), tensor.device(), cpu_scalar});
+      inputs.push_back({Memory(part), tensor.device(), cpu_scalar, argument});
     });
   };
   for (size_t i = 0; i < num_args; ++i) {
     if (first[i].isTensor()) {
-      if (first[i].toTensor().defined()) add(first[i].toTensor());
+      if (first[i].toTensor().defined()) add(first[i].toTensor(), i);
     } else if (first[i].isList()) {  // Tensor[] and Tensor?[]
       for (const c10::IValue& element : first[i].toListRef()) {
-        if (element.isTensor() && element.toTensor().defined()) add(element.toTensor());
+        if (element.isTensor() && element.toTensor().defined()) add(element.toTensor(), i);
       }
     }
   }
@@ -844,6 +879,41 @@ void check_dtypes(const Definition& definition, const torch::jit::Stack& stack) 
   }
 }
 
+// An output the schema declares an alias of arguments (`Tensor(a) x -> Tensor(a)`) must share
+// memory with one of them: torch.compile, which trusts the schema, makes it a view of them.
+void check_declared_alias(const Definition& definition, const at::Tensor& output, size_t index,
+                          const CallInputs& inputs, const std::string& impl) {
+  const auto& allowed = definition.return_alias_arguments[index];
+  auto is_allowed = [&](const InputTensor& input) {
+    return std::find(allowed.begin(), allowed.end(), input.argument) != allowed.end();
+  };
+  if (std::none_of(inputs.begin(), inputs.end(), is_allowed)) return;  // a wildcard, or None
+  const InputTensor* other = nullptr;  // a shared input the schema does not name
+  bool aliased = false;
+  for_each_part(output, [&](const at::Tensor& part) {
+    const Memory memory(part);
+    for (const auto& input : inputs) {
+      if (!memory.shared_with(input.memory, input.device == output.device())) continue;
+      if (is_allowed(input)) {
+        aliased = true;
+      } else if (other == nullptr) {
+        other = &input;
+      }
+    }
+  });
+  if (aliased) return;
+  const auto& arguments = definition.schema().arguments();
+  std::string named;
+  for (size_t i = 0; i < allowed.size(); ++i) {
+    named += (i == 0 ? "'" : ", '") + arguments[allowed[i]].name() + "'";
+  }
+  TORCH_CHECK(false, definition.name(), ": ", impl, " returned output ", index,
+              other ? " sharing memory with argument '" + arguments[other->argument].name() + "'"
+                    : std::string(" sharing memory with no input"),
+              ", but the schema '", definition.schema_text(), "' declares it an alias of ", named,
+              "; return a view of ", named, " (or declare no alias)");
+}
+
 // Call-time output checks that cost next to nothing: count, defined, device, no alias of an input
 // where the schema declares none.
 void check_output_tensor(const Definition& definition, const at::Tensor& output, size_t index,
@@ -853,7 +923,10 @@ void check_output_tensor(const Definition& definition, const at::Tensor& output,
     TORCH_CHECK(false, definition.name(), ": ", impl, " returned output ", index, " on ",
                 output.device(), ", expected ", *device, " (the device of its inputs)");
   }
-  if (definition.return_aliases[index]) return;
+  if (definition.return_aliases[index]) {
+    check_declared_alias(definition, output, index, inputs, impl);
+    return;
+  }
   for_each_part(output, [&](const at::Tensor& part) {
     const Memory memory(part);
     for (const auto& input : inputs) {
@@ -924,9 +997,21 @@ void check_outputs(const Definition& definition, const torch::jit::Stack& stack,
       if (value.toTensor().defined())
         check_output_tensor(definition, value.toTensor(), index, inputs, impl, device);
     } else if (value.isList()) {  // Tensor[] and Tensor?[]
-      for (const c10::IValue& element : value.toListRef()) {
-        if (element.isTensor() && element.toTensor().defined())
+      const bool optional_elements =
+          definition.schema().returns()[index].type()->isSubtypeOf(
+              *c10::ListType::ofOptionalTensors()) &&
+          !definition.schema().returns()[index].type()->isSubtypeOf(*c10::ListType::ofTensors());
+      const auto elements = value.toListRef();
+      for (size_t i = 0; i < elements.size(); ++i) {
+        const c10::IValue& element = elements[i];
+        if (element.isTensor() && element.toTensor().defined()) {
           check_output_tensor(definition, element.toTensor(), index, inputs, impl, device);
+        } else {  // C++ code can put an undefined tensor in a Tensor[]: Python would see None
+          TORCH_CHECK_TYPE(optional_elements, definition.name(), ": ", impl, " returned output ",
+                           index, " holding ", element.isTensor() ? "an undefined tensor" : "None",
+                           " at element ", i, ", expected a Tensor (schema '",
+                           definition.schema_text(), "')");
+        }
       }
     }
   }

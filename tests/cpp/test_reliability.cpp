@@ -230,3 +230,35 @@ TEST(Reliability, AGradientThroughAFallbackComputedOutsideAutogradWarns) {
 }
 
 }  // namespace
+
+namespace {
+
+// Thirteenth sweep: an undefined tensor in a Tensor[] output reached Python as None.
+TEST(Reliability, AnUndefinedTensorInATensorListOutputIsRefused) {
+  auto op = opreg::op("opreg_rel::holes(Tensor x) -> Tensor[]")
+                .fallback([](const at::Tensor& x) {
+                  return std::vector<at::Tensor>{x + 1, at::Tensor()};
+                })
+                .define();
+  EXPECT_CONTAINS(error_of([&] { op(at::ones({2})); }),
+                  "opreg_rel::holes: the fallback returned output 0 holding an undefined tensor "
+                  "at element 1, expected a Tensor");
+  auto optional = opreg::op("opreg_rel::optional_holes(Tensor x) -> Tensor?[]")
+                      .fallback([](const at::Tensor& x) {
+                        return c10::List<std::optional<at::Tensor>>({x + 1, std::nullopt});
+                      })
+                      .define();
+  EXPECT_EQ(optional(at::ones({2})).size(), 2u);
+}
+
+// Thirteenth sweep: an output declared an alias of x that shared y's memory passed.
+TEST(Reliability, AnOutputDeclaredAnAliasMustShareWhatItAliases) {
+  auto op = opreg::op("opreg_rel::view_of(Tensor(a) x, Tensor y) -> Tensor(a)")
+                .fallback([](const at::Tensor& x, const at::Tensor& y) { return y.view(-1); })
+                .define();
+  EXPECT_CONTAINS(error_of([&] { op(at::zeros({3}), at::ones({3})); }),
+                  "opreg_rel::view_of: the fallback returned output 0 sharing memory with "
+                  "argument 'y', but the schema");
+}
+
+}  // namespace

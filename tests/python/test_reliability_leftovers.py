@@ -112,3 +112,45 @@ def test_gradients_flow_through_an_optional_tensor_list_argument():
     torch.testing.assert_close(a.grad, torch.full((2,), 2.0))
     _, tangent = torch.func.jvp(lambda t: op([t, None]), (torch.ones(2),), (torch.ones(2),))
     torch.testing.assert_close(tangent, torch.full((2,), 2.0))
+
+
+@pytest.mark.parametrize(
+    "name, schema, fallback, shared",
+    [
+        ("other", "(Tensor(a) x, Tensor y) -> Tensor(a)", lambda x, y: y.view(-1), "argument 'y'"),
+        (
+            "other_set",
+            "(Tensor(a) x, Tensor(b) y) -> Tensor(a)",
+            lambda x, y: y[1:],
+            "argument 'y'",
+        ),
+        ("fresh", "(Tensor(a) x, Tensor y) -> Tensor(a)", lambda x, y: y + 0, "no input"),
+    ],
+)
+def test_an_output_declared_an_alias_must_share_the_memory_of_what_it_aliases(
+    name, schema, fallback, shared
+):
+    # An output declared to alias x that shared y's memory (or none) passed: torch.compile, which
+    # trusts the schema, would make it a view of x.
+    op = opreg.register_vmap_op(
+        fallback, fake_fn=lambda x, y: x.view(-1), name=f"alias13::{name}", schema=schema
+    )
+    with pytest.raises(
+        RuntimeError,
+        match=rf"alias13::{name}: the fallback returned output 0 sharing memory with {shared}, "
+        r"but the schema .* declares it an alias of 'x'; return a view of 'x'",
+    ):
+        op(torch.zeros(3), torch.ones(3))
+
+
+def test_an_output_declared_an_alias_may_share_other_inputs_that_share_its_memory():
+    op = opreg.register_vmap_op(
+        lambda x, y: x[1:],
+        fake_fn=lambda x, y: x[1:],
+        name="alias13::view",
+        schema="(Tensor(a) x, Tensor y) -> Tensor(a)",
+    )
+    x = torch.arange(4.0)
+    out = op(x, x[:2])  # y is a view of x: sharing it too is sharing x
+    assert out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    torch.testing.assert_close(out, torch.tensor([1.0, 2.0, 3.0]))

@@ -301,6 +301,10 @@ void check_decimal_defaults(const std::string& qualified, const std::string& tex
   }
 }
 
+bool holds_tensors(const c10::Type& type);
+std::optional<int64_t> enum_values(const c10::Type& type);
+std::string enum_name(const c10::Type& type);
+
 c10::FunctionSchema parse_schema(const OpBuilder::State& spec) {
   const std::string& text = spec.name_or_schema;
   for (size_t i = 0; i < text.size(); ++i) {
@@ -372,6 +376,30 @@ c10::FunctionSchema parse_schema(const OpBuilder::State& spec) {
                         "' has the default ", shown.str(), " (a ", default_value->type()->str(),
                         "), expected a ", argument.real_type()->str(), " (schema '", text, "')");
     }
+    // PyTorch's parser takes any int for a ScalarType, Layout or MemoryFormat default.
+    const auto values = enum_values(*argument.real_type());
+    if (values && default_value && default_value->isInt()) {
+      TORCH_CHECK_VALUE(default_value->toInt() >= 0 && default_value->toInt() < *values,
+                        "opreg: op '", qualified, "': argument '", argument.name(),
+                        "' has the default ", default_value->toInt(), ", which is no ",
+                        enum_name(*argument.real_type()), " (expected 0 to ", *values - 1,
+                        "; schema '", text, "')");
+    }
+  }
+  // An alias annotation says which tensors share memory: on an int it means nothing, and
+  // torch.compile's functionalization would misread it.
+  auto check_alias = [&](const c10::Argument& argument, const std::string& what) {
+    TORCH_CHECK_VALUE(argument.alias_info() == nullptr || holds_tensors(*argument.type()),
+                      "opreg: op '", qualified, "': ", what, " (", argument.type()->str(),
+                      ") has an alias annotation; only Tensor, Tensor?, Tensor[] and Tensor?[] "
+                      "can alias (schema '",
+                      text, "')");
+  };
+  for (const auto& argument : schema.arguments()) {
+    check_alias(argument, "argument '" + argument.name() + "'");
+  }
+  for (size_t i = 0; i < schema.returns().size(); ++i) {
+    check_alias(schema.returns()[i], "output " + std::to_string(i));
   }
   if (spec.infer_schema) {
     auto inferred = spec.infer_schema();

@@ -154,3 +154,33 @@ def test_an_output_declared_an_alias_may_share_other_inputs_that_share_its_memor
     out = op(x, x[:2])  # y is a view of x: sharing it too is sharing x
     assert out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
     torch.testing.assert_close(out, torch.tensor([1.0, 2.0, 3.0]))
+
+
+@pytest.mark.parametrize(
+    "schema, message",
+    [
+        (
+            "(Tensor x, ScalarType d=99) -> Tensor",
+            r"argument 'd' has the default 99, which is no ScalarType \(expected 0 to \d+",
+        ),
+        (
+            "(Tensor x, MemoryFormat? m=77) -> Tensor",
+            r"argument 'm' has the default 77, which is no MemoryFormat \(expected 0 to 3",
+        ),
+        (
+            "(Tensor x, Layout l=-1) -> Tensor",
+            r"argument 'l' has the default -1, which is no Layout",
+        ),
+        ("(Tensor x, int(a!) a) -> ()", r"argument 'a' \(int\) has an alias annotation"),
+        ("(Tensor(a) x) -> int(a)", r"output 0 \(int\) has an alias annotation"),
+    ],
+)
+def test_declarations_that_could_not_mean_what_they_say_are_refused(schema, message):
+    # Accepted before: an out-of-range default reached the fallback (or was refused only at a
+    # call using it), and an alias annotation on an int meant nothing.
+    with pytest.raises(ValueError, match=message):
+        opreg.register_vmap_op(
+            lambda *args: None, fake_fn=lambda *args: None, name="decl13::op", schema=schema
+        )
+    with pytest.raises(ValueError, match="no op named 'decl13::op'"):
+        opreg.describe_op("decl13::op")

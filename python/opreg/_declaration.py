@@ -421,7 +421,27 @@ def _checked_fake(declaration: OpDeclaration) -> Callable[..., Any]:
         if (name := str(r.real_type).removeprefix("Optional[").removesuffix("]")) in _ENUM_CLASSES
     }
 
+    names = [argument.name for argument in parsed.arguments]
+    dtype_rules = {
+        names.index(name): (name, list(allowed)) for name, allowed in declaration.dtypes.items()
+    }
+
+    def check_dtypes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """dtypes= as the C++ core checks it on real tensors: under FakeTensorMode and on meta
+        tensors too, so tracing refuses what the compiled code would."""
+        for index, (name, allowed) in dtype_rules.items():
+            value = args[index] if index < len(args) else kwargs.get(name)
+            elements = value if isinstance(value, (list, tuple)) else [value]
+            for position, tensor in enumerate(elements):
+                if isinstance(tensor, torch.Tensor) and tensor.dtype not in allowed:
+                    where = f" element {position}" if isinstance(value, (list, tuple)) else ""
+                    raise TypeError(
+                        f"{qualname}: argument '{name}'{where} has dtype {tensor.dtype}, "
+                        f"expected one of: {', '.join(str(dtype) for dtype in allowed)}"
+                    )
+
     def fake(*args: Any, **kwargs: Any) -> Any:
+        check_dtypes(args, kwargs)
         result = fake_fn(*args, **kwargs)
         inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         if not returns:

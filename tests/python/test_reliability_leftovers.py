@@ -184,3 +184,26 @@ def test_declarations_that_could_not_mean_what_they_say_are_refused(schema, mess
         )
     with pytest.raises(ValueError, match="no op named 'decl13::op'"):
         opreg.describe_op("decl13::op")
+
+
+def test_dtypes_are_checked_on_meta_tensors_and_under_fake_tensor_mode():
+    # Only real calls were checked: tracing passed, and the compiled code failed at its call.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = opreg.register_vmap_op(
+        lambda x, ys: x + 1,
+        fake_fn=lambda x, ys: torch.empty_like(x),
+        name="dtypes13::f",
+        schema="(Tensor x, Tensor[] ys) -> Tensor",
+        dtypes={"x": [torch.float32], "ys": [torch.float32]},
+    )
+    message = r"dtypes13::f: argument 'x' has dtype (Int|torch.int32), expected one of"
+    for device in ("cpu", "meta"):
+        with pytest.raises(TypeError, match=message):
+            op(torch.zeros(2, dtype=torch.int32, device=device), [])
+    with FakeTensorMode(), pytest.raises(TypeError, match=message):
+        op(torch.zeros(2, dtype=torch.int32), [])
+    with pytest.raises(TypeError, match=r"argument 'ys' element 1 has dtype torch.float64"):
+        ys = [torch.zeros(1, device="meta"), torch.zeros(1, dtype=torch.float64, device="meta")]
+        op(torch.zeros(2, device="meta"), ys)
+    assert op(torch.zeros(2, device="meta"), []).shape == (2,)

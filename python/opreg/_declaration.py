@@ -497,7 +497,18 @@ def define(*declarations: OpDeclaration) -> list[torch._ops.OpOverload]:
     declarations = tuple(_check_companions(declarations))
     builders = [declaration.builder() for declaration in declarations]
     registered_before = {d.qualname: _registered_form(d.qualname) for d in declarations}
+    defined_companions = {d.qualname for d in declarations if d.companion_of is not None}
+    dropped_companions = [  # of ops defined again without vmap_fn (or with another companion)
+        registration.companion
+        for d in declarations
+        if (registration := _registrations.get(d.qualname)) is not None
+        and registration.companion is not None
+        and registration.companion not in defined_companions
+    ]
     _C.define_all(builders)
+    for companion in dropped_companions:  # it would hold its name and serve nothing
+        _C.undefine(companion)
+        _forget(companion, schema_changed=False)
     for declaration in declarations:
         qualname = declaration.qualname
         before = registered_before[qualname]

@@ -20,6 +20,7 @@
 
 #include "jit_cache/jit_cache.h"
 #include "opreg/definition.h"
+#include "opreg/registry.h"
 #include "opreg/trace.h"
 #include "opreg/triton.h"
 
@@ -596,6 +597,8 @@ void bind_op_builder(py::module& m) {
         return define_all(std::move(owned));
       },
       py::arg("builders"));
+  // For the Python front's own bookkeeping (a vmap_fn companion its op no longer uses).
+  m.def("undefine", &opreg::undefine, py::arg("name"));
 }
 
 }  // namespace opreg::python

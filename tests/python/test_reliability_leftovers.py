@@ -207,3 +207,27 @@ def test_dtypes_are_checked_on_meta_tensors_and_under_fake_tensor_mode():
         ys = [torch.zeros(1, device="meta"), torch.zeros(1, dtype=torch.float64, device="meta")]
         op(torch.zeros(2, device="meta"), ys)
     assert op(torch.zeros(2, device="meta"), []).shape == (2,)
+
+
+def test_a_replace_without_vmap_fn_undefines_the_old_companion():
+    # The old `<name>_vmap` companion stayed defined and callable, holding its name and serving
+    # nothing.
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    def define(vmap_fn=None):
+        companion = {"vmap_fn": vmap_fn, "fake_vmap_fn": torch.empty_like} if vmap_fn else {}
+        opreg.register_vmap_op(
+            f, fake_fn=torch.empty_like, name="companion13::h", replace=True, **companion
+        )
+
+    x = torch.zeros(3, 2)
+    define(vmap_fn=lambda x: x + 7)
+    torch.testing.assert_close(torch.vmap(torch.ops.companion13.h)(x), x + 7)
+    define()
+    torch.testing.assert_close(torch.vmap(torch.ops.companion13.h)(x), x + 1)
+    with pytest.raises(RuntimeError, match="companion13::h_vmap: the op is not defined now"):
+        torch.ops.companion13.h_vmap(x)
+    define(vmap_fn=lambda x: x + 9)
+    torch.testing.assert_close(torch.vmap(torch.ops.companion13.h)(x), x + 9)
+    torch.testing.assert_close(torch.ops.companion13.h_vmap(x), x + 9)

@@ -516,6 +516,9 @@ c10::KernelFunction make_piece(const Definition& definition, const KernelFactory
 void add_kernel(Definition& definition, const KernelDeclaration& kernel,
                 const std::string& device_type, bool explicit_device) {
   const std::string& op = definition.name();
+  TORCH_CHECK_VALUE(!kernel.name.empty(), op,
+                    ": a kernel has an empty name, which reports and traces would show as "
+                    "'kernel:'; name it (opreg::on({...}).name(\"triton\")) or keep the default");
   std::string why_not;
   auto key = dispatch_key_for_device_type(device_type, &why_not);
   if (!key) {

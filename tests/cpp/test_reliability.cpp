@@ -262,3 +262,19 @@ TEST(Reliability, AnOutputDeclaredAnAliasMustShareWhatItAliases) {
 }
 
 }  // namespace
+
+namespace {
+
+// Thirteenth sweep: a kernel named "" was accepted, and reports showed it as "kernel:".
+TEST(Reliability, AKernelWithAnEmptyNameIsRefused) {
+  auto message = error_of([] {
+    opreg::op("opreg_rel::unnamed(Tensor x) -> Tensor")
+        .fallback([](const at::Tensor& x) { return x + 1; })
+        .kernel([](const at::Tensor& x) { return x + 1; }, opreg::on({"cpu"}).name(""))
+        .define();
+  });
+  EXPECT_CONTAINS(message, "opreg_rel::unnamed: a kernel has an empty name");
+  EXPECT_FALSE(opreg::is_defined("opreg_rel::unnamed"));
+}
+
+}  // namespace

@@ -4,6 +4,8 @@
 // info` prints it.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,6 +53,14 @@ OPREG_API std::string describe(const OpReport& report);
 OPREG_API std::vector<OpReport> describe_ops();
 OPREG_API OpReport describe_op(const std::string& name);
 OPREG_API bool is_defined(const std::string& name);
+
+namespace detail {
+// Held by a definition that changes a registered schema, taken before opreg's own lock; null
+// where none is needed. opreg's Python module sets it to take the GIL: see Note [A schema change
+// and Python's callers] in src/core/registry.cpp.
+using SchemaChangeLock = std::function<std::shared_ptr<void>()>;
+OPREG_API void set_schema_change_lock(SchemaChangeLock lock);
+}  // namespace detail
 
 // Undefines an opreg op: calls then raise an error naming it, and it can be defined again (with
 // any schema). PyTorch keeps the name, so handles taken earlier stay safe to call. Within

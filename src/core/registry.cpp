@@ -49,6 +49,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
+#include <c10/util/ScopeExit.h>
 #include <torch/library.h>
 
 #include "load_internal.h"
@@ -1598,6 +1599,42 @@ void restore_definition(const std::string& qualified, std::shared_ptr<const void
   publish(*found->second, std::static_pointer_cast<const Definition>(previous), &garbage);
 }
 
+// Note [A schema change and Python's callers]
+// PyTorch's Python argument parser reads an op's registered schema by reference, under the GIL;
+// a replace that changes the schema deregisters the old one, which frees it. From a thread
+// without the GIL (C++), such a replace freed the schema under a parser reading it (seen:
+// segfaults, hangs, heap-use-after-free). So a definition that changes a registered schema holds
+// the lock that opreg's Python module sets (the GIL), taken before the registry's lock: Python
+// threads hold the GIL when they take the registry's lock. Not taken: on a thread that loads a
+// library (it holds the dynamic loader's lock, which a Python thread holding the GIL may wait
+// for), and in a definition made from inside another (the registry's lock is held already).
+std::mutex schema_change_lock_mutex;
+SchemaChangeLock schema_change_lock;
+thread_local bool defining = false;
+
+bool changes_a_registered_schema(Registry& reg, const std::vector<DefinitionPtr>& definitions) {
+  return std::any_of(definitions.begin(), definitions.end(), [&](const DefinitionPtr& definition) {
+    auto found = reg.ops.find(definition->name());
+    if (found == reg.ops.end()) return false;
+    const auto& registered = found->second->registered;
+    return registered && registered->text != definition->schema_text();
+  });
+}
+
+std::shared_ptr<void> take_schema_change_lock() {
+  SchemaChangeLock lock;
+  {
+    std::lock_guard<std::mutex> guard(schema_change_lock_mutex);
+    lock = schema_change_lock;
+  }
+  return lock ? lock() : nullptr;
+}
+
+void set_schema_change_lock(SchemaChangeLock lock) {
+  std::lock_guard<std::mutex> guard(schema_change_lock_mutex);
+  schema_change_lock = std::move(lock);
+}
+
 }  // namespace detail
 
 std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi) {
@@ -1609,8 +1646,12 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
               " headers, but the loaded libopreg is opreg ", OPREG_VERSION_STRING,
               "; rebuild the library against this opreg");
   auto& reg = registry();
-  std::vector<DefinitionPtr> garbage;  // destroyed after the lock is released
-  std::lock_guard<std::recursive_mutex> lock(reg.mutex);
+  std::vector<DefinitionPtr> garbage;        // destroyed after the locks are released
+  std::shared_ptr<void> schema_change_lock;  // released after the registry's lock
+  std::unique_lock<std::recursive_mutex> lock(reg.mutex);
+  const bool nested = detail::defining;
+  detail::defining = true;
+  const auto not_defining = c10::make_scope_exit([nested] { detail::defining = nested; });
   // 1. Build and validate every definition; nothing is published yet.
   std::vector<DefinitionPtr> definitions;
   std::set<std::string> names;
@@ -1623,6 +1664,14 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
     TORCH_CHECK_VALUE(names.insert(definition->name()).second, definition->name(),
                       ": defined twice in one definition");
     definitions.push_back(std::move(definition));
+  }
+  // See Note [A schema change and Python's callers].
+  if (!nested && !detail::loading_library() &&
+      detail::changes_a_registered_schema(reg, definitions)) {
+    lock.unlock();
+    schema_change_lock = detail::take_schema_change_lock();
+    lock.lock();
+    for (const auto& definition : definitions) check_publishable(reg, *definition);
   }
   // 2. Publish them all, or, if one fails, put back what was published before it.
   std::vector<std::pair<OpEntry*, DefinitionPtr>> published;

@@ -599,6 +599,11 @@ void bind_op_builder(py::module& m) {
       py::arg("builders"));
   // For the Python front's own bookkeeping (a vmap_fn companion its op no longer uses).
   m.def("undefine", &opreg::undefine, py::arg("name"));
+  // See Note [A schema change and Python's callers] in src/core/registry.cpp.
+  detail::set_schema_change_lock([]() -> std::shared_ptr<void> {
+    if (!Py_IsInitialized() || interpreter_finalizing() || PyGILState_Check()) return nullptr;
+    return std::make_shared<py::gil_scoped_acquire>();
+  });
 }
 
 }  // namespace opreg::python

@@ -161,3 +161,28 @@ extern "C" __attribute__((visibility("default"))) int opreg_test_undefine(const 
     return 1;
   }
 }
+
+// Replaces opreg_test::flip `times` times, its schema taking an int k every other time: a schema
+// change made from a thread without the GIL, for the Python tests (through ctypes, which releases
+// the GIL). 0 when every replace succeeded, 1 (with the message on stderr) otherwise.
+extern "C" __attribute__((visibility("default"))) int opreg_test_flip_schema(int times) {
+  try {
+    for (int i = 0; i < times; ++i) {
+      if (i % 2 == 0) {
+        opreg::op("opreg_test::flip(Tensor x, int k) -> Tensor")
+            .fallback([](const at::Tensor& x, int64_t k) { return x + k; })
+            .replace()
+            .define();
+      } else {
+        opreg::op("opreg_test::flip(Tensor x) -> Tensor")
+            .fallback([](const at::Tensor& x) { return x + 1; })
+            .replace()
+            .define();
+      }
+    }
+    return 0;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "%s\n", error.what());
+    return 1;
+  }
+}

@@ -165,8 +165,12 @@ void load_once(const std::string& path) {
     }
     return;
   }
-  for (auto it = context.published.rbegin(); it != context.published.rend(); ++it) {
-    detail::restore_definition(it->first, it->second);
+  {  // the rollback may change schemas back; the loader's lock is free unless this load nests
+    const auto schema_change_lock =
+        detail::loading_library() ? nullptr : detail::take_schema_change_lock();
+    for (auto it = context.published.rbegin(); it != context.published.rend(); ++it) {
+      detail::restore_definition(it->first, it->second);
+    }
   }
   std::ostringstream failures;
   failures << "opreg::load_library: '" << path << "' defines ops that failed ("

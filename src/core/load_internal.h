@@ -25,5 +25,8 @@ void when_loader_is_free(std::function<void()> task);
 
 // Puts back an op's earlier definition (null: undefined); src/core/registry.cpp.
 void restore_definition(const std::string& qualified, std::shared_ptr<const void> previous);
+// The lock a change of a registered schema holds (see Note [A schema change and Python's
+// callers] in src/core/registry.cpp); null where none is set or needed.
+std::shared_ptr<void> take_schema_change_lock();
 
 }  // namespace opreg::detail

@@ -56,6 +56,12 @@ bool interpreter_finalizing() {
               ", written in Python, cannot run: the Python interpreter is exiting");
 }
 
+// PEP 678's note on a Python exception (Python 3.11 and later; nothing on older ones).
+void add_note(py::error_already_set& error, const std::string& note) {
+  const py::object& value = error.value();
+  if (value && py::hasattr(value, "add_note")) value.attr("add_note")("opreg: " + note);
+}
+
 struct PyArgs {
   py::tuple args;
   py::object kwargs;  // a dict; null when the schema has no keyword-only arguments
@@ -232,8 +238,17 @@ class PythonKernel final : public c10::OperatorKernel {
       impl = "fallback(declined by " + label_ + ")";
     }
     if (trace_enabled()) detail::record_trace(op_, impl, device);
-    push_result(op_, fn == fn_.get() ? in_words(label_) : "the fallback", schema_,
-                call(*fn, arguments), stack);
+    const std::string piece = fn == fn_.get() ? in_words(label_) : "the fallback";
+    py::object result;
+    try {
+      result = call(*fn, arguments);
+    } catch (py::error_already_set& error) {
+      // The error stays itself (its type, its message); its traceback also names the op, which
+      // an error of PyTorch's raised deep in the piece does not (vmap's ".item()" one, say).
+      add_note(error, "raised in " + piece + " of " + op_);
+      throw;
+    }
+    push_result(op_, piece, schema_, std::move(result), stack);
   }
 
  private:

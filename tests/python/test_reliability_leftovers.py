@@ -269,3 +269,28 @@ def test_python_calls_survive_schema_changes_made_from_a_thread_without_the_gil(
     assert_survived(result)
     results = result.stdout.split("results ")[1]
     assert set(eval(results.split(" errors ")[0])) <= {1.0, 5.0}, result.stdout
+
+
+def test_an_error_raised_in_a_python_piece_names_the_op_in_a_note():
+    # Under vmap, a fallback calling .item() raised functorch's message alone, naming no op. The
+    # error stays itself (type and message); a note names the op and the piece.
+    opreg.register_vmap_op(
+        lambda x: x * x.sum().item(),
+        fake_fn=torch.empty_like,
+        name="note13::item",
+        schema="(Tensor x) -> Tensor",
+    )
+    with pytest.raises(RuntimeError, match=r"\.item\(\)") as raised:
+        torch.vmap(torch.ops.note13.item)(torch.ones(3, 2))
+    assert raised.value.__notes__ == ["opreg: raised in the fallback of note13::item"]
+
+    def refuse(x):
+        raise ValueError("not this one")
+
+    opreg.register_vmap_op(
+        refuse, fake_fn=torch.empty_like, name="note13::refuse", schema="(Tensor x) -> Tensor"
+    )
+    with pytest.raises(ValueError) as raised:
+        torch.ops.note13.refuse(torch.ones(1))
+    assert str(raised.value) == "not this one"
+    assert raised.value.__notes__ == ["opreg: raised in the fallback of note13::refuse"]

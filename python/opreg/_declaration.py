@@ -506,9 +506,6 @@ def define(*declarations: OpDeclaration) -> list[torch._ops.OpOverload]:
         and registration.companion not in defined_companions
     ]
     _C.define_all(builders)
-    for companion in dropped_companions:  # it would hold its name and serve nothing
-        _C.undefine(companion)
-        _forget(companion, schema_changed=False)
     for declaration in declarations:
         qualname = declaration.qualname
         before = registered_before[qualname]
@@ -543,6 +540,10 @@ def define(*declarations: OpDeclaration) -> list[torch._ops.OpOverload]:
                 f"{error}",
                 stacklevel=2,
             )
+    for companion in dropped_companions:  # it would hold its name and serve nothing
+        _forget(companion, schema_changed=False)
+        if _C.is_defined(companion):  # C++'s opreg::undefine of its op took it along already
+            _C.undefine(companion)
     if any(registered_before[d.qualname] is not None for d in declarations):
         forget_compiled_code()
     return [op_overload(declaration.qualname) for declaration in declarations]

@@ -204,6 +204,10 @@ struct Registry {
   std::vector<std::string> device_types{"cuda"};
 };
 
+// Whether this thread is inside a definition (define_all, or the rebuild for a new device type),
+// which holds the registry's lock: see Note [A schema change and Python's callers].
+thread_local bool defining = false;
+
 Registry& registry() {
   // Leaked on purpose: ops must stay registered until the process ends, after other statics.
   static Registry* instance = new Registry();
@@ -425,6 +429,9 @@ std::string qualified_name_of(const c10::FunctionSchema& schema) {
 // Tensor, Tensor?, Tensor[] and Tensor?[]: the arguments whose tensors dtypes() can check.
 bool holds_tensors(const c10::Type& type) {
   const c10::Type* element = &type;
+  if (const auto* optional = element->castRaw<c10::OptionalType>()) {  // Tensor[]?
+    element = optional->getElementType().get();
+  }
   if (const auto* list = element->castRaw<c10::ListType>()) element = list->getElementType().get();
   if (const auto* optional = element->castRaw<c10::OptionalType>()) {
     element = optional->getElementType().get();
@@ -913,13 +920,21 @@ void check_dtypes(const Definition& definition, const torch::jit::Stack& stack) 
 
 // An output the schema declares an alias of arguments (`Tensor(a) x -> Tensor(a)`) must share
 // memory with one of them: torch.compile, which trusts the schema, makes it a view of them.
-void check_declared_alias(const Definition& definition, const at::Tensor& output, size_t index,
+// False when none of them is given (None, an empty list): the output is then held to the check
+// of outputs that alias nothing.
+bool check_declared_alias(const Definition& definition, const at::Tensor& output, size_t index,
                           const CallInputs& inputs, const std::string& impl) {
   const auto& allowed = definition.return_alias_arguments[index];
+  if (allowed.empty()) return true;  // a wildcard: anything goes
   auto is_allowed = [&](const InputTensor& input) {
     return std::find(allowed.begin(), allowed.end(), input.argument) != allowed.end();
   };
-  if (std::none_of(inputs.begin(), inputs.end(), is_allowed)) return;  // a wildcard, or None
+  if (std::none_of(inputs.begin(), inputs.end(), is_allowed)) return false;
+  // functorch's wrappers (grad, jvp, vmap) have no storage: their memory cannot be compared.
+  if (!output.has_storage() && output.layout() == at::kStrided) return true;
+  for (const auto& input : inputs) {
+    if (is_allowed(input) && input.memory.storage == nullptr) return true;
+  }
   const InputTensor* other = nullptr;  // a shared input the schema does not name
   bool aliased = false;
   for_each_part(output, [&](const at::Tensor& part) {
@@ -933,7 +948,7 @@ void check_declared_alias(const Definition& definition, const at::Tensor& output
       }
     }
   });
-  if (aliased) return;
+  if (aliased) return true;
   const auto& arguments = definition.schema().arguments();
   std::string named;
   for (size_t i = 0; i < allowed.size(); ++i) {
@@ -955,8 +970,8 @@ void check_output_tensor(const Definition& definition, const at::Tensor& output,
     TORCH_CHECK(false, definition.name(), ": ", impl, " returned output ", index, " on ",
                 output.device(), ", expected ", *device, " (the device of its inputs)");
   }
-  if (definition.return_aliases[index]) {
-    check_declared_alias(definition, output, index, inputs, impl);
+  if (definition.return_aliases[index] &&
+      check_declared_alias(definition, output, index, inputs, impl)) {
     return;
   }
   for_each_part(output, [&](const at::Tensor& part) {
@@ -965,7 +980,10 @@ void check_output_tensor(const Definition& definition, const at::Tensor& output,
       if (!memory.shared_with(input.memory, input.device == output.device())) continue;
       TORCH_CHECK(false, definition.name(), ": ", impl, " returned output ", index,
                   " sharing memory with an input, but the schema '", definition.schema_text(),
-                  "' declares no alias; return a new tensor (e.g. x.clone())");
+                  definition.return_aliases[index]
+                      ? "' declares it an alias of arguments this call does not give"
+                      : "' declares no alias",
+                  "; return a new tensor (e.g. x.clone())");
     }
   });
 }
@@ -1527,6 +1545,9 @@ std::string register_accelerated_device_type(const std::string& name) {
   auto& reg = registry();
   std::vector<DefinitionPtr> garbage;  // destroyed after the lock is released
   std::lock_guard<std::recursive_mutex> lock(reg.mutex);
+  const bool nested = defining;  // a kernel factory that defines runs nested
+  defining = true;
+  const auto not_defining = c10::make_scope_exit([nested] { defining = nested; });
   if (std::find(reg.device_types.begin(), reg.device_types.end(), normalized) !=
       reg.device_types.end()) {
     return normalized;
@@ -1604,14 +1625,16 @@ void restore_definition(const std::string& qualified, std::shared_ptr<const void
 // a replace that changes the schema deregisters the old one, which frees it. From a thread
 // without the GIL (C++), such a replace freed the schema under a parser reading it (seen:
 // segfaults, hangs, heap-use-after-free). So a definition that changes a registered schema holds
-// the lock that opreg's Python module sets (the GIL), taken before the registry's lock: Python
-// threads hold the GIL when they take the registry's lock. Not taken: on a thread that loads a
-// library (it holds the dynamic loader's lock, which a Python thread holding the GIL may wait
-// for), and in a definition made from inside another (the registry's lock is held already).
+// the lock that opreg's Python module sets, taken before the registry's lock (Python threads
+// hold the GIL when they take the registry's lock): the GIL, held for it by a thread of its own,
+// for at most a second of waiting. The defining thread never waits for the GIL itself: it may
+// hold the dynamic loader's lock (a library's static initializer, or a thread one waits for),
+// which a Python thread holding the GIL may wait for (an import, ctypes.CDLL); if the GIL does
+// not come in time, the schema changes without it, as before. Not taken: on a thread that
+// opreg::load_library loads a library on, and in a definition made from inside another (the
+// registry's lock is held already).
 std::mutex schema_change_lock_mutex;
 SchemaChangeLock schema_change_lock;
-thread_local bool defining = false;
-
 bool changes_a_registered_schema(Registry& reg, const std::vector<DefinitionPtr>& definitions) {
   return std::any_of(definitions.begin(), definitions.end(), [&](const DefinitionPtr& definition) {
     auto found = reg.ops.find(definition->name());
@@ -1649,9 +1672,9 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
   std::vector<DefinitionPtr> garbage;        // destroyed after the locks are released
   std::shared_ptr<void> schema_change_lock;  // released after the registry's lock
   std::unique_lock<std::recursive_mutex> lock(reg.mutex);
-  const bool nested = detail::defining;
-  detail::defining = true;
-  const auto not_defining = c10::make_scope_exit([nested] { detail::defining = nested; });
+  const bool nested = defining;
+  defining = true;
+  const auto not_defining = c10::make_scope_exit([nested] { defining = nested; });
   // 1. Build and validate every definition; nothing is published yet.
   std::vector<DefinitionPtr> definitions;
   std::set<std::string> names;
@@ -1668,9 +1691,13 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
   // See Note [A schema change and Python's callers].
   if (!nested && !detail::loading_library() &&
       detail::changes_a_registered_schema(reg, definitions)) {
+    const std::vector<std::string> device_types = reg.device_types;
     lock.unlock();
     schema_change_lock = detail::take_schema_change_lock();
     lock.lock();
+    TORCH_CHECK(reg.device_types == device_types, "opreg: ", definitions.front()->name(),
+                ": a device type was registered while this definition waited to change the "
+                "op's schema; nothing was defined: define it again");
     for (const auto& definition : definitions) check_publishable(reg, *definition);
   }
   // 2. Publish them all, or, if one fails, put back what was published before it.

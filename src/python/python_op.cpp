@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include <pthread.h>
 
@@ -59,7 +60,45 @@ bool interpreter_finalizing() {
 // PEP 678's note on a Python exception (Python 3.11 and later; nothing on older ones).
 void add_note(py::error_already_set& error, const std::string& note) {
   const py::object& value = error.value();
-  if (value && py::hasattr(value, "add_note")) value.attr("add_note")("opreg: " + note);
+  try {
+    if (value && py::hasattr(value, "add_note")) value.attr("add_note")("opreg: " + note);
+  } catch (py::error_already_set&) {  // __notes__ replaced by something else: the error goes on
+  }
+}
+
+// Holds the GIL on a thread of its own until the returned object goes; null when that thread did
+// not get it within `wait`. The caller never waits for the GIL itself: it may hold the dynamic
+// loader's lock (a library's static initializer, or a thread one waits for), which a Python thread
+// holding the GIL may be waiting for (an import, ctypes.CDLL).
+std::shared_ptr<void> hold_gil_by_proxy(std::chrono::milliseconds wait) {
+  struct Proxy {
+    std::mutex mutex;
+    std::condition_variable changed;
+    bool held = false, done = false;  // done: released by the caller, or given up
+  };
+  auto proxy = std::make_shared<Proxy>();
+  std::thread([proxy] {
+    const PyGILState_STATE gil = PyGILState_Ensure();
+    {
+      std::unique_lock<std::mutex> lock(proxy->mutex);
+      if (!proxy->done) {
+        proxy->held = true;
+        proxy->changed.notify_all();
+        proxy->changed.wait(lock, [&] { return proxy->done; });
+      }
+    }
+    PyGILState_Release(gil);
+  }).detach();
+  std::unique_lock<std::mutex> lock(proxy->mutex);
+  if (!proxy->changed.wait_for(lock, wait, [&] { return proxy->held; })) {
+    proxy->done = true;  // the thread lets the GIL go as soon as it gets it
+    return nullptr;
+  }
+  return std::shared_ptr<void>(nullptr, [proxy](void*) {
+    std::lock_guard<std::mutex> released(proxy->mutex);
+    proxy->done = true;
+    proxy->changed.notify_all();
+  });
 }
 
 struct PyArgs {
@@ -614,10 +653,11 @@ void bind_op_builder(py::module& m) {
       py::arg("builders"));
   // For the Python front's own bookkeeping (a vmap_fn companion its op no longer uses).
   m.def("undefine", &opreg::undefine, py::arg("name"));
+  m.def("is_defined", &opreg::is_defined, py::arg("name"));
   // See Note [A schema change and Python's callers] in src/core/registry.cpp.
   detail::set_schema_change_lock([]() -> std::shared_ptr<void> {
     if (!Py_IsInitialized() || interpreter_finalizing() || PyGILState_Check()) return nullptr;
-    return std::make_shared<py::gil_scoped_acquire>();
+    return hold_gil_by_proxy(std::chrono::seconds(1));
   });
 }
 

@@ -3,6 +3,7 @@ sweep's."""
 
 from __future__ import annotations
 
+import ctypes
 import textwrap
 
 import pytest
@@ -294,3 +295,108 @@ def test_an_error_raised_in_a_python_piece_names_the_op_in_a_note():
         torch.ops.note13.refuse(torch.ones(1))
     assert str(raised.value) == "not this one"
     assert raised.value.__notes__ == ["opreg: raised in the fallback of note13::refuse"]
+
+
+def test_a_schema_change_from_a_thread_a_loading_library_waits_for_does_not_deadlock():
+    # Review of the fix above: the replacing thread, which a library's initializer starts and
+    # joins while the loader's lock is held, waited for the GIL, which a Python thread held while
+    # it waited for the loader (ctypes.CDLL): a deadlock, 5 runs in 5. The GIL is now taken by a
+    # thread of its own, for at most a second of waiting.
+    replacing = TEST_OPS_LIBRARY.parent / "libopreg_failing_thread_replace.so"
+    result = run_probe(
+        textwrap.dedent(
+            f"""
+            import ctypes, os, threading, torch, opreg
+            os.environ["OPREG_REPLACE_NAME"] = "opreg_test::flip"
+            opreg.load_library({str(TEST_OPS_LIBRARY)!r})
+            assert ctypes.CDLL({str(TEST_OPS_LIBRARY)!r}).opreg_test_flip_schema(1) == 0
+            done = threading.Event()
+            def load():
+                opreg.load_library({str(replacing)!r})
+                done.set()
+            threading.Thread(target=load, daemon=True).start()
+            while not done.is_set():
+                ctypes.CDLL("libm.so.6")  # the loader's lock, with the GIL held
+            print("loaded", torch.ops.opreg_test.flip.default._schema)
+            """
+        ),
+        timeout=120,
+    )
+    assert_survived(result)
+    assert "loaded opreg_test::flip(Tensor x) -> Tensor" in result.stdout
+
+
+@pytest.mark.parametrize("transform", ["grad", "jvp", "vmap"])
+def test_a_declared_view_works_under_functorch(transform):
+    # Review: functorch's wrappers have no storage, so the view seemed to share no memory.
+    op = opreg.register_vmap_op(
+        lambda x: x.view(-1),
+        fake_fn=lambda x: x.view(-1),
+        name=f"alias13::view_{transform}",
+        schema="(Tensor(a) x) -> Tensor(a)",
+    )
+    x = torch.arange(6.0).reshape(2, 3)
+    if transform == "grad":
+        torch.testing.assert_close(torch.func.grad(lambda t: op(t).sum())(x), torch.ones(2, 3))
+    elif transform == "jvp":
+        _, tangent = torch.func.jvp(op, (x,), (torch.ones(2, 3),))
+        torch.testing.assert_close(tangent, torch.ones(6))
+    else:
+        torch.testing.assert_close(torch.vmap(op)(x), x)
+
+
+def test_an_output_declared_an_alias_of_an_argument_not_given_may_not_share_another_input():
+    op = opreg.register_vmap_op(
+        lambda x, y: y.view(-1),
+        fake_fn=lambda x, y: torch.empty_like(y),
+        name="alias13::optional",
+        schema="(Tensor(a)? x, Tensor y) -> Tensor(a)",
+    )
+    with pytest.raises(
+        RuntimeError,
+        match=r"sharing memory with an input, but the schema .* declares it an alias of "
+        r"arguments this call does not give",
+    ):
+        op(None, torch.ones(2))
+    opreg.register_vmap_op(
+        lambda xs: xs[0],
+        fake_fn=lambda xs: xs[0],
+        name="alias13::optional_list",
+        schema="(Tensor(a)[]? xs) -> Tensor(a)",  # an optional list of aliased tensors
+    )
+    x = torch.ones(2)
+    assert torch.ops.alias13.optional_list([x]).data_ptr() == x.data_ptr()
+
+
+def test_a_replace_after_cpp_undefined_the_op_and_its_companion_succeeds():
+    # Review: C++'s undefine took the companion along; the Python front then undefined it again,
+    # which raised after the op was already defined, leaving its old fake in place.
+    undefine = ctypes.CDLL(str(TEST_OPS_LIBRARY)).opreg_test_undefine
+    undefine.argtypes = [ctypes.c_char_p]
+
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    opreg.register_vmap_op(
+        twice,
+        fake_fn=torch.empty_like,
+        vmap_fn=twice,
+        fake_vmap_fn=torch.empty_like,
+        name="companion13::cpp",
+    )
+    assert undefine(b"companion13::cpp") == 0
+    opreg.register_vmap_op(twice, fake_fn=torch.empty_like, name="companion13::cpp", replace=True)
+    torch.testing.assert_close(torch.ops.companion13.cpp(torch.ones(2)), torch.full((2,), 2.0))
+
+
+def test_an_error_whose_notes_are_not_a_list_stays_itself():
+    def fallback(x):
+        error = ValueError("the real error")
+        error.__notes__ = ("not a list",)
+        raise error
+
+    op = opreg.register_vmap_op(
+        fallback, fake_fn=torch.empty_like, name="note13::tuple", schema="(Tensor x) -> Tensor"
+    )
+    with pytest.raises(ValueError, match="the real error"):
+        op(torch.ones(1))

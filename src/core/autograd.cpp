@@ -396,6 +396,7 @@ class AutogradKernel final : public c10::OperatorKernel {
     auto& ctx = node->ctx;
     ctx.input_edges_.reserve(num_args);
     ctx.input_requires_grad_.reserve(num_args);
+    ctx.edge_inputs_.reserve(num_args);
     std::vector<at::Tensor> edge_tensors;
     edge_tensors.reserve(num_args);
     for (const auto& input : inputs) {
@@ -422,6 +423,8 @@ class AutogradKernel final : public c10::OperatorKernel {
     const size_t num_returns = schema.returns().size();
     std::vector<c10::IValue> outputs(stack->end() - num_returns, stack->end());
     node->num_returns = num_returns;
+    node->positions.reserve(num_returns);
+    node->outputs.reserve(num_returns);
     for (size_t index = 0; index < num_returns; ++index) {
       const auto& output = outputs[index];
       if (!output.isTensor()) continue;

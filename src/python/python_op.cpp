@@ -259,6 +259,7 @@ class PythonKernel final : public c10::OperatorKernel {
       : op_(context.op),
         schema_(context.schema),
         label_(std::move(label)),
+        words_(in_words(label_)),
         fn_(std::move(fn)),
         accepts_(std::move(accepts)),
         fallback_(std::move(fallback)) {}
@@ -266,18 +267,17 @@ class PythonKernel final : public c10::OperatorKernel {
   void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const size_t num_args = schema_.arguments().size();
     const std::string device = trace_enabled() ? device_of(*stack, num_args) : "";
-    if (interpreter_finalizing()) refuse_at_exit(op_, in_words(label_));
+    if (interpreter_finalizing()) refuse_at_exit(op_, words_);
     py::gil_scoped_acquire gil;
     InsideOp inside;
     auto arguments = pop_arguments(schema_, stack);
-    const py::object* fn = fn_.get();
-    std::string impl = label_;
-    if (accepts_ && !accepted(call(*accepts_, arguments))) {
-      fn = fallback_.get();
-      impl = "fallback(declined by " + label_ + ")";
+    const bool declined = accepts_ && !accepted(call(*accepts_, arguments));
+    const py::object* fn = declined ? fallback_.get() : fn_.get();
+    if (trace_enabled()) {
+      detail::record_trace(op_, declined ? "fallback(declined by " + label_ + ")" : label_, device);
     }
-    if (trace_enabled()) detail::record_trace(op_, impl, device);
-    const std::string piece = fn == fn_.get() ? in_words(label_) : "the fallback";
+    static const std::string kFallback = "the fallback";
+    const std::string& piece = declined ? kFallback : words_;
     py::object result;
     try {
       result = call(*fn, arguments);
@@ -301,6 +301,7 @@ class PythonKernel final : public c10::OperatorKernel {
   std::string op_;
   c10::FunctionSchema schema_;  // this definition's: a replace may change the op's schema
   std::string label_;
+  std::string words_;  // the label as messages say it: "kernel 'triton'"
   PyRef fn_, accepts_, fallback_;
 };
 

@@ -7,6 +7,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -45,7 +46,7 @@ std::string trace_device_of(const Args&... args) {
 // PyTorch written in Python, which must reach Python as what they are. The message is built only
 // on a throw.
 template <class Ret, class Fn>
-Ret run_user_code(const std::string& op, const char* what, const std::string& label, Fn&& fn) {
+Ret run_user_code(const std::string& op, const char* what, std::string_view label, Fn&& fn) {
   try {
     return fn();
   } catch (const c10::Error&) {

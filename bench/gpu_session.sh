@@ -52,7 +52,8 @@ tail -4 "$WORK/logs/cpp-tests.log"
 else  # only the op libraries the Python tests load
   libraries="opreg_test_ops opreg_replacing_ops"
   for failure in bad_schema duplicate_name signature_mismatch other_version nested_load \
-    undefine_then_fail undefine_unknown undefine_named thread_define thread_replace; do
+    undefine_then_fail undefine_unknown undefine_named thread_define thread_replace \
+    define_all factory_throws; do
     libraries="$libraries opreg_failing_$failure"
   done
   cmake -S tests -B build/gpu-tests -G Ninja -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX" \

@@ -408,6 +408,11 @@ _ENUM_CLASSES = {
 }
 
 
+def _takes_no_tensor(schema: str) -> bool:
+    arguments = torch._C.parse_schema(schema).arguments
+    return not any("Tensor" in str(argument.type) for argument in arguments)
+
+
 def _checked_fake(declaration: OpDeclaration) -> Callable[..., Any]:
     """The fake, with its outputs checked against the schema and the inputs' device (the C++
     core checks C++ fakes)."""
@@ -442,7 +447,12 @@ def _checked_fake(declaration: OpDeclaration) -> Callable[..., Any]:
 
     def fake(*args: Any, **kwargs: Any) -> Any:
         check_dtypes(args, kwargs)
-        result = fake_fn(*args, **kwargs)
+        try:
+            result = fake_fn(*args, **kwargs)
+        except Exception as error:  # it stays itself; a note names the op, as for the fallback
+            if isinstance(getattr(error, "__notes__", []), list):
+                error.add_note(f"opreg: raised in the fake of {qualname}")
+            raise
         inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         if not returns:
             values = [] if result is None or (isinstance(result, tuple) and not result) else None
@@ -513,6 +523,12 @@ def define(*declarations: OpDeclaration) -> list[torch._ops.OpOverload]:
         library = torch.library.Library(qualname.split("::")[0], "FRAGMENT")
         if declaration.fake is not None:
             torch.library.register_fake(qualname, _checked_fake(declaration), lib=library)
+        elif _takes_no_tensor(declaration.schema):
+            # FakeTensorMode takes an op with no tensor argument for a factory (torch.empty) and
+            # calls it with device='meta', which its schema lacks; the fallback run under the mode
+            # makes fake tensors itself, so it is the fake (a fallback on meta needs tensors).
+            fake = dataclasses.replace(declaration, fake=declaration.fallback)
+            torch.library.register_fake(qualname, _checked_fake(fake), lib=library)
         if declaration.decompose_with is not None:
             triton_fn, device_types = declaration.decompose_with
             torch.library.register_torch_dispatch(

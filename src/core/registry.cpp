@@ -30,6 +30,9 @@
 
 #include <algorithm>
 #include <atomic>
+#if defined(__GLIBCXX__)
+#include <cxxabi.h>
+#endif
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
@@ -78,6 +81,9 @@ struct Definition {
   detail::IdentityPtr identity;
   std::string origin;
   std::vector<size_t> required_tensors;  // arguments that must be defined tensors
+  // int, float and bool arguments: a boxed call's hand-made stack may hold another kind there,
+  // which the pieces' unboxing would meet with an internal assert.
+  std::vector<std::pair<size_t, c10::TypeKind>> required_scalars;
   std::vector<std::pair<size_t, std::vector<c10::ScalarType>>> dtype_rules;  // by argument index
   std::vector<size_t> plain_tensor_returns;
   std::vector<size_t> other_tensor_returns;  // Tensor? and Tensor[]
@@ -659,8 +665,12 @@ DefinitionPtr build(OpBuilder::State spec, const std::vector<std::string>& devic
   definition->sharding = resolve_sharding(declared, op);
 
   for (size_t i = 0; i < op.schema.arguments().size(); ++i) {
-    if (op.schema.arguments()[i].type()->kind() == c10::TypeKind::TensorType) {
+    const auto kind = op.schema.arguments()[i].type()->kind();
+    if (kind == c10::TypeKind::TensorType) {
       definition->required_tensors.push_back(i);
+    } else if (kind == c10::TypeKind::IntType || kind == c10::TypeKind::FloatType ||
+               kind == c10::TypeKind::BoolType) {
+      definition->required_scalars.emplace_back(i, kind);
     }
   }
   for (size_t i = 0; i < op.schema.returns().size(); ++i) {
@@ -741,6 +751,16 @@ void check_arguments(const Definition& definition, const torch::jit::Stack& stac
         false, definition.name(), ": argument '", arguments[index].name(),
         "' must be a Tensor, got ", value.isNone() || value.isTensor() ? "None" : value.tagKind(),
         " (declare it 'Tensor? ", arguments[index].name(), "' in the schema to accept None)");
+  }
+  for (const auto& [index, kind] : definition.required_scalars) {
+    const auto& value = first[index];
+    const bool fits = kind == c10::TypeKind::IntType     ? value.isInt() || value.isSymInt()
+                      : kind == c10::TypeKind::FloatType ? value.isDouble() || value.isSymFloat()
+                                                         : value.isBool() || value.isSymBool();
+    if (fits) continue;
+    TORCH_CHECK_TYPE(false, definition.name(), ": argument '", arguments[index].name(),
+                     "' must be ", arguments[index].type()->str(), ", got ", value.tagKind(),
+                     " (schema '", definition.schema_text(), "')");
   }
 }
 
@@ -1660,7 +1680,19 @@ void set_schema_change_lock(SchemaChangeLock lock) {
 
 }  // namespace detail
 
+namespace {
+
+// Whether this thread is inside define_all_recording_failures (below).
+thread_local bool recording_load_failures = false;
+
+std::vector<std::string> define_all_recording_failures(std::vector<OpBuilder> builders, AbiTag abi);
+
+}  // namespace
+
 std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi) {
+  if (detail::loading_library() && !recording_load_failures) {
+    return define_all_recording_failures(std::move(builders), abi);
+  }
   const AbiTag here;
   TORCH_CHECK(abi.major == here.major && abi.minor == here.minor &&
                   abi.factory_size == here.factory_size && abi.context_size == here.context_size,
@@ -1721,21 +1753,44 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
   return qualified;
 }
 
+namespace {
+
+// While opreg::load_library runs a library's static initializers, an exception must not leave
+// define() or define_all(): it would terminate the process. The error is recorded and raised by
+// load_library, naming the ops declared together.
+std::vector<std::string> define_all_recording_failures(std::vector<OpBuilder> builders,
+                                                       AbiTag abi) {
+  recording_load_failures = true;
+  const auto leave = c10::make_scope_exit([] { recording_load_failures = false; });
+  std::vector<std::string> declared;
+  std::string names;
+  for (const auto& builder : builders) {
+    declared.push_back(builder.declared_name());
+    names += (names.empty() ? "" : ", ") + declared.back();
+  }
+  try {
+    return define_all(std::move(builders), abi);
+  } catch (const c10::Error& error) {
+    detail::record_load_failure(names, error.what_without_backtrace());
+  } catch (const std::exception& error) {
+    detail::record_load_failure(names, error.what());
+#if defined(__GLIBCXX__)
+  } catch (const abi::__forced_unwind&) {
+    throw;  // a cancelled thread's unwinding must go on
+#endif
+  } catch (...) {
+    detail::record_load_failure(
+        names, "a piece of its declaration threw something that is not a std::exception");
+  }
+  return declared;
+}
+
+}  // namespace
+
 std::string OpBuilder::define(AbiTag abi) && {
   std::vector<OpBuilder> builders;
   builders.push_back(std::move(*this));
-  if (!detail::loading_library()) return define_all(std::move(builders), abi).front();
-  // While opreg::load_library runs a library's static initializers, an exception must not leave
-  // define(): it would terminate the process. The error is recorded and raised by load_library.
-  const std::string declared = builders.front().declared_name();
-  try {
-    return define_all(std::move(builders), abi).front();
-  } catch (const c10::Error& error) {
-    detail::record_load_failure(declared, error.what_without_backtrace());
-  } catch (const std::exception& error) {
-    detail::record_load_failure(declared, error.what());
-  }
-  return declared;
+  return define_all(std::move(builders), abi).front();
 }
 
 std::vector<OpReport> describe_ops() {

@@ -396,6 +396,10 @@ namespace detail {
 
 c10::KernelFunction make_vmap_kernel(IdentityPtr op, VmapRule rule, const OpFlags& flags,
                                      FallbackPtr fallback) {
+  TORCH_CHECK_VALUE(!(flags.batch_polymorphic && flags.vmap_per_example_loop), op->name,
+                    ": batch_polymorphic and vmap_per_example_loop are both declared, but they "
+                    "say two things of how vmap calls the op (once, with the batch dims in front, "
+                    "or once per example); declare one");
   return c10::KernelFunction::makeFromBoxedFunctor(
       std::make_unique<VmapKernel>(std::move(op), std::move(rule), flags, std::move(fallback)));
 }

@@ -66,6 +66,18 @@ void add_note(py::error_already_set& error, const std::string& note) {
   }
 }
 
+// Runs a call into a Python piece of `op`: an error it raises stays itself (its type, its
+// message) and gets a note naming the op and the piece (`piece()`, built only then).
+template <class Fn, class Piece>
+auto noted(const std::string& op, const Piece& piece, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (py::error_already_set& error) {
+    add_note(error, "raised in " + std::string(piece()) + " of " + op);
+    throw;
+  }
+}
+
 // Holds the GIL on a thread of its own until the returned object goes; null when that thread did
 // not get it within `wait`. The caller never waits for the GIL itself: it may hold the dynamic
 // loader's lock (a library's static initializer, or a thread one waits for), which a Python thread
@@ -187,6 +199,11 @@ c10::IValue to_output(const std::string& op, const std::string& impl, const py::
   try {
     return torch::jit::toIValue(value, ret.type());
   } catch (const std::exception&) {
+    // An int that a 64-bit integer cannot hold is of the right type, with the wrong value.
+    TORCH_CHECK_VALUE(!PyLong_Check(value.ptr()) || PyBool_Check(value.ptr()) ||
+                          ret.type()->kind() != c10::TypeKind::IntType,
+                      op, ": ", impl, " returned ", py::str(value).cast<std::string>(),
+                      " for output ", index, ", which a 64-bit int cannot hold");
     // For a list, the first element that does not fit says more than "returned list".
     std::string element;
     const auto* list = ret.type()->castRaw<c10::ListType>();
@@ -271,7 +288,9 @@ class PythonKernel final : public c10::OperatorKernel {
     py::gil_scoped_acquire gil;
     InsideOp inside;
     auto arguments = pop_arguments(schema_, stack);
-    const bool declined = accepts_ && !accepted(call(*accepts_, arguments));
+    const bool declined = accepts_ && !accepted(noted(
+                                          op_, [&] { return "the accepts of " + words_; },
+                                          [&] { return call(*accepts_, arguments); }));
     const py::object* fn = declined ? fallback_.get() : fn_.get();
     if (trace_enabled()) {
       detail::record_trace(op_, declined ? "fallback(declined by " + label_ + ")" : label_, device);
@@ -437,7 +456,11 @@ void add_autograd(OpBuilder& builder, PyRef backward, PyRef setup_context, PyRef
     InsideOp inside;
     py::object py_ctx = (*make_context)(py::cast(&ctx, py::return_value_policy::reference));
     if (setup_context) {
-      (*setup_context)(py_ctx, to_python(inputs, false, schema), to_python(outputs, true));
+      noted(
+          name, [] { return "the setup_context"; },
+          [&] {
+            (*setup_context)(py_ctx, to_python(inputs, false, schema), to_python(outputs, true));
+          });
     }
     ctx.saved_data[kPythonContext] = torch::jit::toIValue(py_ctx, c10::PyObjectType::get());
   };
@@ -453,6 +476,7 @@ void add_autograd(OpBuilder& builder, PyRef backward, PyRef setup_context, PyRef
     try {
       result = (*backward)(py_ctx, *py_grads);
     } catch (py::error_already_set& error) {
+      add_note(error, "raised in the backward of " + name);
       throw BackwardError(error);
     }
     std::vector<at::Tensor> gradients;
@@ -529,8 +553,13 @@ void add_vmap_rule(OpBuilder& builder, PyRef rule, SchemaPtr schema) {
     static const char* kRandomness[] = {"error", "same", "different"};
     py::list dims;
     for (const auto& dim : in_dims) dims.append(dim ? py::cast(*dim) : py::none());
-    return vmap_result(op, (*rule)(info.batch_size, kRandomness[static_cast<int>(info.randomness)],
-                                   dims, to_python(args, false, schema)));
+    return vmap_result(op, noted(
+                               op, [] { return "the vmap rule"; },
+                               [&] {
+                                 return (*rule)(info.batch_size,
+                                                kRandomness[static_cast<int>(info.randomness)],
+                                                dims, to_python(args, false, schema));
+                               }));
   });
 }
 

@@ -451,6 +451,31 @@ std::unique_ptr<KernelImpl> parse_fields(const nlohmann::json& manifest, Manifes
                     ": field 'variants' is empty: the kernel has no binary");
   for (const auto& raw : variants) {
     in.set_variant(kernel->variants.size());
+    TORCH_CHECK_VALUE(raw.is_object(), in.context(), ": expected a JSON object, got ",
+                      ManifestReader::shown(raw));
+    for (const auto& item : raw.items()) {
+      static const std::set<std::string> kKnown = {"arch",
+                                                   "entry",
+                                                   "num_warps",
+                                                   "num_ctas",
+                                                   "shared",
+                                                   "global_scratch_size",
+                                                   "global_scratch_align",
+                                                   "profile_scratch_size",
+                                                   "profile_scratch_align",
+                                                   "launch_pdl",
+                                                   "launch_cooperative_grid",
+                                                   "assumptions",
+                                                   "config",
+                                                   "param_sizes",
+                                                   "file"};
+      TORCH_CHECK_VALUE(kKnown.count(item.key()), in.context(), ": unknown field ",
+                        ManifestReader::shown(item.key()),
+                        "; a variant has the fields python3 -m opreg.aot writes (arch, entry, "
+                        "num_warps, num_ctas, shared, the scratch sizes and alignments, "
+                        "launch_pdl, launch_cooperative_grid, assumptions, config, param_sizes, "
+                        "file)");
+    }
     auto variant = std::make_unique<Variant>();
     variant->arch = static_cast<int>(in.integer(raw, "arch", 10, 9999));
     variant->entry = in.string(raw, "entry");
@@ -536,12 +561,27 @@ std::unique_ptr<KernelImpl> parse_fields(const nlohmann::json& manifest, Manifes
 
 // Whether two registrations are one kernel: the same bundle loaded twice (a library and a folder
 // of the same build) is harmless; two different kernels under one name are a mistake.
+// A rebuilt kernel under the old name is no such bundle: its binaries or launch fields differ.
+bool same_variant(const Variant& a, const Variant& b) {
+  return a.arch == b.arch && a.assumptions_text == b.assumptions_text &&
+         a.config_text == b.config_text && a.entry == b.entry && a.num_warps == b.num_warps &&
+         a.num_ctas == b.num_ctas && a.shared == b.shared &&
+         a.global_scratch_size == b.global_scratch_size &&
+         a.global_scratch_align == b.global_scratch_align &&
+         a.profile_scratch_size == b.profile_scratch_size &&
+         a.profile_scratch_align == b.profile_scratch_align && a.launch_pdl == b.launch_pdl &&
+         a.launch_cooperative_grid == b.launch_cooperative_grid && a.dropped == b.dropped &&
+         a.binary == b.binary;
+}
+
 bool same_kernel(const KernelImpl& a, const KernelImpl& b) {
-  return a.source == b.source && a.variants.size() == b.variants.size() &&
+  return a.source == b.source &&
          std::equal(a.params.begin(), a.params.end(), b.params.begin(), b.params.end(),
                     [](const Param& p, const Param& q) {
                       return p.name == q.name && p.type_name == q.type_name;
-                    });
+                    }) &&
+         std::equal(a.variants.begin(), a.variants.end(), b.variants.begin(), b.variants.end(),
+                    [](const auto& v, const auto& w) { return same_variant(*v, *w); });
 }
 
 // Registers every kernel or, when one clashes with a registered kernel or another of the batch,
@@ -556,7 +596,9 @@ void add_kernels(std::vector<std::unique_ptr<KernelImpl>> kernels,
     TORCH_CHECK_VALUE(found == reg.kernels.end() || same_kernel(*found->second, kernel),
                       "opreg: ", origins[i], ": a Triton kernel named '", kernel.name,
                       "' is already registered from another source (", found->second->source,
-                      ") or with other parameters");
+                      "), with other parameters or with other binaries; a registered kernel "
+                      "cannot be replaced in a running process: give the rebuilt kernel another "
+                      "name, or load it in a new process");
     for (size_t j = 0; j < i; ++j) {
       TORCH_CHECK_VALUE(kernels[j]->name != kernel.name || same_kernel(*kernels[j], kernel),
                         "opreg: ", origins[i], " and ", origins[j],

@@ -68,6 +68,43 @@ TEST(Reliability, CallingAnUndefinedOpNamesIt) {
   EXPECT_TRUE(at::equal(stack[0].toTensor(), at::full({2}, 3.0)));
 }
 
+// Fourteenth sweep: a hand-made boxed stack with a string or a float where the schema has an int
+// reached the fallback's unboxing, an internal assert of PyTorch's ("please report a bug").
+TEST(Reliability, ABoxedCallWithTheWrongKindOfScalarNamesTheArgument) {
+  opreg::op("opreg_rel::scaled(Tensor x, int n=3, float f=1.0, bool b=False) -> Tensor")
+      .fallback([](const at::Tensor& x, int64_t n, double f, bool b) { return x * n * f * b; })
+      .define();
+  EXPECT_CONTAINS(error_of([&] {
+                    opreg_test::call_boxed("opreg_rel::scaled",
+                                           {at::ones({2}), std::string("x"), 1.0, true});
+                  }),
+                  "opreg_rel::scaled: argument 'n' must be int, got String");
+  EXPECT_CONTAINS(error_of([&] {
+                    opreg_test::call_boxed("opreg_rel::scaled", {at::ones({2}), 2.5, 1.0, true});
+                  }),
+                  "opreg_rel::scaled: argument 'n' must be int, got Double");
+  EXPECT_CONTAINS(error_of([&] {
+                    opreg_test::call_boxed("opreg_rel::scaled",
+                                           {at::ones({2}), int64_t{2}, 1.0, int64_t{1}});
+                  }),
+                  "opreg_rel::scaled: argument 'b' must be bool, got Int");
+  auto stack = opreg_test::call_boxed("opreg_rel::scaled", {at::ones({2}), int64_t{2}, 1.5, true});
+  EXPECT_TRUE(at::equal(stack[0].toTensor(), at::full({2}, 3.0)));
+}
+
+// Fourteenth sweep: both were accepted, and vmap did one of the two without a word.
+TEST(Reliability, BatchPolymorphicAndThePerExampleLoopAreNotBothDeclared) {
+  EXPECT_CONTAINS(error_of([&] {
+                    opreg::op("opreg_rel::both_ways(Tensor x) -> Tensor")
+                        .fallback([](const at::Tensor& x) { return x * 2; })
+                        .batch_polymorphic()
+                        .vmap_per_example_loop()
+                        .define();
+                  }),
+                  "opreg_rel::both_ways: batch_polymorphic and vmap_per_example_loop are both");
+  EXPECT_FALSE(opreg::is_defined("opreg_rel::both_ways"));
+}
+
 TEST(Reliability, UndefiningAnOpUndefinesItsParts) {
   auto times = [](double factor) { return [factor](const at::Tensor& x) { return x * factor; }; };
   opreg::op("opreg_rel::owner(Tensor x) -> Tensor").fallback(times(2)).define();

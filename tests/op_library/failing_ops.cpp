@@ -6,8 +6,10 @@
 #include <ATen/ATen.h>
 
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #if defined(OPREG_OTHER_VERSION)  // as if built against the headers of another minor version
 #include <opreg/version.h>
@@ -68,6 +70,25 @@ const bool from_thread = [] {
         .define();
   }).join();
   return true;
+}();
+#elif defined(OPREG_DEFINE_ALL)      // two ops defined together, the second with a bad schema
+const auto together = [] {
+  std::vector<opreg::OpBuilder> builders;
+  for (const char* schema : {"opreg_failing::together_a(Tensor x) -> Tensor",
+                             "opreg_failing::together_b(Tensor x, Tensr y) -> Tensor"}) {
+    opreg::OpBuilder builder(schema);
+    builder.fallback(
+        opreg::detail::typed_kernel(std::function<at::Tensor(const at::Tensor&)>(identity)));
+    builders.push_back(std::move(builder));
+  }
+  return opreg::define_all(std::move(builders));
+}();
+#elif defined(OPREG_FACTORY_THROWS)  // a kernel factory that throws what is no std::exception
+const auto thrown = [] {
+  opreg::OpBuilder builder("opreg_failing::factory_throws(Tensor x) -> Tensor");
+  builder.fallback(
+      opreg::KernelFactory{[](const opreg::KernelContext&) -> c10::KernelFunction { throw 42; }});
+  return std::move(builder).define();
 }();
 #elif defined(OPREG_SIGNATURE_MISMATCH)
 const auto mismatch =

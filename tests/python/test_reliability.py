@@ -303,6 +303,10 @@ def load_failing_library(failure: str, then: str = "") -> str:
         ("bad_schema", "cannot parse schema"),
         ("duplicate_name", "opreg_failing::twice: an op of this name is already defined"),
         ("signature_mismatch", "signature does not match the schema"),
+        # define_all in an initializer (two ops together) terminated the process (14th sweep)
+        ("define_all", "opreg_failing::together_a, opreg_failing::together_b"),
+        # a kernel factory that throws 42 terminated it too
+        ("factory_throws", "threw something that is not a std::exception"),
     ],
 )
 def test_a_library_whose_definition_fails_raises_and_rolls_back(failure, message):

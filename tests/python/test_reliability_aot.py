@@ -210,8 +210,13 @@ def test_configs_are_checked_and_zero_variants_is_an_error(tmp_path, configs, me
 @pytest.mark.parametrize(
     ("configs", "message"),
     [
-        ("[{ num_stages = -1 }]", "'configs.num_stages' must be a pipeline depth of at least 1"),
-        ("[{ num_stages = 0 }]", "'configs.num_stages' must be a pipeline depth of at least 1"),
+        ("[{ num_stages = -1 }]", "'configs.num_stages' must be a pipeline depth from 1 to 16"),
+        ("[{ num_stages = 0 }]", "'configs.num_stages' must be a pipeline depth from 1 to 16"),
+        # The fourteenth sweep: 2**63-1 passed the spec and failed in Triton's own binding.
+        (
+            "[{ num_stages = 9223372036854775807 }]",
+            "'configs.num_stages' must be a pipeline depth from 1 to 16",
+        ),
         ("[{ maxnreg = 0 }]", "'configs.maxnreg' must be a register count from 1 to 255, got 0"),
         ("[{ maxnreg = 300 }]", "'configs.maxnreg' must be a register count from 1 to 255"),
         (
@@ -231,6 +236,14 @@ def test_an_argument_in_both_signature_and_constexprs_is_refused(tmp_path):
     result = run_aot(scale_spec(signature=signature), tmp_path)
     assert_one_line_error(
         result, "'constexprs' must be arguments not also in the signature", "['BLOCK']"
+    )
+
+
+def test_a_constexpr_that_is_a_table_is_refused(tmp_path):
+    # The fourteenth sweep: Triton failed on it with "'dict' object has no attribute 'type'".
+    spec = scale_spec(constexprs="{ BLOCK = { size = 256 } }")
+    assert_one_line_error(
+        run_aot(spec, tmp_path), "'constexprs.BLOCK' must be a number, a boolean or a string"
     )
 
 
@@ -491,6 +504,10 @@ def unknown_field(m, _):
     m["kernel_name"] = "x" * 100
 
 
+def unknown_variant_field(m, _):
+    m["variants"][0]["num_warp"] = 4
+
+
 def repeated_param(m, _):
     m["params"].append(dict(m["params"][1]))
 
@@ -505,6 +522,8 @@ def repeated_variant(m, folder):
         (repeated_param, "", "field 'params' names parameter 'out_ptr' twice"),
         (repeated_variant, ", variant 1", "repeats variant 0 (arch "),
         (unknown_field, "", 'unknown field "kernel_name"; a manifest has format, kernel'),
+        # The fourteenth sweep: a variant's misspelt field loaded, and the field was not read.
+        (unknown_variant_field, ", variant 0", 'unknown field "num_warp"; a variant has the'),
     ],
 )
 def test_manifest_repeats_and_unknown_fields_are_refused(
@@ -584,6 +603,26 @@ def test_a_bundle_folder_that_clashes_with_a_registered_kernel_registers_nothing
         "already registered from another source" in str(error.value)
     )
     assert "opreg_rel_clash_good" not in registered_kernels()
+
+
+def test_a_rebuilt_kernel_under_a_registered_name_is_refused(aot_bundle, tmp_path):
+    # The fourteenth sweep: same name, source and parameters with other binaries or launch
+    # fields loaded without a word, and the old binaries stayed in use.
+    opreg.load_triton_bundle(aot_bundle)
+
+    def more_warps(m):
+        m["variants"][0]["num_warps"] = 2 * m["variants"][0]["num_warps"]
+
+    manifest = renamed_manifest(aot_bundle, tmp_path, "opreg_test_scale", more_warps)
+    (tmp_path / "index.txt").write_text(f"{manifest}\n")
+    with pytest.raises(ValueError) as error:
+        opreg.load_triton_bundle(tmp_path)
+    assert "a Triton kernel named 'opreg_test_scale' is already registered" in str(error.value)
+    assert "with other binaries; a registered kernel cannot be replaced" in str(error.value)
+    same = tmp_path / "same"
+    same.mkdir()
+    (same / "index.txt").write_text(renamed_manifest(aot_bundle, same, "opreg_test_scale") + "\n")
+    assert "opreg_test_scale" in opreg.load_triton_bundle(same)  # the very same bundle: harmless
 
 
 def test_two_manifests_of_one_name_in_a_folder_register_nothing(aot_bundle, tmp_path):

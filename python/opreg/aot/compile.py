@@ -55,6 +55,7 @@ MAX_PARAMS = 64
 MAX_WARPS = 32  # 1024 threads per block
 # The integer options of Triton's CUDA backend a config may set; Triton ignores a key it does not
 # know, so a misspelled one would silently compile with the default.
+MAX_STAGES = 16  # a software pipeline deeper than this does not fit any GPU's shared memory
 CONFIG_KEYS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 MAX_CTAS = 16
 MAX_REGISTERS = 255  # per thread, on every NVIDIA GPU Triton compiles for
@@ -163,6 +164,9 @@ def check_kernel_spec(spec: KernelSpec, path: Path) -> None:
             )
     if not isinstance(spec.constexprs, dict):
         fail("constexprs", "a table of argument name = value", spec.constexprs)
+    for name, value in spec.constexprs.items():
+        if not isinstance(value, (bool, int, float, str)):
+            fail(f"constexprs.{name}", "a number, a boolean or a string", value)
     both = [name for name in spec.constexprs if name in spec.signature]
     if both:
         fail("constexprs", "arguments not also in the signature (each is one or the other)", both)
@@ -191,8 +195,12 @@ def check_kernel_spec(spec: KernelSpec, path: Path) -> None:
             fail("configs.num_warps", f"a power of two from 1 to {MAX_WARPS}", warps)
         if not 1 <= config.get("num_ctas", 1) <= MAX_CTAS:
             fail("configs.num_ctas", f"from 1 to {MAX_CTAS}", config["num_ctas"])
-        if config.get("num_stages", 1) < 1:
-            fail("configs.num_stages", "a pipeline depth of at least 1", config["num_stages"])
+        if not 1 <= config.get("num_stages", 1) <= MAX_STAGES:
+            fail(
+                "configs.num_stages",
+                f"a pipeline depth from 1 to {MAX_STAGES}",
+                config["num_stages"],
+            )
         if not 1 <= config.get("maxnreg", 1) <= MAX_REGISTERS:
             fail(
                 "configs.maxnreg", f"a register count from 1 to {MAX_REGISTERS}", config["maxnreg"]

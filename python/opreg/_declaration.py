@@ -409,7 +409,10 @@ _ENUM_CLASSES = {
 
 
 def _takes_no_tensor(schema: str) -> bool:
-    arguments = torch._C.parse_schema(schema).arguments
+    try:
+        arguments = torch._C.parse_schema(schema).arguments
+    except Exception:  # the core refuses the schema, saying why
+        return False
     return not any("Tensor" in str(argument.type) for argument in arguments)
 
 
@@ -505,6 +508,15 @@ def define(*declarations: OpDeclaration) -> list[torch._ops.OpOverload]:
     changes anything: all are defined, or none and the earlier definitions stay. Then the
     Python-side pieces (fakes, the decomposition under compile) replace the earlier ones."""
     declarations = tuple(_check_companions(declarations))
+    # FakeTensorMode takes an op with no tensor argument for a factory (torch.empty) and calls it
+    # with device='meta', which its schema lacks; the fallback run under the mode makes fake
+    # tensors itself, so it is such an op's fake (a fallback on meta tensors needs tensors).
+    declarations = tuple(
+        dataclasses.replace(d, fake=d.fallback)
+        if d.fake is None and _takes_no_tensor(d.schema)
+        else d
+        for d in declarations
+    )
     builders = [declaration.builder() for declaration in declarations]
     registered_before = {d.qualname: _registered_form(d.qualname) for d in declarations}
     defined_companions = {d.qualname for d in declarations if d.companion_of is not None}
@@ -523,12 +535,7 @@ def define(*declarations: OpDeclaration) -> list[torch._ops.OpOverload]:
         library = torch.library.Library(qualname.split("::")[0], "FRAGMENT")
         if declaration.fake is not None:
             torch.library.register_fake(qualname, _checked_fake(declaration), lib=library)
-        elif _takes_no_tensor(declaration.schema):
-            # FakeTensorMode takes an op with no tensor argument for a factory (torch.empty) and
-            # calls it with device='meta', which its schema lacks; the fallback run under the mode
-            # makes fake tensors itself, so it is the fake (a fallback on meta needs tensors).
-            fake = dataclasses.replace(declaration, fake=declaration.fallback)
-            torch.library.register_fake(qualname, _checked_fake(fake), lib=library)
+
         if declaration.decompose_with is not None:
             triton_fn, device_types = declaration.decompose_with
             torch.library.register_torch_dispatch(

@@ -312,6 +312,8 @@ def path_argument(function: str, value: object) -> Path:
             f"{function}: 'path' must be a str or os.PathLike, got {type(value).__name__} "
             f"{value!r:.80}"
         )
+    if os.fspath(value) in ("", b""):  # Path("") is ".", the current folder
+        raise ValueError(f"{function}: 'path' is empty; pass the path of a file or folder")
     return Path(value)
 
 
@@ -322,7 +324,7 @@ def load_library(path: str | Path) -> None:
     If any of its definitions fails, none of its ops stays defined (ops it replaced get their
     earlier definition back) and a ValueError names the library and each failing op; the
     process survives. A missing file raises FileNotFoundError; a path that is not a str or
-    os.PathLike, TypeError.
+    os.PathLike, TypeError; an empty one, ValueError.
     """
     path = path_argument("opreg.load_library", path)
     if not path.is_file():

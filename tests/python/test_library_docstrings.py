@@ -142,8 +142,12 @@ def _normalized(text: str, namespace: str) -> str:
 
 
 def _described(error: BaseException, namespace: str) -> str:
-    """``Type: first line of the message``."""
-    first = (traceback.format_exception_only(type(error), error)[-1].splitlines() or [""])[0]
+    """``Type: first line of the message`` (opreg's PEP 678 notes aside)."""
+    lines = traceback.format_exception_only(type(error), error)
+    notes = getattr(error, "__notes__", None)
+    if isinstance(notes, list) and notes:
+        lines = lines[: -len(notes)] or lines
+    first = (lines[-1].splitlines() or [""])[0]
     return _normalized(first, namespace)
 
 

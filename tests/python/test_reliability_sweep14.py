@@ -127,3 +127,10 @@ def test_an_op_without_tensor_arguments_traces_without_a_fake():
     assert fake.shape == (3,) and fake.dtype == torch.float32
     compiled = torch.compile(lambda: op(5) + 1, backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(compiled(), torch.arange(5, dtype=torch.float32) + 1)
+
+
+@pytest.mark.parametrize("load", [opreg.load_library, opreg.load_triton_bundle])
+def test_an_empty_path_is_said_to_be_empty(load):
+    # load_library("") said "no library at ." (Path("") is the current folder).
+    with pytest.raises(ValueError, match="'path' is empty"):
+        load("")

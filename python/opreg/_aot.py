@@ -6,6 +6,7 @@ warm-up and no compile: the binary was built by ``python -m opreg.aot``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -72,7 +73,8 @@ class AotKernel:
 @public
 def load_triton_bundle(path: str | Path) -> list[str]:
     """Register the kernels of a folder written by ``python -m opreg.aot``; returns their names."""
-    return list(_C.triton_load_bundle_dir(str(path_argument("opreg.load_triton_bundle", path))))
+    folder = os.fsencode(path_argument("opreg.load_triton_bundle", path))  # need not be UTF-8
+    return list(_C.triton_load_bundle_dir(folder))
 
 
 @public

@@ -332,7 +332,7 @@ def load_library(path: str | Path) -> None:
     from opreg import _declaration  # which imports this module
 
     python_defined = _declaration.python_defined_forms()
-    _C.load_library(str(path.resolve()))
+    _C.load_library(os.fsencode(path.resolve()))  # bytes: a path need not be UTF-8
     _declaration.forget_replaced_by(str(path.resolve()), python_defined)
     # Its ops' C++ definitions, for torch.compile's caches: the file stands for them (its size
     # and time: hashing its contents would cost each import of opreg a tenth of its time).

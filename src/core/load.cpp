@@ -13,6 +13,7 @@
 // protection: a failing definition there throws out of its static initializer. A load_library
 // called from a library's static initializers (a library that loads another) records its
 // failure in the outer load instead of throwing.
+#include "opreg/detail/text.h"
 #include "opreg/registry.h"
 
 #include <dlfcn.h>
@@ -135,8 +136,9 @@ namespace {
 
 void load_once(const std::string& path) {
   const std::string truncated = truncated_elf(path);
-  TORCH_CHECK_VALUE(truncated.empty(), "opreg::load_library: cannot load '", path,
-                    "': the file is a truncated shared library (", truncated, ")");
+  TORCH_CHECK_VALUE(truncated.empty(), "opreg::load_library: cannot load '",
+                    detail::valid_utf8(path), "': the file is a truncated shared library (",
+                    truncated, ")");
   LoadContext context;
   context.outer = t_load;
   t_load = &context;
@@ -149,8 +151,8 @@ void load_once(const std::string& path) {
   if (!detail::library_loading_elsewhere()) run_deferred();
   if (handle == nullptr) {
     const char* why = dlerror();
-    TORCH_CHECK(false, "opreg::load_library: cannot load '", path,
-                "': ", why != nullptr ? why : "unknown error");
+    TORCH_CHECK(false, "opreg::load_library: cannot load '", detail::valid_utf8(path),
+                "': ", detail::valid_utf8(why != nullptr ? why : "unknown error"));
   }
   if (context.failures.empty()) {
     {
@@ -176,11 +178,12 @@ void load_once(const std::string& path) {
   failures << "opreg::load_library: '" << path << "' defines ops that failed ("
            << context.failures.size() << "); none of its ops is defined:";
   for (const auto& [op, message] : context.failures) failures << "\n  " << op << ": " << message;
+  const std::string text = detail::valid_utf8(failures.str());  // a name may hold any bytes
   {
     std::lock_guard<std::mutex> lock(g_failed_mutex);
-    failed_loads()[handle] = failures.str();
+    failed_loads()[handle] = text;
   }
-  TORCH_CHECK_VALUE(false, failures.str());
+  TORCH_CHECK_VALUE(false, text);
 }
 
 }  // namespace

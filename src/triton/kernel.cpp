@@ -27,6 +27,7 @@
 
 #include "cuda_driver.h"
 #include "launch.h"
+#include "opreg/detail/text.h"
 #include "opreg/triton.h"
 
 namespace opreg::triton {
@@ -189,32 +190,6 @@ bool is_plain_file_name(const std::string& name) {
          name.find_first_of("/\\") == std::string::npos && name.find('\0') == std::string::npos;
 }
 
-// How many bytes the valid UTF-8 sequence at text[i] (a byte above 0x7f) has, or 0.
-size_t utf8_sequence_length(const std::string& text, size_t i) {
-  auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
-  const unsigned char lead = byte(i);
-  size_t length = 0;
-  unsigned char low = 0x80, high = 0xbf;  // the second byte's range (no overlongs, surrogates)
-  if (lead >= 0xc2 && lead <= 0xdf) {
-    length = 2;
-  } else if (lead >= 0xe0 && lead <= 0xef) {
-    length = 3;
-    low = lead == 0xe0 ? 0xa0 : low;
-    high = lead == 0xed ? 0x9f : high;
-  } else if (lead >= 0xf0 && lead <= 0xf4) {
-    length = 4;
-    low = lead == 0xf0 ? 0x90 : low;
-    high = lead == 0xf4 ? 0x8f : high;
-  } else {
-    return 0;
-  }
-  if (i + length > text.size() || byte(i + 1) < low || byte(i + 1) > high) return 0;
-  for (size_t k = i + 2; k < i + length; ++k) {
-    if (byte(k) < 0x80 || byte(k) > 0xbf) return 0;
-  }
-  return length;
-}
-
 // `text` with control bytes and bytes that are not UTF-8 written \xNN: a name read from a file,
 // safe to put in an error message (Python decodes messages as UTF-8).
 std::string escaped(const std::string& text) {
@@ -222,7 +197,7 @@ std::string escaped(const std::string& text) {
   std::string out;
   for (size_t i = 0; i < text.size();) {
     const auto byte = static_cast<unsigned char>(text[i]);
-    const size_t length = byte >= 0x80 ? utf8_sequence_length(text, i) : 0;
+    const size_t length = byte >= 0x80 ? opreg::detail::utf8_sequence_length(text, i) : 0;
     if (byte >= 0x20 && byte < 0x7f) {
       out += text[i++];
     } else if (length > 0) {
@@ -269,7 +244,8 @@ bool is_identifier(const std::string& name) {
 // field: "opreg: Triton manifest b/k.json: kernel 'k', variant 2: field 'num_warps' ...".
 class ManifestReader {
  public:
-  explicit ManifestReader(std::string origin) : where_("opreg: Triton manifest " + origin) {}
+  explicit ManifestReader(const std::string& origin)
+      : where_("opreg: Triton manifest " + opreg::detail::valid_utf8(origin)) {}
   const std::string& where() const { return where_; }
   void set_kernel(const std::string& name) { kernel_where_ = where_ + ": kernel '" + name + "'"; }
   void set_variant(size_t index) {
@@ -385,7 +361,8 @@ nlohmann::json parse_json_once_per_key(const std::string& text, const ManifestRe
   try {
     parsed = nlohmann::json::parse(text, note_keys);
   } catch (const nlohmann::json::exception& error) {
-    TORCH_CHECK_VALUE(false, in.where(), " is not valid JSON: ", error.what());
+    TORCH_CHECK_VALUE(false, in.where(),
+                      " is not valid JSON: ", opreg::detail::valid_utf8(error.what()));
   }
   TORCH_CHECK_VALUE(!repeated, in.where(), ": an object gives the key '", *repeated,
                     "' twice; it is not a manifest of python3 -m opreg.aot");

@@ -2,6 +2,7 @@
 // was expected and what came; none crashes the process.
 #include <torch/library.h>
 
+#include "opreg/detail/text.h"
 #include "test_util.h"
 
 using opreg_test::error_of;
@@ -45,6 +46,17 @@ TEST(Errors, WhatUserCodeThrowsNamesTheOpAndThePiece) {
 
 // The fifth sweep: a handle whose signature does not fit the schema (here the returns) got a
 // PyTorch internal assert when the call's result was unboxed.
+// Fourteenth sweep: a C++ piece's what() with a 0xff byte raised UnicodeDecodeError in Python.
+TEST(Errors, AThrowOfBytesThatAreNotUtf8IsEscaped) {
+  EXPECT_EQ(opreg::detail::valid_utf8("a\xff b\xc3"), "a\\xff b\\xc3");
+  EXPECT_EQ(opreg::detail::valid_utf8("caf\xc3\xa9 \xed\xa0\x80"), "caf\xc3\xa9 \\xed\\xa0\\x80");
+  opreg::op("opreg_errors::bytes(Tensor x) -> Tensor")
+      .fallback([](const at::Tensor&) -> at::Tensor { throw std::runtime_error("bad \xff"); })
+      .define();
+  EXPECT_CONTAINS(error_of([] { opreg_test::call_boxed("opreg_errors::bytes", {at::ones({1})}); }),
+                  "opreg_errors::bytes: fallback threw: bad \\xff");
+}
+
 TEST(Errors, AHandleWithTheWrongSignatureNamesTheOp) {
   opreg::op("opreg_err::one_out(Tensor x) -> Tensor").fallback(identity).define();
   opreg::OpHandle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&)> two_outs(

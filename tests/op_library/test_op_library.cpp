@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <stdexcept>
 
 namespace {
 
@@ -86,6 +87,13 @@ const auto exp_op = opreg::op("opreg_test::exp(Tensor x) -> Tensor")
                               ctx.save_for_backward({outputs[0].toTensor()});
                             })
                         .define();
+
+// Its fallback's error holds a byte that is not UTF-8 (Python raised UnicodeDecodeError for it).
+const auto throws_bytes = opreg::op("opreg_test::throws_bytes(Tensor x) -> Tensor")
+                              .fallback([](const at::Tensor&) -> at::Tensor {
+                                throw std::runtime_error("bad \xff byte");
+                              })
+                              .define();
 
 const auto refuses_grad = opreg::op("opreg_test::refuses_grad(Tensor x) -> Tensor")
                               .fallback([](const at::Tensor& x) { return x.sin(); })

@@ -3,6 +3,9 @@ and the AOT tools are in test_reliability.py and test_reliability_aot.py)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 import torch
 
@@ -134,3 +137,25 @@ def test_an_empty_path_is_said_to_be_empty(load):
     # load_library("") said "no library at ." (Path("") is the current folder).
     with pytest.raises(ValueError, match="'path' is empty"):
         load("")
+
+
+def test_bytes_that_are_not_utf8_are_escaped_in_messages(test_ops_library, tmp_path):
+    # A C++ piece's error, a library's path and a manifest with a 0xff byte raised
+    # UnicodeDecodeError (or pybind's "incompatible function arguments" for the path) instead of
+    # the error naming what failed.
+    with pytest.raises(RuntimeError, match=r"opreg_test::throws_bytes: .*bad \\xff byte"):
+        torch.ops.opreg_test.throws_bytes(torch.ones(1))
+    missing = os.fsdecode(bytes(tmp_path) + b"/lib\xff.so")
+    with pytest.raises(FileNotFoundError):
+        opreg.load_library(missing)
+    failing = test_ops_library.parent / "libopreg_failing_bad_schema.so"
+    odd = os.fsdecode(bytes(tmp_path) + b"/odd\xff.so")
+    shutil.copy(failing, odd)
+    with pytest.raises(ValueError, match=r"odd\\xff\.so' defines ops that failed"):
+        opreg.load_library(odd)
+    folder = tmp_path / "bundle"
+    folder.mkdir()
+    (folder / "index.txt").write_text("k.json\n")
+    (folder / "k.json").write_bytes(b'{"format": "opreg-triton-aot/1", "kernel": "k\xff"}')
+    with pytest.raises(ValueError, match=r"k\.json is not valid JSON: .*\\xff"):
+        opreg.load_triton_bundle(folder)

@@ -19,6 +19,7 @@
 #include <c10/util/Exception.h>
 
 #include "opreg/definition.h"
+#include "opreg/detail/text.h"
 #include "opreg/trace.h"
 
 namespace opreg::detail {
@@ -52,9 +53,9 @@ Ret run_user_code(const std::string& op, const char* what, std::string_view labe
   } catch (const c10::Error&) {
     throw;
   } catch (const std::runtime_error& error) {
-    TORCH_CHECK(false, op, ": ", what, label, " threw: ", error.what());
+    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
   } catch (const std::logic_error& error) {
-    TORCH_CHECK(false, op, ": ", what, label, " threw: ", error.what());
+    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
   } catch (const std::exception&) {
     throw;
 #if defined(__GLIBCXX__)

@@ -38,6 +38,7 @@ namespace opreg {
 namespace {
 
 struct LoadContext {
+  std::string path;
   std::vector<std::pair<std::string, std::string>> failures;  // (op, message)
   std::vector<std::pair<std::string, std::shared_ptr<const void>>> published;
   LoadContext* outer = nullptr;
@@ -107,6 +108,8 @@ namespace detail {
 
 bool loading_library() { return t_load != nullptr; }
 
+std::string loading_library_path() { return t_load != nullptr ? t_load->path : ""; }
+
 bool library_loading_elsewhere() { return g_dlopens.load() > t_dlopens; }
 
 void when_loader_is_free(std::function<void()> task) {
@@ -140,6 +143,7 @@ void load_once(const std::string& path) {
                     detail::valid_utf8(path), "': the file is a truncated shared library (",
                     truncated, ")");
   LoadContext context;
+  context.path = path;
   context.outer = t_load;
   t_load = &context;
   ++g_dlopens;

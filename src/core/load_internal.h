@@ -11,6 +11,9 @@ namespace opreg::detail {
 
 // Whether this thread is inside opreg::load_library.
 bool loading_library();
+// The path of the library this thread is loading ("" when none): the origin of a definition
+// whose builder names no caller (a raw OpBuilder, define_all).
+std::string loading_library_path();
 void record_load_failure(const std::string& op, const std::string& message);
 // A definition published during the load of this thread, and the one it replaced (or null).
 void record_loaded_definition(const std::string& qualified, std::shared_ptr<const void> previous);

@@ -241,7 +241,10 @@ std::string mapped_file_of(const void* address) {
 }
 
 std::string origin_of(const void* address) {
-  if (address == nullptr) return "unknown";
+  if (address == nullptr) {  // a raw OpBuilder: the library being loaded, if any
+    const std::string loading = detail::loading_library_path();
+    return loading.empty() ? "unknown" : loading;
+  }
   if (detail::library_loading_elsewhere()) return mapped_file_of(address);
   Dl_info info;
   if (dladdr(address, &info) != 0 && info.dli_fname != nullptr) return info.dli_fname;

@@ -379,6 +379,25 @@ def test_a_library_replacing_a_python_op_takes_its_fake_along(tmp_path, monkeypa
     torch.testing.assert_close(compiled(x), torch.full((4,), 101.0))
 
 
+def test_a_library_replacing_a_python_op_through_define_all_takes_its_fake_along(tmp_path):
+    # Fifteenth sweep: define_all with a raw OpBuilder named no caller, so the definition's
+    # origin was "unknown", not the library, and the Python op's fake (shape (7,)) stayed.
+    opreg.register_triton_op(
+        fake_fn=lambda x: x.new_empty(7),
+        triton_fn=None,
+        name="opreg_replacing::together",
+        replace=True,
+    )(twice)
+    _load_replacing_library(tmp_path)
+    assert opreg.describe_op("opreg_replacing::together").origin.endswith(
+        "libopreg_replacing_ops.so"
+    )
+    assert torch.ops.opreg_replacing.together(torch.ones(4, device="meta")).shape == (4,)
+    torch.testing.assert_close(
+        torch.ops.opreg_replacing.together(torch.ones(2)), torch.full((2,), 100.0)
+    )
+
+
 @_runs_triton
 def test_a_library_replacing_a_decomposed_python_op_takes_its_decomposition_along(
     tmp_path, monkeypatch

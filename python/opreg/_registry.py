@@ -332,12 +332,16 @@ def load_library(path: str | Path) -> None:
     from opreg import _declaration  # which imports this module
 
     python_defined = _declaration.python_defined_forms()
-    _C.load_library(os.fsencode(path.resolve()))  # bytes: a path need not be UTF-8
-    _declaration.forget_replaced_by(str(path.resolve()), python_defined)
+    encoded = os.fsencode(path.resolve())  # bytes: a path need not be UTF-8
+    _C.load_library(encoded)
+    # As the core writes a definition's origin (and as a hash takes it): bytes that are not
+    # UTF-8 as \xNN.
+    library = encoded.decode("utf-8", "backslashreplace")
+    _declaration.forget_replaced_by(library, python_defined)
     # Its ops' C++ definitions, for torch.compile's caches: the file stands for them (its size
     # and time: hashing its contents would cost each import of opreg a tenth of its time).
     stat = path.stat()
-    _compile_key.declare(f"library {path.resolve()}", [stat.st_size, stat.st_mtime_ns])
+    _compile_key.declare(f"library {library}", [stat.st_size, stat.st_mtime_ns])
     forget_compiled_code()
     torch.ops.loaded_libraries.add(str(path.resolve()))
     _dtensor.sync()  # the library's ops, and those it replaced, when DTensor is imported

@@ -57,6 +57,7 @@
 
 #include "load_internal.h"
 #include "op_internal.h"
+#include "opreg/detail/text.h"
 #include "opreg/device_types.h"
 #include "opreg/op.h"
 #include "spec.h"
@@ -648,7 +649,9 @@ DefinitionPtr build(OpBuilder::State spec, const std::vector<std::string>& devic
   definition->identity = std::make_shared<const detail::OpIdentity>(
       detail::OpIdentity{qualified, std::move(schema), schema_text.str()});
   const auto& op = *definition->identity;
-  definition->origin = declared.origin.empty() ? origin_of(declared.caller) : declared.origin;
+  // A path need not be UTF-8; the origin goes into messages and to Python as a str.
+  definition->origin =
+      detail::valid_utf8(declared.origin.empty() ? origin_of(declared.caller) : declared.origin);
   if (!declared.part_of.empty()) {
     const auto& owner = declared.part_of;
     const auto colons = owner.find("::");

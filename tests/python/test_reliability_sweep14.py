@@ -153,6 +153,10 @@ def test_bytes_that_are_not_utf8_are_escaped_in_messages(test_ops_library, tmp_p
     shutil.copy(failing, odd)
     with pytest.raises(ValueError, match=r"odd\\xff\.so' defines ops that failed"):
         opreg.load_library(odd)
+    replacing = os.fsdecode(bytes(tmp_path) + b"/replacing\xff.so")
+    shutil.copy(test_ops_library.parent / "libopreg_replacing_ops.so", replacing)
+    opreg.load_library(replacing)  # it loads, and its ops' origin is a str
+    assert opreg.describe_op("opreg_replacing::op").origin.endswith("/replacing\\xff.so")
     folder = tmp_path / "bundle"
     folder.mkdir()
     (folder / "index.txt").write_text("k.json\n")

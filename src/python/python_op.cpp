@@ -297,15 +297,9 @@ class PythonKernel final : public c10::OperatorKernel {
     }
     static const std::string kFallback = "the fallback";
     const std::string& piece = declined ? kFallback : words_;
-    py::object result;
-    try {
-      result = call(*fn, arguments);
-    } catch (py::error_already_set& error) {
-      // The error stays itself (its type, its message); its traceback also names the op, which
-      // an error of PyTorch's raised deep in the piece does not (vmap's ".item()" one, say).
-      add_note(error, "raised in " + piece + " of " + op_);
-      throw;
-    }
+    // An error of PyTorch's raised deep in the piece (vmap's ".item()" one, say) names no op.
+    py::object result = noted(
+        op_, [&]() -> const std::string& { return piece; }, [&] { return call(*fn, arguments); });
     push_result(op_, piece, schema_, std::move(result), stack);
   }
 

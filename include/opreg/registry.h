@@ -4,6 +4,7 @@
 // info` prints it.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -60,6 +61,10 @@ namespace detail {
 // and Python's callers] in src/core/registry.cpp.
 using SchemaChangeLock = std::function<std::shared_ptr<void>()>;
 OPREG_API void set_schema_change_lock(SchemaChangeLock lock);
+// A number naming the op's current definition (0: none): each define or replace makes another,
+// undefine makes 0, and a failed load's rollback brings the earlier one back. Python's pieces of a
+// definition (a fake) check it, since a definition made from C++ does not pass through Python.
+OPREG_API uint64_t definition_serial(const std::string& name);
 }  // namespace detail
 
 // Undefines an opreg op: calls then raise an error naming it, and it can be defined again (with

@@ -17,7 +17,7 @@ import torch.utils._pytree as pytree
 
 from opreg import _C, _compile_key, _dtensor
 from opreg._public import public
-from opreg._registry import forget_compiled_code, op_name, op_overload
+from opreg._registry import forget_compiled_code, op_name, op_overload, refresh_handles
 from opreg._triton import AotLaunch, decomposition, functional_tensor_mode
 
 
@@ -223,9 +223,32 @@ class _Registration:
     # (companion). Both change only once the core accepted a definition.
     companion_of: str | None = None
     companion: str | None = None
+    serial: int = 0  # the C++ definition these pieces belong to (_C.definition_serial)
 
 
 _registrations: dict[str, _Registration] = {}
+
+
+def still_current(qualname: str, serial: int) -> bool:
+    """Whether the op's definition is still the one whose Python pieces (its fake, its
+    decomposition) hold ``serial``: a definition made from C++ outside a library load, and
+    opreg::undefine, do not pass through Python. A piece that is no longer current drops the
+    op's Python pieces (the caller then serves the call through the op as it is now); for an
+    undefined op, the call raises what the op's own call raises."""
+    now = _C.definition_serial(qualname)
+    if now == serial:
+        return True
+    if now == 0:
+        raise RuntimeError(
+            f"{qualname}: the op is not defined now (it was undefined, or its definition was "
+            "rolled back when its library failed to load); define it again to call it"
+        )
+    registration = _registrations.get(qualname)
+    if registration is not None and registration.serial == serial:
+        _forget(qualname)
+        _compile_key.forget(qualname)
+    follow_cpp_definitions([qualname])
+    return False
 
 
 def companion_owner(name: str) -> str | None:
@@ -321,16 +344,16 @@ def _registered_form(qualname: str) -> tuple[str, bool] | None:
     return report.schema, report.flags.as_dict()["cuda_graph_unsafe"]
 
 
-def _forget(qualname: str, schema_changed: bool) -> None:
-    """Drop opreg's Python-side registrations of an op; with a new schema (or new tags), also
-    torch.ops' cached handle, so that the next access reads the new one."""
+def _forget(qualname: str) -> None:
+    """Drop opreg's Python-side registrations of an op, and bring torch.ops' handles of it up to
+    its schema now."""
     registration = _registrations.pop(qualname, None)
     if registration is not None:
         for library in registration.libraries:
             library._destroy()
-    if schema_changed:
-        namespace, name = qualname.split("::")
-        vars(getattr(torch.ops, namespace)).pop(name.split(".")[0], None)
+    if (rule := _cpp_rules.pop(qualname, None)) is not None:
+        rule[1]._destroy()
+    refresh_handles(qualname)
 
 
 def python_defined_forms() -> dict[str, tuple[str, bool] | None]:
@@ -347,7 +370,7 @@ def forget_replaced_by(library: str, before: Mapping[str, tuple[str, bool] | Non
         now = _registered_form(qualname)
         undefined_by_it = now is None and form is not None
         if undefined_by_it or (now is not None and _C.describe_op(qualname).origin == library):
-            _forget(qualname, schema_changed=form != now)
+            _forget(qualname)
             _compile_key.forget(qualname)
 
 
@@ -408,17 +431,87 @@ _ENUM_CLASSES = {
 }
 
 
-def _takes_no_tensor(schema: str) -> bool:
+# Note [Calls without a tensor under FakeTensorMode]
+# FakeTensorMode takes an op called without a tensor for a factory (torch.empty): it calls the op
+# with device='meta', which its schema lacks, or (for a Tensor? given None, an empty Tensor[]) finds
+# no device for its outputs. Such a call's fallback makes its outputs itself, on the device the op
+# puts them on, and run under the mode it makes fake tensors: so a call without a tensor runs the
+# fallback under FakeTensorMode, through a rule of the op for the mode (calls with tensors take
+# the mode's usual path). Ops with a fake given from Python keep it. Every op whose schema has no
+# plain Tensor argument gets the rule: from define() for ops defined from Python, and from
+# follow_cpp_definitions() for ops defined in C++ (libraries loaded by opreg.load_library, and a
+# definition a rule finds made from C++ behind Python's back).
+
+
+def _may_run_without_tensors(schema: str) -> bool:
+    """No argument is a plain Tensor: a call may pass none."""
     try:
         arguments = torch._C.parse_schema(schema).arguments
     except Exception:  # the core refuses the schema, saying why
         return False
-    return not any("Tensor" in str(argument.type) for argument in arguments)
+    return not any(isinstance(argument.type, torch.TensorType) for argument in arguments)
 
 
-def _checked_fake(declaration: OpDeclaration) -> Callable[..., Any]:
+def _fallback_without_tensors(qualname: str, serial: int, returns: int) -> Callable[..., Any]:
+    """FakeTensorMode's rule of an op (Note [Calls without a tensor under FakeTensorMode])."""
+
+    def rule(mode: Any, op: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not still_current(qualname, serial):  # defined again from C++: its rule now, if any
+            with mode:
+                return op(*args, **kwargs)
+        if any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves((args, kwargs))):
+            return mode.__torch_dispatch__(op, types, args, kwargs)
+        with mode:
+            outputs = _C.call_fallback(qualname, list(args), dict(kwargs))
+        return None if returns == 0 else outputs[0] if returns == 1 else tuple(outputs)
+
+    return rule
+
+
+def _fake_mode_rule(qualname: str, serial: int, library: torch.library.Library) -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    returns = len(op_overload(qualname)._schema.returns)
+    torch.library.register_torch_dispatch(
+        qualname, FakeTensorMode, _fallback_without_tensors(qualname, serial, returns), lib=library
+    )
+
+
+_cpp_rules: dict[str, tuple[int, torch.library.Library]] = {}  # FakeTensorMode rules of C++ ops
+
+
+def cpp_rules() -> list[str]:
+    """The ops defined in C++ that hold a FakeTensorMode rule."""
+    return list(_cpp_rules)
+
+
+def follow_cpp_definitions(names: Sequence[str]) -> None:
+    """Gives ops defined in C++ (not from Python) their FakeTensorMode rule where they need one,
+    and drops the rules of definitions that are gone."""
+    for qualname in names:
+        if qualname in _registrations:
+            continue
+        serial = _C.definition_serial(qualname)
+        held = _cpp_rules.pop(qualname, None)
+        if held is not None and held[0] == serial:
+            _cpp_rules[qualname] = held
+            continue
+        if held is not None:
+            held[1]._destroy()
+        if serial == 0:
+            continue
+        report = _C.describe_op(qualname)
+        if report.fake == _C.FakeSource.PYTHON or not _may_run_without_tensors(report.schema):
+            continue
+        library = torch.library.Library(qualname.split("::")[0], "FRAGMENT")
+        _fake_mode_rule(qualname, serial, library)
+        _cpp_rules[qualname] = (serial, library)
+
+
+def _checked_fake(declaration: OpDeclaration, serial: int) -> Callable[..., Any]:
     """The fake, with its outputs checked against the schema and the inputs' device (the C++
-    core checks C++ fakes)."""
+    core checks C++ fakes); a call made after the op was defined again from C++ goes to its
+    definition now."""
     qualname, fake_fn = declaration.qualname, declaration.fake
     parsed = torch._C.parse_schema(declaration.schema)
     returns = [r.type for r in parsed.returns]
@@ -449,12 +542,16 @@ def _checked_fake(declaration: OpDeclaration) -> Callable[..., Any]:
                     )
 
     def fake(*args: Any, **kwargs: Any) -> Any:
+        if not still_current(qualname, serial):
+            return op_overload(qualname)(*args, **kwargs)
         check_dtypes(args, kwargs)
         try:
             result = fake_fn(*args, **kwargs)
         except Exception as error:  # it stays itself; a note names the op, as for the fallback
-            if isinstance(getattr(error, "__notes__", []), list):
-                error.add_note(f"opreg: raised in the fake of {qualname}")
+            note = f"opreg: raised in the fake of {qualname}"
+            notes = getattr(error, "__notes__", [])
+            if isinstance(notes, list) and note not in notes:
+                error.add_note(note)
             raise
         inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         if not returns:
@@ -508,15 +605,6 @@ def define(*declarations: OpDeclaration) -> list[torch._ops.OpOverload]:
     changes anything: all are defined, or none and the earlier definitions stay. Then the
     Python-side pieces (fakes, the decomposition under compile) replace the earlier ones."""
     declarations = tuple(_check_companions(declarations))
-    # FakeTensorMode takes an op with no tensor argument for a factory (torch.empty) and calls it
-    # with device='meta', which its schema lacks; the fallback run under the mode makes fake
-    # tensors itself, so it is such an op's fake (a fallback on meta tensors needs tensors).
-    declarations = tuple(
-        dataclasses.replace(d, fake=d.fallback)
-        if d.fake is None and _takes_no_tensor(d.schema)
-        else d
-        for d in declarations
-    )
     builders = [declaration.builder() for declaration in declarations]
     registered_before = {d.qualname: _registered_form(d.qualname) for d in declarations}
     defined_companions = {d.qualname for d in declarations if d.companion_of is not None}
@@ -530,18 +618,27 @@ def define(*declarations: OpDeclaration) -> list[torch._ops.OpOverload]:
     _C.define_all(builders)
     for declaration in declarations:
         qualname = declaration.qualname
-        before = registered_before[qualname]
-        _forget(qualname, schema_changed=before not in (None, _registered_form(qualname)))
+        serial = _C.definition_serial(qualname)
+        _forget(qualname)
         library = torch.library.Library(qualname.split("::")[0], "FRAGMENT")
         if declaration.fake is not None:
-            torch.library.register_fake(qualname, _checked_fake(declaration), lib=library)
+            torch.library.register_fake(qualname, _checked_fake(declaration, serial), lib=library)
+        elif _may_run_without_tensors(declaration.schema):
+            _fake_mode_rule(qualname, serial, library)
 
         if declaration.decompose_with is not None:
             triton_fn, device_types = declaration.decompose_with
             torch.library.register_torch_dispatch(
                 qualname,
                 functional_tensor_mode(),
-                decomposition(triton_fn, declaration.fallback, device_types),
+                decomposition(
+                    triton_fn,
+                    declaration.fallback,
+                    device_types,
+                    current=lambda qualname=qualname, serial=serial: still_current(
+                        qualname, serial
+                    ),
+                ),
                 lib=library,
             )
         companion = next((d.qualname for d in declarations if d.companion_of == qualname), None)
@@ -552,6 +649,7 @@ def define(*declarations: OpDeclaration) -> list[torch._ops.OpOverload]:
             declaration.jit_kernels,
             companion_of=declaration.companion_of,
             companion=companion,
+            serial=serial,
         )
         strategy = declaration.sharding if callable(declaration.sharding) else None
         _dtensor.declare(qualname, strategy)
@@ -564,7 +662,7 @@ def define(*declarations: OpDeclaration) -> list[torch._ops.OpOverload]:
                 stacklevel=2,
             )
     for companion in dropped_companions:  # it would hold its name and serve nothing
-        _forget(companion, schema_changed=False)
+        _forget(companion)
         if _C.is_defined(companion):  # C++'s opreg::undefine of its op took it along already
             _C.undefine(companion)
     if any(registered_before[d.qualname] is not None for d in declarations):

@@ -191,6 +191,79 @@ def _reset_code_caches(reset_code_caches: Any) -> None:
         )
 
 
+# Note [One handle per op]: PyTorch's dispatcher hands a dispatch mode (FakeTensorMode,
+# functionalization under torch.compile) the OpOverload it first met for an op, cached for the
+# process's life, and torch caches what it reads of a schema by that object (OpOverload says it
+# is "immutable and must be unique"). A replace that changes the schema therefore keeps the handles
+# and brings them up to the new schema in place: a new handle would leave those modes reading the
+# old schema (seen: FakeTensorMode normalized a call against it and failed; functionalization
+# refused a mutating op it took for a functional one).
+_OWN_STATE = frozenset(
+    {
+        "_op",
+        "_op_dk",
+        "_overloadpacket",
+        "py_kernels",
+        "python_key_table",
+        "functorch_table",
+        "_dispatch_cache",
+    }
+)
+_SCHEMA_CACHES = (  # torch's caches keyed by an op's handle, of what they read from its schema
+    ("torch._subclasses.fake_impls", "_is_tensor_constructor"),
+    ("torch._subclasses.fake_tensor", "get_schema_info"),
+    ("torch._subclasses.fake_tensor", "torch_decomp_decompositions"),
+    ("torch._subclasses.functional_tensor", "_can_decompose_fast"),
+)
+
+
+def refresh_handles(qualname: str) -> None:
+    """Brings torch.ops' handles of a defined op up to its schema and tags now (Note [One handle
+    per op]); handles of an undefined op stay as they are, and their calls raise opreg's error."""
+    namespace, name = qualname.split("::")
+    held = vars(torch.ops).get(namespace)
+    packet = vars(held).get(name.split(".")[0]) if held is not None else None
+    if not isinstance(packet, torch._ops.OpOverloadPacket) or not _C.is_defined(qualname):
+        return
+    try:
+        _, overload_names = torch._C._jit_get_operation(packet._qualified_op_name)
+        packet._overload_names = overload_names
+        stale = False
+        for key in list(packet._dir):
+            overload = vars(packet)[key]
+            use_key = "" if key == "default" else key
+            if use_key not in overload_names:  # read again on the next access
+                packet._dir.remove(key)
+                delattr(packet, key)
+                continue
+            _, _, tags = torch._C._get_operation_overload(packet._qualified_op_name, use_key)
+            schema = torch._C._get_schema(packet._qualified_op_name, use_key)
+            if str(schema) == str(overload._schema) and list(tags) == list(overload._tags):
+                continue
+            stale = True
+            fresh = type(overload)(packet, overload._op, overload._op_dk, schema, tags)
+            state = vars(overload)
+            for cached in [k for k in state if k not in _OWN_STATE and k not in vars(fresh)]:
+                del state[cached]  # cached_property values of the old schema
+            state.update({k: v for k, v in vars(fresh).items() if k not in _OWN_STATE})
+            overload._dispatch_cache.clear()
+        packet._has_torchbind_op_overload = any(
+            torch._ops._has_script_object_arg(schema) for schema in packet._schemas.values()
+        )
+    except Exception as error:  # another torch's internals: a new handle is the next best
+        warnings.warn(
+            f"opreg: op '{qualname}': torch.ops' handle could not take the new schema "
+            f"({type(error).__name__}: {error}); a new one replaces it, and handles kept from "
+            "before may go on showing the old schema",
+            stacklevel=3,
+        )
+        vars(held).pop(name.split(".")[0], None)
+        stale = True
+    if stale:
+        for module, cache in _SCHEMA_CACHES:
+            getattr(getattr(sys.modules.get(module), cache, None), "cache_clear", lambda: None)()
+
+
 def op_overload(qualname: str) -> torch._ops.OpOverload:
     """torch.ops' handle of a defined op, 'ns::name' or 'ns::name.overload'."""
     namespace, name = qualname.split("::")
@@ -338,6 +411,12 @@ def load_library(path: str | Path) -> None:
     # UTF-8 as \xNN.
     library = encoded.decode("utf-8", "backslashreplace")
     _declaration.forget_replaced_by(library, python_defined)
+    # Every op: those of libraries loaded before (the shipped ops' load at import covers what
+    # libraries loaded before opreg defined).
+    defined = [report.name for report in _C.describe_ops()]
+    for name in defined:
+        refresh_handles(name)
+    _declaration.follow_cpp_definitions([*defined, *_declaration.cpp_rules()])
     # Its ops' C++ definitions, for torch.compile's caches: the file stands for them (its size
     # and time: hashing its contents would cost each import of opreg a tenth of its time).
     stat = path.stat()

@@ -211,17 +211,22 @@ def functional_tensor_mode() -> type:
 
 
 def decomposition(
-    triton_fn: Callable[..., Any], fallback: Callable[..., Any], device_types: list[str] | None
+    triton_fn: Callable[..., Any],
+    fallback: Callable[..., Any],
+    device_types: list[str] | None,
+    current: Callable[[], bool],
 ) -> Callable[..., Any]:
     """Under AOT dispatch (torch.compile), run the implementation itself, so that triton_fn's
     wrap_triton launches become graph nodes the compiler sees (as torch.library.triton_op), or
     the fallback's ATen ops on devices the kernel does not serve (and under Triton's interpreter,
-    whose kernels cannot be traced)."""
+    whose kernels cannot be traced). Once ``current()`` says the op was defined again (from C++),
+    the op stays whole."""
 
     def decompose(mode, op, types, args, kwargs):
         from torch.export._trace import custom_triton_ops_decomposition_disabled
 
-        if custom_triton_ops_decomposition_disabled():  # torch.export keeps the op whole
+        # torch.export keeps the op whole
+        if custom_triton_ops_decomposition_disabled() or not current():
             return mode.__torch_dispatch__(op, types, args, kwargs)
         tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
         device = tensors[0].device.type if tensors else "cpu"

@@ -79,6 +79,9 @@ struct Definition {
   Definition& operator=(const Definition&) = delete;
 
   OpBuilder::State spec;  // keeps the pieces' captures alive; rebuilt for new device types
+  // Names the definition as declared (kept when it is rebuilt for a new device type): what
+  // Python's pieces of a definition check that they still belong to the op's current one.
+  uint64_t serial = 0;
   detail::IdentityPtr identity;
   std::string origin;
   std::vector<size_t> required_tensors;  // arguments that must be defined tensors
@@ -639,8 +642,12 @@ std::string enum_name(const c10::Type& type) {
   return optional ? optional->getElementType()->str() : type.str();
 }
 
-DefinitionPtr build(OpBuilder::State spec, const std::vector<std::string>& device_types) {
+// `serial` 0: a new declaration, which gets a serial of its own.
+DefinitionPtr build(OpBuilder::State spec, const std::vector<std::string>& device_types,
+                    uint64_t serial = 0) {
+  static std::atomic<uint64_t> last_serial{0};
   auto definition = std::make_shared<Definition>(std::move(spec));
+  definition->serial = serial != 0 ? serial : ++last_serial;
   const auto& declared = definition->spec;
   c10::FunctionSchema schema = parse_schema(declared);
   std::ostringstream schema_text;
@@ -825,17 +832,21 @@ void check_schema_current(const OpEntry& entry, const Definition& definition,
               "have been read against the other schema (the definition it reached has '",
               definition.schema_text(), "'); call it again");
   const auto& arguments = definition.schema().arguments();
-  TORCH_CHECK(stack.size() == arguments.size(), definition.name(), ": called with ", stack.size(),
-              " arguments, expected ", arguments.size(), " (schema '", definition.schema_text(),
-              "'); the op's schema was replaced, and a call that raced the replace reads its "
-              "arguments against the other schema; call it again");
+  TORCH_CHECK(
+      stack.size() == arguments.size(), definition.name(), ": called with ", stack.size(),
+      " arguments, expected ", arguments.size(), " (schema '", definition.schema_text(),
+      "'); the op's schema was replaced, and a call that raced the replace reads its "
+      "arguments against the other schema; call it again with the arguments this schema takes "
+      "(an OpHandle typed for another schema cannot: take one for this schema)");
   for (size_t i = 0; i < arguments.size(); ++i) {  // one schema's float is the other's int
     const c10::IValue& value = stack[i];
-    TORCH_CHECK(value.type()->isSubtypeOf(*arguments[i].type()), definition.name(), ": argument '",
-                arguments[i].name(), "' is ", value.tagKind(), ", expected ",
-                arguments[i].type()->str(), " (schema '", definition.schema_text(),
-                "'); the op's schema was replaced, and a call that raced the replace reads its "
-                "arguments against the other schema; call it again");
+    TORCH_CHECK(
+        value.type()->isSubtypeOf(*arguments[i].type()), definition.name(), ": argument '",
+        arguments[i].name(), "' is ", value.tagKind(), ", expected ", arguments[i].type()->str(),
+        " (schema '", definition.schema_text(),
+        "'); the op's schema was replaced, and a call that raced the replace reads its "
+        "arguments against the other schema; call it again with the arguments this schema takes "
+        "(an OpHandle typed for another schema cannot: take one for this schema)");
   }
 }
 
@@ -1591,7 +1602,7 @@ std::string register_accelerated_device_type(const std::string& name) {
                      [](const auto& kernel) { return !kernel.device_types; })) {
       continue;
     }
-    rebuilt.emplace_back(entry, build(current->spec, types));
+    rebuilt.emplace_back(entry, build(current->spec, types, current->serial));
   }
   for (auto& [entry, definition] : rebuilt) publish(*entry, definition, &garbage);
   reg.device_types = std::move(types);
@@ -1816,6 +1827,14 @@ bool is_defined(const std::string& name) {
   std::lock_guard<std::recursive_mutex> lock(reg.mutex);
   auto found = reg.ops.find(name);
   return found != reg.ops.end() && found->second->load() != nullptr;
+}
+
+uint64_t detail::definition_serial(const std::string& name) {
+  auto& reg = registry();
+  std::lock_guard<std::recursive_mutex> lock(reg.mutex);
+  auto found = reg.ops.find(name);
+  auto definition = found == reg.ops.end() ? nullptr : found->second->load();
+  return definition ? definition->serial : 0;
 }
 
 namespace {

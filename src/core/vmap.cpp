@@ -25,6 +25,7 @@
 #include <c10/util/ScopeExit.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "op_internal.h"
@@ -375,18 +376,83 @@ class RandomnessKernel final : public c10::OperatorKernel {
     }
     if (randomness == Randomness::kDifferent && !any_batched) {
       const int64_t batch_size = layer->batchSize().guard_int(__FILE__, __LINE__);
+      bool any_tensor = false;
       for (auto it = stack->end() - num_args; it != stack->end(); ++it) {
         if (!it->isTensor() || !it->toTensor().defined()) continue;
         auto value = it->toTensor();
         *it = functorch::makeBatched(
             value.unsqueeze(0).expand_symint(with_batch(value, batch_size)), 0, level);
+        any_tensor = true;
       }
+      if (!any_tensor) return draw_per_example(op, stack, batch_size, level);
     }
     c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::FuncTorchVmapMode);
     op.callBoxed(stack);
   }
 
  private:
+  // A call with no tensor to give the batch dim to: each example calls the op for its own draws,
+  // and their outputs are stacked into the batch.
+  void draw_per_example(const c10::OperatorHandle& op, torch::jit::Stack* stack, int64_t batch_size,
+                        int64_t level) const {
+    const size_t num_args = op_->schema.arguments().size();
+    const std::vector<c10::IValue> arguments(stack->end() - num_args, stack->end());
+    torch::jit::drop(*stack, num_args);
+    std::vector<torch::jit::Stack> draws;
+    {
+      c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::FuncTorchVmapMode);
+      // A batch of none still calls the op once, for its outputs' shapes.
+      for (int64_t example = 0; example < std::max<int64_t>(batch_size, 1); ++example) {
+        torch::jit::Stack one(arguments.begin(), arguments.end());
+        op.callBoxed(&one);
+        draws.push_back(std::move(one));
+      }
+    }
+    auto batched = [&](const std::vector<at::Tensor>& per_example, size_t index) {
+      for (const auto& tensor : per_example) {
+        TORCH_CHECK(tensor.sizes() == per_example.front().sizes() &&
+                        tensor.dtype() == per_example.front().dtype(),
+                    op_->name, ": under vmap with randomness='different', output ", index,
+                    " has shape ", per_example.front().sizes(), " for one example and ",
+                    tensor.sizes(), " for another; vmap stacks the examples' outputs");
+      }
+      return functorch::makeBatched(at::stack(per_example).narrow(0, 0, batch_size), 0, level);
+    };
+    const size_t num_returns = draws.front().size();
+    for (size_t index = 0; index < num_returns; ++index) {
+      const auto& first = draws.front()[index];
+      if (first.isTensor()) {
+        std::vector<at::Tensor> per_example;
+        for (const auto& draw : draws) per_example.push_back(draw[index].toTensor());
+        stack->emplace_back(batched(per_example, index));
+      } else if (first.isTensorList()) {
+        const size_t length = first.toTensorList().size();
+        std::vector<at::Tensor> elements;
+        for (size_t element = 0; element < length; ++element) {
+          std::vector<at::Tensor> per_example;
+          for (const auto& draw : draws) {
+            const auto list = draw[index].toTensorList();
+            TORCH_CHECK(list.size() == length, op_->name,
+                        ": under vmap with randomness='different', output ", index, " holds ",
+                        length, " tensors for one example and ", list.size(),
+                        " for another; vmap stacks the examples' outputs");
+            per_example.push_back(list.get(element));
+          }
+          elements.push_back(batched(per_example, index));
+        }
+        stack->emplace_back(c10::List<at::Tensor>(elements));
+      } else {
+        for (const auto& draw : draws) {
+          TORCH_CHECK(draw[index] == first, op_->name,
+                      ": under vmap with randomness='different', output ", index, " is ",
+                      first.tagKind(), " ", first, " for one example and ", draw[index],
+                      " for another, which vmap cannot batch");
+        }
+        stack->push_back(first);
+      }
+    }
+  }
+
   detail::IdentityPtr op_;
 };
 

@@ -105,7 +105,9 @@ at::Tensor gradient_reference(const at::Tensor& fitness, const at::Tensor& seeds
 at::Tensor delta_output_fake(const at::Tensor& x, const at::Tensor& seeds, int64_t rank,
                              int64_t out_features, double, int64_t counter) {
   check_delta_shapes(x, seeds);
-  factors("opreg::lowrank_delta_output", rank, 0, out_features, counter);
+  // k may be symbolic under tracing: then only rank and out_features are checked here.
+  const int64_t k = x.sym_size(-1).maybe_as_int().value_or(0);
+  factors("opreg::lowrank_delta_output", rank, k, out_features, counter);
   auto shape = x.sym_sizes().vec();
   shape.back() = out_features;
   return at::empty_symint(shape, x.options());

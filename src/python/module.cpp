@@ -197,6 +197,7 @@ PYBIND11_MODULE(_C, m) {
       .def("describe", [](const opreg::OpReport& r) { return opreg::describe(r); });
   m.def("describe_ops", &opreg::describe_ops);
   m.def("describe_op", &opreg::describe_op, py::arg("name"));
+  m.def("definition_serial", &opreg::detail::definition_serial, py::arg("name"));
   // Without the GIL: a thread that the library's initializers start and wait for may define (or
   // replace) ops from Python pieces, which takes the GIL.
   m.def("load_library", &opreg::load_library, py::arg("path"),

@@ -57,11 +57,18 @@ bool interpreter_finalizing() {
               ", written in Python, cannot run: the Python interpreter is exiting");
 }
 
-// PEP 678's note on a Python exception (Python 3.11 and later; nothing on older ones).
+// PEP 678's note on a Python exception (Python 3.11 and later; nothing on older ones); once, for
+// an exception object a piece raises again and again.
 void add_note(py::error_already_set& error, const std::string& note) {
   const py::object& value = error.value();
+  const py::str text("opreg: " + note);
   try {
-    if (value && py::hasattr(value, "add_note")) value.attr("add_note")("opreg: " + note);
+    if (!value || !py::hasattr(value, "add_note")) return;
+    if (py::hasattr(value, "__notes__")) {
+      const py::object notes = value.attr("__notes__");
+      if (py::isinstance<py::list>(notes) && notes.contains(text)) return;
+    }
+    value.attr("add_note")(text);
   } catch (py::error_already_set&) {  // __notes__ replaced by something else: the error goes on
   }
 }

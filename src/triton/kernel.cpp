@@ -561,6 +561,35 @@ bool same_kernel(const KernelImpl& a, const KernelImpl& b) {
                     [](const auto& v, const auto& w) { return same_variant(*v, *w); });
 }
 
+// What sets a kernel apart from the registered one of its name, in words (for the error).
+std::string difference(const KernelImpl& registered, const KernelImpl& loaded) {
+  if (registered.source != loaded.source) {
+    return "its source is " + loaded.source + ", the registered one's " + registered.source;
+  }
+  if (registered.variants.size() != loaded.variants.size()) {
+    return "it has " + std::to_string(loaded.variants.size()) + " variants, the registered one " +
+           std::to_string(registered.variants.size());
+  }
+  auto unmatched = [&](const auto& variant) {
+    return std::none_of(registered.variants.begin(), registered.variants.end(),
+                        [&](const auto& other) { return same_variant(*variant, *other); });
+  };
+  for (size_t i = 0; i < loaded.variants.size(); ++i) {
+    if (unmatched(loaded.variants[i])) {
+      return "its variant " + std::to_string(i) +
+             " (launch fields and binary) is none of the registered one's";
+    }
+  }
+  if (!std::equal(registered.params.begin(), registered.params.end(), loaded.params.begin(),
+                  loaded.params.end(), [](const Param& p, const Param& q) {
+                    return p.name == q.name && p.type_name == q.type_name;
+                  })) {
+    return "its parameters differ";
+  }
+  return "it has the registered one's variants in another order, which decides the variant a "
+         "launch takes";
+}
+
 // Registers every kernel or, when one clashes with a registered kernel or another of the batch,
 // none. `origins[i]` says where kernels[i] was read, for the error.
 void add_kernels(std::vector<std::unique_ptr<KernelImpl>> kernels,
@@ -570,12 +599,12 @@ void add_kernels(std::vector<std::unique_ptr<KernelImpl>> kernels,
   for (size_t i = 0; i < kernels.size(); ++i) {
     const auto& kernel = *kernels[i];
     auto found = reg.kernels.find(kernel.name);
-    TORCH_CHECK_VALUE(found == reg.kernels.end() || same_kernel(*found->second, kernel),
-                      "opreg: ", origins[i], ": a Triton kernel named '", kernel.name,
-                      "' is already registered from another source (", found->second->source,
-                      "), with other parameters or with other binaries; a registered kernel "
-                      "cannot be replaced in a running process: give the rebuilt kernel another "
-                      "name, or load it in a new process");
+    TORCH_CHECK_VALUE(
+        found == reg.kernels.end() || same_kernel(*found->second, kernel), "opreg: ", origins[i],
+        ": a Triton kernel named '", kernel.name,
+        "' is already registered, and this one differs: ", difference(*found->second, kernel),
+        "; a registered kernel cannot be replaced in a running process: give the "
+        "rebuilt kernel another name, or load it in a new process");
     for (size_t j = 0; j < i; ++j) {
       TORCH_CHECK_VALUE(kernels[j]->name != kernel.name || same_kernel(*kernels[j], kernel),
                         "opreg: ", origins[i], " and ", origins[j],

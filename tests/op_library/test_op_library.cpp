@@ -156,13 +156,27 @@ const auto bad_vmap_rule =
         })
         .define();
 
-}  // namespace
+// Ops a call may give no tensor (Note [Calls without a tensor under FakeTensorMode]).
+const auto arange_cpp = opreg::op("opreg_test::arange(int n) -> Tensor")
+                            .fallback([](int64_t n) { return at::arange(n, at::kFloat); })
+                            .define();
+const auto arange_faked =
+    opreg::op("opreg_test::arange_faked(int n) -> Tensor")
+        .fallback([](int64_t n) { return at::arange(n, at::kFloat); })
+        .fake([](int64_t n) { return at::empty({n}, at::TensorOptions(at::kMeta)); })
+        .define();
+const auto sum_or_zeros = opreg::op("opreg_test::sum_or_zeros(Tensor[] xs, int n) -> Tensor")
+                              .fallback([](const std::vector<at::Tensor>& xs, int64_t n) {
+                                return xs.empty() ? at::zeros({n}) : at::stack(xs).sum(0);
+                              })
+                              .define();
 
-// opreg::undefine for the Python tests, through ctypes (the Python front has no undefine): 0 when
-// the op was undefined, 1 (with the message on stderr) when it was refused.
-extern "C" __attribute__((visibility("default"))) int opreg_test_undefine(const char* name) {
+// The hooks below serve the Python tests through ctypes: 0 when what they do succeeded, 1 (with
+// the message on stderr) when it was refused.
+template <class Action>
+int status_of(Action action) {
   try {
-    opreg::undefine(name);
+    action();
     return 0;
   } catch (const std::exception& error) {
     std::fprintf(stderr, "%s\n", error.what());
@@ -170,11 +184,17 @@ extern "C" __attribute__((visibility("default"))) int opreg_test_undefine(const 
   }
 }
 
+}  // namespace
+
+// opreg::undefine (the Python front has no undefine).
+extern "C" __attribute__((visibility("default"))) int opreg_test_undefine(const char* name) {
+  return status_of([&] { opreg::undefine(name); });
+}
+
 // Replaces opreg_test::flip `times` times, its schema taking an int k every other time: a schema
-// change made from a thread without the GIL, for the Python tests (through ctypes, which releases
-// the GIL). 0 when every replace succeeded, 1 (with the message on stderr) otherwise.
+// change made from a thread without the GIL (ctypes releases it).
 extern "C" __attribute__((visibility("default"))) int opreg_test_flip_schema(int times) {
-  try {
+  return status_of([&] {
     for (int i = 0; i < times; ++i) {
       if (i % 2 == 0) {
         opreg::op("opreg_test::flip(Tensor x, int k) -> Tensor")
@@ -188,9 +208,16 @@ extern "C" __attribute__((visibility("default"))) int opreg_test_flip_schema(int
             .define();
       }
     }
-    return 0;
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "%s\n", error.what());
-    return 1;
-  }
+  });
+}
+
+// Replaces `name` (an op of schema (int n) -> Tensor) from C++, outside a library load, as a C++
+// extension may at any time: its fallback gives n + 1 numbers.
+extern "C" __attribute__((visibility("default"))) int opreg_test_replace_arange(const char* name) {
+  return status_of([&] {
+    opreg::op(std::string(name) + "(int n) -> Tensor")
+        .fallback([](int64_t n) { return at::arange(n + 1, at::kFloat); })
+        .replace()
+        .define();
+  });
 }

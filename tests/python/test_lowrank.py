@@ -126,6 +126,11 @@ def test_argument_errors_name_the_op_and_the_argument():
     for call, message in cases:
         with pytest.raises(ValueError, match=message):
             call()
+    # On meta tensors (the fake), the message said in_features 0 whatever x's.
+    with pytest.raises(
+        ValueError, match=r"rank 2 times in_features 4 or out_features 4611686018427387904 "
+    ):
+        delta_output(x.to("meta"), seeds.to("meta"), 2, 2**62, 1.0)
     with pytest.raises(TypeError, match="argument 'x' has dtype Half, expected one of: Float, Do"):
         delta_output(x.half(), seeds, 2, 4, 1.0)
     with pytest.raises(TypeError, match="argument 'seeds' has dtype Int, expected one of: Long"):

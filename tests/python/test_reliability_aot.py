@@ -600,7 +600,8 @@ def test_a_bundle_folder_that_clashes_with_a_registered_kernel_registers_nothing
         opreg.load_triton_bundle(tmp_path)
     assert (
         f"opreg: Triton manifest {tmp_path}/{clash}: a Triton kernel named 'opreg_test_scale' is "
-        "already registered from another source" in str(error.value)
+        "already registered, and this one differs: its source is elsewhere.py:scale_kernel, the "
+        "registered one's " in str(error.value)
     )
     assert "opreg_rel_clash_good" not in registered_kernels()
 
@@ -617,8 +618,23 @@ def test_a_rebuilt_kernel_under_a_registered_name_is_refused(aot_bundle, tmp_pat
     (tmp_path / "index.txt").write_text(f"{manifest}\n")
     with pytest.raises(ValueError) as error:
         opreg.load_triton_bundle(tmp_path)
-    assert "a Triton kernel named 'opreg_test_scale' is already registered" in str(error.value)
-    assert "with other binaries; a registered kernel cannot be replaced" in str(error.value)
+    assert (
+        "a Triton kernel named 'opreg_test_scale' is already registered, and this one differs: "
+        "its variant 0 (launch fields and binary) is none of the registered one's; a registered "
+        "kernel cannot be replaced" in str(error.value)
+    )
+    # The sweep after: the same variants in another order were refused as "another source",
+    # naming the bundle's own source. The order decides the variant a launch takes.
+    reordered_folder = tmp_path / "reordered"
+    reordered_folder.mkdir()
+    reordered = renamed_manifest(
+        aot_bundle, reordered_folder, "opreg_test_scale", lambda m: m["variants"].reverse()
+    )
+    (reordered_folder / "index.txt").write_text(f"{reordered}\n")
+    variants = json.loads((reordered_folder / reordered).read_text())["variants"]
+    assert len({v["arch"] for v in variants}) == 2  # sm_80 and sm_90: the order shows
+    with pytest.raises(ValueError, match=r"registered one's variants in another order"):
+        opreg.load_triton_bundle(reordered_folder)
     same = tmp_path / "same"
     same.mkdir()
     (same / "index.txt").write_text(renamed_manifest(aot_bundle, same, "opreg_test_scale") + "\n")

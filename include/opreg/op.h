@@ -12,6 +12,7 @@
 // See Note [How an opreg op maps onto the dispatcher] in src/core/registry.cpp.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -78,6 +79,12 @@ OPREG_API c10::OperatorHandle find_operator(const std::string& qualified);
 OPREG_API void check_handle_signature(const c10::OperatorHandle& handle,
                                       const c10::FunctionSchema& handle_signature);
 
+namespace detail {
+// A count of an opreg op's schema changes (null for ops opreg did not define): a typed handle
+// checks its signature again when it moves. It lives as long as the process.
+OPREG_API const std::atomic<uint64_t>* schema_changes_of(const std::string& qualified);
+}  // namespace detail
+
 // A callable handle on a defined op: calls go through the dispatcher, like any PyTorch op.
 template <class Sig>
 class OpHandle;
@@ -90,22 +97,38 @@ class OpHandle<Ret(Args...)> {
   const std::string& name() const { return name_; }
   Ret operator()(Args... args) const { return typed().call(std::forward<Args>(args)...); }
 
-  // The dispatcher's handle, looked up (and its signature checked) on first use. It stays valid
-  // when the op is replaced or undefined: opreg keeps an op's dispatcher entry for the life of the
-  // process.
+  // The dispatcher's handle, looked up (and its signature checked) on first use, and checked
+  // again after a replace changes the op's schema (a signature that no longer fits would read its
+  // arguments, or drop outputs, wrongly). It stays valid when the op is replaced or undefined:
+  // opreg keeps an op's dispatcher entry for the life of the process.
   c10::TypedOperatorHandle<Ret(Args...)> typed() const {
     std::call_once(found_, [this] {
       auto handle = find_operator(name_);
-      check_handle_signature(handle, c10::inferFunctionSchemaFlattenedReturns<Ret(Args...)>());
+      schema_changes_ = detail::schema_changes_of(name_);
+      if (schema_changes_ != nullptr) checked_at_ = schema_changes_->load();
+      check_handle_signature(handle, signature());
       cached_.emplace(handle.template typed<Ret(Args...)>());
     });
+    if (schema_changes_ != nullptr) {
+      const uint64_t now = schema_changes_->load(std::memory_order_acquire);
+      if (now != checked_at_.load(std::memory_order_relaxed)) {
+        check_handle_signature(*cached_, signature());
+        checked_at_.store(now, std::memory_order_relaxed);
+      }
+    }
     return *cached_;
   }
 
  private:
+  static c10::FunctionSchema signature() {
+    return c10::inferFunctionSchemaFlattenedReturns<Ret(Args...)>();
+  }
+
   std::string name_;
   mutable std::once_flag found_;
   mutable std::optional<c10::TypedOperatorHandle<Ret(Args...)>> cached_;
+  mutable const std::atomic<uint64_t>* schema_changes_ = nullptr;
+  mutable std::atomic<uint64_t> checked_at_{0};
 };
 
 template <class Sig>

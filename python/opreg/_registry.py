@@ -400,7 +400,14 @@ def load_library(path: str | Path) -> None:
     os.PathLike, TypeError; an empty one, ValueError.
     """
     path = path_argument("opreg.load_library", path)
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except OSError as error:  # a name too long, say
+        raise OSError(
+            error.errno,
+            f"opreg.load_library: cannot read the path {str(path)!r:.200}: {error.strerror}",
+        ) from error
+    if not found:
         raise FileNotFoundError(f"opreg.load_library: no library at {path}")
     from opreg import _declaration  # which imports this module
 

@@ -469,6 +469,10 @@ c10::KernelFunction make_autograd_kernel(IdentityPtr op, const AutogradDeclarati
                     "backward out (the fallback then runs under autograd)");
   TORCH_CHECK_VALUE(!autograd.setup_context || autograd.backward, op->name,
                     ": setup_context is given without a backward");
+  const auto policy = static_cast<int>(autograd.policy);
+  TORCH_CHECK_VALUE(policy >= static_cast<int>(AutogradPolicy::kFallback) &&
+                        policy <= static_cast<int>(AutogradPolicy::kNone),
+                    op->name, ": autograd policy ", policy, " is no opreg::AutogradPolicy");
   return c10::KernelFunction::makeFromBoxedFunctor(
       std::make_unique<AutogradKernel>(std::move(op), autograd, std::move(fallback)));
 }

@@ -41,6 +41,7 @@ struct LoadContext {
   std::string path;
   std::vector<std::pair<std::string, std::string>> failures;  // (op, message)
   std::vector<std::pair<std::string, std::shared_ptr<const void>>> published;
+  std::vector<std::string> device_types;  // accelerated device types it registered
   LoadContext* outer = nullptr;
 };
 
@@ -133,11 +134,18 @@ void record_loaded_definition(const std::string& qualified, std::shared_ptr<cons
   if (t_load != nullptr) t_load->published.emplace_back(qualified, std::move(previous));
 }
 
+void record_loaded_device_type(const std::string& name) {
+  if (t_load != nullptr) t_load->device_types.push_back(name);
+}
+
 }  // namespace detail
 
 namespace {
 
 void load_once(const std::string& path) {
+  // dlopen("") opens the program itself.
+  TORCH_CHECK_VALUE(!path.empty(),
+                    "opreg::load_library: 'path' is empty; pass the path of a library");
   const std::string truncated = truncated_elf(path);
   TORCH_CHECK_VALUE(truncated.empty(), "opreg::load_library: cannot load '",
                     detail::valid_utf8(path), "': the file is a truncated shared library (",
@@ -168,6 +176,7 @@ void load_once(const std::string& path) {
     // A library loaded from inside another one's initializers belongs to the outer load.
     if (context.outer != nullptr) {
       for (auto& published : context.published) context.outer->published.push_back(published);
+      for (auto& type : context.device_types) context.outer->device_types.push_back(type);
     }
     return;
   }
@@ -177,6 +186,7 @@ void load_once(const std::string& path) {
     for (auto it = context.published.rbegin(); it != context.published.rend(); ++it) {
       detail::restore_definition(it->first, it->second);
     }
+    for (const auto& type : context.device_types) detail::unregister_device_type(type);
   }
   std::ostringstream failures;
   failures << "opreg::load_library: '" << path << "' defines ops that failed ("

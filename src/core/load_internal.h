@@ -26,8 +26,14 @@ bool library_loading_elsewhere();
 // thread, once that load's dlopen has returned.
 void when_loader_is_free(std::function<void()> task);
 
+// An accelerated device type registered during the load of this thread: a failed load
+// unregisters it, once the ops it added kernels to have their earlier definitions back.
+void record_loaded_device_type(const std::string& name);
+
 // Puts back an op's earlier definition (null: undefined); src/core/registry.cpp.
 void restore_definition(const std::string& qualified, std::shared_ptr<const void> previous);
+// Takes a device type out of the registry of accelerated ones; src/core/registry.cpp.
+void unregister_device_type(const std::string& name);
 // The lock a change of a registered schema holds (see Note [A schema change and Python's
 // callers] in src/core/registry.cpp); null where none is set or needed.
 std::shared_ptr<void> take_schema_change_lock();

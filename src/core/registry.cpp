@@ -85,9 +85,10 @@ struct Definition {
   detail::IdentityPtr identity;
   std::string origin;
   std::vector<size_t> required_tensors;  // arguments that must be defined tensors
-  // int, float and bool arguments: a boxed call's hand-made stack may hold another kind there,
-  // which the pieces' unboxing would meet with an internal assert.
-  std::vector<std::pair<size_t, c10::TypeKind>> required_scalars;
+  // Arguments other than Tensor: a boxed call's hand-made stack may hold another kind there, which
+  // the pieces' unboxing would meet with an internal assert, or an enum beyond its values.
+  std::vector<std::pair<size_t, const c10::Type*>> checked_values;
+  std::vector<size_t> optional_tensors;  // Tensor? arguments: an undefined tensor there is None
   std::vector<std::pair<size_t, std::vector<c10::ScalarType>>> dtype_rules;  // by argument index
   std::vector<size_t> plain_tensor_returns;
   std::vector<size_t> other_tensor_returns;  // Tensor? and Tensor[]
@@ -322,6 +323,7 @@ void check_decimal_defaults(const std::string& qualified, const std::string& tex
 bool holds_tensors(const c10::Type& type);
 std::optional<int64_t> enum_values(const c10::Type& type);
 std::string enum_name(const c10::Type& type);
+bool checkable(const c10::Type& type);
 
 c10::FunctionSchema parse_schema(const OpBuilder::State& spec) {
   const std::string& text = spec.name_or_schema;
@@ -467,6 +469,13 @@ std::vector<std::pair<size_t, std::vector<c10::ScalarType>>> resolve_dtype_rules
                       op.schema_text, "'");
     TORCH_CHECK_VALUE(!allowed.empty(), op.name, ": dtypes() for argument '", argument,
                       "' allows no dtype; list at least one");
+    for (auto dtype : allowed) {
+      const auto value = static_cast<int>(dtype);
+      TORCH_CHECK_VALUE(value >= 0 && value < static_cast<int>(c10::ScalarType::NumOptions) &&
+                            dtype != c10::ScalarType::Undefined,
+                        op.name, ": dtypes() for argument '", argument, "' lists ScalarType ",
+                        value, ", which is no dtype");
+    }
     TORCH_CHECK_VALUE(std::none_of(rules.begin(), rules.end(),
                                    [&](const auto& rule) {
                                      return rule.first ==
@@ -516,6 +525,10 @@ std::string why_not_pointwise(const c10::FunctionSchema& schema) {
 Sharding resolve_sharding(const OpBuilder::State& spec, const detail::OpIdentity& op) {
   const std::string why_not = why_not_pointwise(op.schema);
   if (spec.sharding) {
+    const auto value = static_cast<int>(*spec.sharding);
+    TORCH_CHECK_VALUE(
+        value >= static_cast<int>(Sharding::kNone) && value <= static_cast<int>(Sharding::kPython),
+        op.name, ": sharding ", value, " is no opreg::Sharding");
     TORCH_CHECK_VALUE(*spec.sharding != Sharding::kPointwise || why_not.empty(), op.name,
                       ": sharding pointwise needs Tensor or scalar arguments and Tensor outputs, "
                       "none of them mutated, but ",
@@ -528,10 +541,13 @@ Sharding resolve_sharding(const OpBuilder::State& spec, const detail::OpIdentity
 
 c10::KernelFunction make_piece(const Definition& definition, const KernelFactory& factory,
                                const std::string& label, detail::FallbackPtr fallback) {
-  TORCH_INTERNAL_ASSERT(static_cast<bool>(factory.make), definition.name(), ": no factory for ",
-                        label);
+  TORCH_CHECK_VALUE(static_cast<bool>(factory.make), definition.name(), ": the factory of its ",
+                    label, " is empty (KernelFactory::make holds no function)");
   const KernelContext context{definition.name(), definition.schema(), label, std::move(fallback)};
-  return factory.make(context);
+  auto piece = factory.make(context);
+  TORCH_CHECK_VALUE(piece.isValid(), definition.name(), ": the factory of its ", label,
+                    " made an empty c10::KernelFunction, which nothing could call");
+  return piece;
 }
 
 void add_kernel(Definition& definition, const KernelDeclaration& kernel,
@@ -659,8 +675,8 @@ DefinitionPtr build(OpBuilder::State spec, const std::vector<std::string>& devic
   // A path need not be UTF-8; the origin goes into messages and to Python as a str.
   definition->origin =
       detail::valid_utf8(declared.origin.empty() ? origin_of(declared.caller) : declared.origin);
-  if (!declared.part_of.empty()) {
-    const auto& owner = declared.part_of;
+  if (declared.part_of) {
+    const auto& owner = *declared.part_of;
     const auto colons = owner.find("::");
     const auto dot = owner.find('.');
     const bool well_formed = colons != std::string::npos &&
@@ -674,16 +690,20 @@ DefinitionPtr build(OpBuilder::State spec, const std::vector<std::string>& devic
   }
   TORCH_CHECK_VALUE(static_cast<bool>(declared.fallback.make), qualified,
                     ": the declaration has no fallback");
+  TORCH_CHECK_VALUE(!declared.fake || declared.python_module.empty(), qualified,
+                    ": fake() and python_fake('", declared.python_module,
+                    "') are both declared, but they are two sources of one fake; declare one");
   definition->dtype_rules = resolve_dtype_rules(declared, op);
   definition->sharding = resolve_sharding(declared, op);
 
   for (size_t i = 0; i < op.schema.arguments().size(); ++i) {
-    const auto kind = op.schema.arguments()[i].type()->kind();
-    if (kind == c10::TypeKind::TensorType) {
+    const auto& argument = op.schema.arguments()[i];
+    if (argument.type()->kind() == c10::TypeKind::TensorType) {
       definition->required_tensors.push_back(i);
-    } else if (kind == c10::TypeKind::IntType || kind == c10::TypeKind::FloatType ||
-               kind == c10::TypeKind::BoolType) {
-      definition->required_scalars.emplace_back(i, kind);
+    } else if (argument.type()->isSubtypeOf(*c10::OptionalType::ofTensor())) {
+      definition->optional_tensors.push_back(i);
+    } else if (checkable(*argument.real_type())) {
+      definition->checked_values.emplace_back(i, argument.real_type().get());
     }
   }
   for (size_t i = 0; i < op.schema.returns().size(); ++i) {
@@ -751,6 +771,85 @@ std::set<c10::DispatchKey> keys_of(const Definition& definition) {
 
 // ---- calls -------------------------------------------------------------------------------------
 
+// Whether `value` is of the kind `type` takes, as PyTorch's unboxing reads it (an enum within its
+// values); types not named here are PyTorch's to check.
+bool fits(const c10::IValue& value, const c10::Type& type) {
+  if (const auto* optional = type.castRaw<c10::OptionalType>()) {
+    return value.isNone() || fits(value, *optional->getElementType());
+  }
+  switch (type.kind()) {
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType:
+      return value.isInt() || value.isSymInt();
+    case c10::TypeKind::FloatType:
+    case c10::TypeKind::SymFloatType:
+      return value.isDouble() || value.isSymFloat();
+    case c10::TypeKind::BoolType:
+    case c10::TypeKind::SymBoolType:
+      return value.isBool() || value.isSymBool();
+    case c10::TypeKind::ScalarTypeType:
+    case c10::TypeKind::LayoutType:
+    case c10::TypeKind::MemoryFormatType:
+      return value.isInt() && value.toInt() >= 0 && value.toInt() < *enum_values(type);
+    case c10::TypeKind::StringType:
+      return value.isString();
+    case c10::TypeKind::DeviceObjType:
+      return value.isDevice();
+    case c10::TypeKind::NumberType:
+      return value.isScalar();
+    case c10::TypeKind::ListType: {
+      const auto& element = *type.castRaw<c10::ListType>()->getElementType();
+      switch (element.kind()) {
+        case c10::TypeKind::IntType:
+          return value.isIntList();
+        case c10::TypeKind::SymIntType:
+          return value.isIntList() || value.isList();
+        case c10::TypeKind::FloatType:
+          return value.isDoubleList();
+        case c10::TypeKind::BoolType:
+          return value.isBoolList();
+        case c10::TypeKind::TensorType:
+          return value.isTensorList();
+        default:
+          return value.isList();
+      }
+    }
+    default:
+      return true;
+  }
+}
+
+bool checkable(const c10::Type& type) {
+  const auto* optional = type.castRaw<c10::OptionalType>();
+  switch ((optional ? *optional->getElementType() : type).kind()) {
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType:
+    case c10::TypeKind::FloatType:
+    case c10::TypeKind::SymFloatType:
+    case c10::TypeKind::BoolType:
+    case c10::TypeKind::SymBoolType:
+    case c10::TypeKind::ScalarTypeType:
+    case c10::TypeKind::LayoutType:
+    case c10::TypeKind::MemoryFormatType:
+    case c10::TypeKind::StringType:
+    case c10::TypeKind::DeviceObjType:
+    case c10::TypeKind::NumberType:
+    case c10::TypeKind::ListType:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// A Tensor? given an undefined tensor (C++'s way of giving none) reaches the pieces as None.
+void undefined_as_none(const Definition& definition, torch::jit::Stack& stack) {
+  c10::IValue* first = stack.data() + (stack.size() - definition.schema().arguments().size());
+  for (size_t index : definition.optional_tensors) {
+    auto& value = first[index];
+    if (value.isTensor() && !value.toTensor().defined()) value = c10::IValue();
+  }
+}
+
 void check_arguments(const Definition& definition, const torch::jit::Stack& stack) {
   const auto& arguments = definition.schema().arguments();
   TORCH_CHECK(stack.size() >= arguments.size(), definition.name(), ": called with ", stack.size(),
@@ -765,15 +864,18 @@ void check_arguments(const Definition& definition, const torch::jit::Stack& stac
         "' must be a Tensor, got ", value.isNone() || value.isTensor() ? "None" : value.tagKind(),
         " (declare it 'Tensor? ", arguments[index].name(), "' in the schema to accept None)");
   }
-  for (const auto& [index, kind] : definition.required_scalars) {
+  for (const auto& [index, type] : definition.checked_values) {
     const auto& value = first[index];
-    const bool fits = kind == c10::TypeKind::IntType     ? value.isInt() || value.isSymInt()
-                      : kind == c10::TypeKind::FloatType ? value.isDouble() || value.isSymFloat()
-                                                         : value.isBool() || value.isSymBool();
-    if (fits) continue;
+    if (fits(value, *type)) continue;
+    if (value.isInt() && enum_values(*type)) {
+      TORCH_CHECK_VALUE(false, definition.name(), ": argument '", arguments[index].name(), "' is ",
+                        value.toInt(), ", which is no ", enum_name(*type), " (expected 0 to ",
+                        *enum_values(*type) - 1, "; schema '", definition.schema_text(), "')");
+    }
     TORCH_CHECK_TYPE(false, definition.name(), ": argument '", arguments[index].name(),
-                     "' must be ", arguments[index].type()->str(), ", got ", value.tagKind(),
-                     " (schema '", definition.schema_text(), "')");
+                     "' must be ", type->str(), ", got ",
+                     value.isList() ? value.type()->str() : value.tagKind(), " (schema '",
+                     definition.schema_text(), "')");
   }
 }
 
@@ -1127,12 +1229,25 @@ bool debug_checks() {
 }
 
 // The call's arguments with meta tensors in place of real ones; nullopt when a tensor is already
-// meta or belongs to a tensor subclass or mode (fake tensors): then there is nothing to compare.
+// meta or belongs to a tensor subclass or mode (fake tensors), or when the call has no tensor
+// (its dispatch would not reach the fake, but this very check again, without end): then there is
+// nothing to compare.
 std::optional<torch::jit::Stack> meta_arguments(const Definition& definition,
                                                 const torch::jit::Stack& stack) {
   const size_t num_args = definition.schema().arguments().size();
+  const bool any_tensor = std::any_of(stack.end() - num_args, stack.end(), [](const auto& value) {
+    return value.isTensor() && value.toTensor().defined();
+  });
+  if (!any_tensor) return std::nullopt;
   torch::jit::Stack meta;
   for (auto it = stack.end() - num_args; it != stack.end(); ++it) {
+    if (it->isList()) {  // tensors in lists would stay real, and take the call back to their device
+      const auto elements = it->toListRef();
+      if (std::any_of(elements.begin(), elements.end(),
+                      [](const auto& element) { return element.isTensor(); })) {
+        return std::nullopt;
+      }
+    }
     if (!it->isTensor() || !it->toTensor().defined()) {
       meta.push_back(*it);
       continue;
@@ -1235,6 +1350,7 @@ class Trampoline final : public c10::OperatorKernel {
     const Definition& d = *definition;
     if (!call.pinned()) check_schema_current(*entry_, d, *stack);
     check_arguments(d, *stack);
+    if (!d.optional_tensors.empty()) undefined_as_none(d, *stack);
     switch (key_) {
       case c10::DispatchKey::Autograd: {
         const PinDefinition pin(*entry_, definition);
@@ -1579,6 +1695,12 @@ std::string register_accelerated_device_type(const std::string& name) {
                     "'): a kernel serves every device of its type");
   TORCH_CHECK_VALUE(is_identifier(normalized), "opreg: register_accelerated_device_type: '", name,
                     "' is not a device type name like 'cuda' or 'npu'");
+  TORCH_CHECK_VALUE(normalized != "cpu" && normalized != "meta",
+                    "opreg: register_accelerated_device_type: '", name,
+                    "' is no accelerator: kernels that follow the accelerated device types are "
+                    "written for accelerators (the fallback serves the CPU; the fake, meta "
+                    "tensors); name a kernel's device types to have it serve '",
+                    normalized, "'");
   auto& reg = registry();
   std::vector<DefinitionPtr> garbage;  // destroyed after the lock is released
   std::lock_guard<std::recursive_mutex> lock(reg.mutex);
@@ -1604,9 +1726,19 @@ std::string register_accelerated_device_type(const std::string& name) {
     }
     rebuilt.emplace_back(entry, build(current->spec, types, current->serial));
   }
-  for (auto& [entry, definition] : rebuilt) publish(*entry, definition, &garbage);
+  for (auto& [entry, definition] : rebuilt) {
+    detail::record_loaded_definition(entry->qualified, publish(*entry, definition, &garbage));
+  }
   reg.device_types = std::move(types);
+  detail::record_loaded_device_type(normalized);
   return normalized;
+}
+
+void detail::unregister_device_type(const std::string& name) {
+  auto& reg = registry();
+  std::lock_guard<std::recursive_mutex> lock(reg.mutex);
+  reg.device_types.erase(std::remove(reg.device_types.begin(), reg.device_types.end(), name),
+                         reg.device_types.end());
 }
 
 c10::OperatorHandle find_operator(const std::string& qualified) {
@@ -1827,6 +1959,13 @@ bool is_defined(const std::string& name) {
   std::lock_guard<std::recursive_mutex> lock(reg.mutex);
   auto found = reg.ops.find(name);
   return found != reg.ops.end() && found->second->load() != nullptr;
+}
+
+const std::atomic<uint64_t>* detail::schema_changes_of(const std::string& qualified) {
+  auto& reg = registry();
+  std::lock_guard<std::recursive_mutex> lock(reg.mutex);
+  auto found = reg.ops.find(qualified);
+  return found == reg.ops.end() ? nullptr : &found->second->schema_generation;
 }
 
 uint64_t detail::definition_serial(const std::string& name) {

@@ -38,7 +38,7 @@ struct OpBuilder::State {
   std::optional<Sharding> sharding;  // nullopt: the default (see Sharding)
   bool replace = false;
   std::string origin;
-  std::string part_of;  // set: undefined together with this op (OpBuilder::part_of)
+  std::optional<std::string> part_of;  // set: undefined together with this op (OpBuilder::part_of)
   const void* caller = nullptr;
 };
 

@@ -75,6 +75,21 @@ int64_t check_gradient_shapes(const at::Tensor& fitness, const at::Tensor& seeds
   return pop;
 }
 
+// The gradient [..., d, k] must fit in memory's addresses, checked before the factors are drawn
+// (they alone may take gigabytes first).
+void check_gradient_size(const at::Tensor& fitness, const at::Tensor& seeds, int64_t out_features,
+                         int64_t in_features) {
+  int64_t bytes = static_cast<int64_t>(fitness.element_size());
+  bool overflows = c10::mul_overflows(bytes, out_features, &bytes) ||
+                   c10::mul_overflows(bytes, in_features, &bytes);
+  for (int64_t i = 0; i + 1 < seeds.dim(); ++i) {
+    overflows = overflows || c10::mul_overflows(bytes, seeds.size(i), &bytes);
+  }
+  TORCH_CHECK_VALUE(!overflows, "opreg::lowrank_gradient: the gradient of out_features ",
+                    out_features, " times in_features ", in_features, " (for 'seeds' of shape ",
+                    seeds.sizes(), ") is too large to hold in memory");
+}
+
 // The factors, materialised: A [..., rank, k] and B [..., d, rank] in `dtype`.
 std::pair<at::Tensor, at::Tensor> draw(const at::Tensor& seeds, int64_t rank, int64_t k, int64_t d,
                                        int64_t counter, const Factors& f, at::ScalarType dtype) {
@@ -97,6 +112,7 @@ at::Tensor gradient_reference(const at::Tensor& fitness, const at::Tensor& seeds
                               int64_t counter) {
   const int64_t pop = check_gradient_shapes(fitness, seeds, sigma);
   const auto f = factors("opreg::lowrank_gradient", rank, in_features, out_features, counter);
+  check_gradient_size(fitness, seeds, out_features, in_features);
   auto [a, b] = draw(seeds, rank, in_features, out_features, counter, f, fitness.scalar_type());
   return at::einsum("...i,...ijk,...ikl->...jl", {fitness, b, a}) /
          (static_cast<double>(pop) * sigma);

@@ -127,7 +127,7 @@ TEST(Reliability, UndefiningAnOpUndefinesItsParts) {
 }
 
 TEST(Reliability, PartOfNamesAnOp) {
-  for (const char* owner : {"not a name!", "no_namespace", "ns::", "opreg_rel::self_part"}) {
+  for (const char* owner : {"", "not a name!", "no_namespace", "ns::", "opreg_rel::self_part"}) {
     EXPECT_CONTAINS(error_of([&] {
                       opreg::op("opreg_rel::self_part(Tensor x) -> Tensor")
                           .fallback([](const at::Tensor& x) { return x * 2; })
@@ -315,3 +315,147 @@ TEST(Reliability, AKernelWithAnEmptyNameIsRefused) {
 }
 
 }  // namespace
+
+// ---- sixteenth sweep ----------------------------------------------------------------------------
+
+at::Tensor twice(const at::Tensor& x) { return x * 2; }
+
+// An empty KernelFunction from a factory was accepted, and the first call segfaulted; a factory
+// with no function hit an internal assert; an empty std::function failed its calls with a bare
+// bad_function_call.
+TEST(Reliability, EmptyPiecesAreRefusedAtTheDefinition) {
+  opreg::OpBuilder empty_kernel_function("opreg_rel::empty_kf(Tensor x) -> Tensor");
+  empty_kernel_function.fallback(
+      opreg::KernelFactory{[](const opreg::KernelContext&) { return c10::KernelFunction(); }});
+  EXPECT_CONTAINS(error_of([&] { std::move(empty_kernel_function).define(); }),
+                  "opreg_rel::empty_kf: the factory of its fallback made an empty "
+                  "c10::KernelFunction");
+  EXPECT_FALSE(opreg::is_defined("opreg_rel::empty_kf"));
+
+  opreg::OpBuilder no_make("opreg_rel::no_make(Tensor x) -> Tensor");
+  no_make.fallback(opreg::detail::typed_kernel(std::function<at::Tensor(const at::Tensor&)>(twice)))
+      .kernel(opreg::KernelFactory{}, "k", std::vector<std::string>{"cpu"});
+  EXPECT_CONTAINS(error_of([&] { std::move(no_make).define(); }),
+                  "opreg_rel::no_make: the factory of its kernel:k is empty");
+
+  EXPECT_CONTAINS(error_of([&] {
+                    opreg::op("opreg_rel::empty_fn(Tensor x) -> Tensor")
+                        .fallback(twice)
+                        .kernel(std::function<at::Tensor(const at::Tensor&)>(),
+                                opreg::on({"cpu"}).name("k"))
+                        .define();
+                  }),
+                  "opreg_rel::empty_fn: its kernel:k is an empty function");
+  EXPECT_CONTAINS(error_of([&] {
+                    opreg::op("opreg_rel::empty_fn(Tensor x) -> Tensor")
+                        .fallback(twice)
+                        .fake(std::function<at::Tensor(const at::Tensor&)>())
+                        .define();
+                  }),
+                  "opreg_rel::empty_fn: its fake is an empty function");
+  EXPECT_FALSE(opreg::is_defined("opreg_rel::empty_fn"));
+}
+
+TEST(Reliability, DeclarationsOutsideTheirEnumsAreRefused) {
+  auto declared = [] { return opreg::op("opreg_rel::enums(Tensor x) -> Tensor").fallback(twice); };
+  EXPECT_CONTAINS(
+      error_of([&] { declared().autograd(static_cast<opreg::AutogradPolicy>(42)).define(); }),
+      "opreg_rel::enums: autograd policy 42 is no opreg::AutogradPolicy");
+  EXPECT_CONTAINS(error_of([&] { declared().sharding(static_cast<opreg::Sharding>(77)).define(); }),
+                  "opreg_rel::enums: sharding 77 is no opreg::Sharding");
+  for (auto dtype : {c10::ScalarType::Undefined, c10::ScalarType::NumOptions,
+                     static_cast<c10::ScalarType>(200)}) {
+    EXPECT_CONTAINS(error_of([&] { declared().dtypes("x", {at::kFloat, dtype}).define(); }),
+                    "opreg_rel::enums: dtypes() for argument 'x' lists ScalarType");
+  }
+  EXPECT_FALSE(opreg::is_defined("opreg_rel::enums"));
+}
+
+TEST(Reliability, AFakeAndAPythonFakeAreNotBothDeclared) {
+  using Unary = std::function<at::Tensor(const at::Tensor&)>;
+  opreg::OpBuilder builder("opreg_rel::two_fakes(Tensor x) -> Tensor");
+  builder.fallback(opreg::detail::typed_kernel(Unary(twice)))
+      .fake(
+          opreg::detail::typed_kernel(Unary([](const at::Tensor& x) { return at::empty_like(x); })))
+      .python_fake("some_module");
+  EXPECT_CONTAINS(error_of([&] { std::move(builder).define(); }),
+                  "opreg_rel::two_fakes: fake() and python_fake('some_module') are both declared");
+  EXPECT_FALSE(opreg::is_defined("opreg_rel::two_fakes"));
+}
+
+// A ScalarType of 999 reached the fallback (which segfaulted in x.to(d)); other kinds in list,
+// str and Device slots met PyTorch's internal asserts.
+TEST(Reliability, ABoxedCallWithAValueOfAnotherKindOrBeyondItsEnumIsRefused) {
+  opreg::op(
+      "opreg_rel::kinds(Tensor x, ScalarType d, Layout? l=None, int[] sizes=[], str s='a', "
+      "Device dev='cpu', float[] fs=[]) -> Tensor")
+      .fallback([](const at::Tensor& x, at::ScalarType d, std::optional<at::Layout>,
+                   std::vector<int64_t>, std::string, at::Device,
+                   std::vector<double>) { return x.to(d); })
+      .define();
+  auto call = [](std::vector<c10::IValue> args) {
+    return error_of([&] { opreg_test::call_boxed("opreg_rel::kinds", std::move(args)); });
+  };
+  const at::Tensor x = at::ones({2});
+  const c10::IValue d(static_cast<int64_t>(at::kDouble)), none, cpu(at::Device("cpu"));
+  const c10::IValue sizes(c10::List<int64_t>({1})), floats(c10::List<double>({1.0}));
+  EXPECT_CONTAINS(call({x, int64_t{999}, none, sizes, "a", cpu, floats}),
+                  "opreg_rel::kinds: argument 'd' is 999, which is no ScalarType (expected 0 to");
+  EXPECT_CONTAINS(call({x, d, int64_t{250}, sizes, "a", cpu, floats}),
+                  "opreg_rel::kinds: argument 'l' is 250, which is no Layout");
+  EXPECT_CONTAINS(call({x, d, none, floats, "a", cpu, floats}),
+                  "opreg_rel::kinds: argument 'sizes' must be int[], got float[]");
+  EXPECT_CONTAINS(call({x, d, none, sizes, int64_t{3}, cpu, floats}),
+                  "opreg_rel::kinds: argument 's' must be str, got Int");
+  EXPECT_CONTAINS(call({x, d, none, sizes, "a", "cpu", floats}),
+                  "opreg_rel::kinds: argument 'dev' must be Device, got String");
+  EXPECT_CONTAINS(call({x, d, none, sizes, "a", cpu, sizes}),
+                  "opreg_rel::kinds: argument 'fs' must be float[], got int[]");
+  auto stack = opreg_test::call_boxed("opreg_rel::kinds", {x, d, none, sizes, "a", cpu, floats});
+  EXPECT_EQ(stack[0].toTensor().scalar_type(), at::kDouble);
+}
+
+// C++ gives no tensor for a Tensor? as an undefined one: the fallback met it engaged and undefined
+// (an internal assert of TensorIterator's).
+TEST(Reliability, AnUndefinedTensorForAnOptionalTensorIsNone) {
+  auto op = opreg::op("opreg_rel::maybe_add(Tensor x, Tensor? y) -> Tensor")
+                .fallback([](const at::Tensor& x, const std::optional<at::Tensor>& y) {
+                  return y.has_value() ? x + *y : x * 2;
+                })
+                .define();
+  EXPECT_TRUE(at::equal(op(at::ones({2}), at::Tensor()), at::full({2}, 2.0)));
+  EXPECT_TRUE(at::equal(op(at::ones({2}), at::ones({2})), at::full({2}, 2.0)));
+}
+
+// A typed handle kept across a replace that added an output returned the first output alone; one
+// across an argument's change of type was told the call raced the replace.
+TEST(Reliability, ATypedHandleChecksItsSignatureAgainAfterASchemaChange) {
+  auto handle = opreg::op("opreg_rel::reshaped(Tensor x) -> Tensor").fallback(twice).define();
+  EXPECT_TRUE(at::equal(handle(at::ones({1})), at::full({1}, 2.0)));
+  opreg::op("opreg_rel::reshaped(Tensor x) -> (Tensor, Tensor)")
+      .fallback([](const at::Tensor& x) { return std::make_tuple(x * 2, x * 3); })
+      .replace()
+      .define();
+  EXPECT_CONTAINS(error_of([&] { handle(at::ones({1})); }),
+                  "opreg: op 'opreg_rel::reshaped': the handle's C++ signature does not match the "
+                  "schema");
+  opreg::op("opreg_rel::reshaped(Tensor x) -> Tensor")
+      .fallback([](const at::Tensor& x) { return x * 4; })
+      .replace()
+      .define();
+  EXPECT_TRUE(at::equal(handle(at::ones({1})), at::full({1}, 4.0)));
+}
+
+TEST(Reliability, AnEmptyLibraryPathIsRefused) {
+  EXPECT_CONTAINS(error_of([&] { opreg::load_library(""); }),
+                  "opreg::load_library: 'path' is empty");
+}
+
+TEST(Reliability, TheCpuAndMetaAreNoAcceleratedDeviceTypes) {
+  for (const char* type : {"cpu", "meta", " CPU "}) {
+    EXPECT_CONTAINS(error_of([&] { opreg::register_accelerated_device_type(type); }),
+                    "is no accelerator");
+  }
+  const auto types = opreg::accelerated_device_types();
+  EXPECT_EQ(std::count(types.begin(), types.end(), "cpu"), 0);
+}

@@ -90,6 +90,10 @@ const auto thrown = [] {
       opreg::KernelFactory{[](const opreg::KernelContext&) -> c10::KernelFunction { throw 42; }});
   return std::move(builder).define();
 }();
+#elif defined(OPREG_DEVICE_TYPE_THEN_FAIL)  // registers an accelerated device type, then fails
+const auto registered = opreg::register_accelerated_device_type("hpu");
+const auto bad =
+    opreg::op("opreg_failing::bad(Tensor x, Tensr y) -> Tensor").fallback(identity).define();
 #elif defined(OPREG_SIGNATURE_MISMATCH)
 const auto mismatch =
     opreg::op("opreg_failing::mismatch(Tensor x, Tensor y) -> Tensor").fallback(identity).define();

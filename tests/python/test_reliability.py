@@ -277,12 +277,13 @@ def test_ops_in_pytorchs_namespaces_are_refused():
 # ---- load-time errors never abort ---------------------------------------------------------------
 
 
-def load_failing_library(failure: str, then: str = "") -> str:
-    """Loads tests/op_library/failing_ops.cpp built with `failure` in a fresh interpreter; its
-    output."""
+def load_failing_library(failure: str, then: str = "", before: str = "") -> str:
+    """Loads tests/op_library/failing_ops.cpp built with `failure` in a fresh interpreter, after
+    `before`; its output."""
     library = TEST_OPS_LIBRARY.parent / f"libopreg_failing_{failure}.so"
     load = f"""
         import torch, opreg
+        {textwrap.dedent(before).strip().replace(chr(10), chr(10) + " " * 8)}
         try:
             opreg.load_library({str(library)!r})
         except ValueError as error:
@@ -321,6 +322,27 @@ def test_a_library_whose_definition_fails_raises_and_rolls_back(failure, message
     )
     assert message in output
     assert f"opreg_failing::good_{failure}: the op is not defined now" in output
+
+
+def test_a_failed_load_unregisters_the_device_types_it_registered():
+    # The sixteenth sweep: the type stayed registered, and ops defined before the load kept the
+    # kernels it gave them.
+    output = load_failing_library(
+        "device_type_then_fail",
+        then="""
+        print("types:", opreg.accelerated_device_types())
+        print("kernels:", [k.device_type for k in opreg.describe_op(FOLLOWS).kernels])
+        """,
+        before=f"""
+        opreg.load_library({str(TEST_OPS_LIBRARY)!r})
+        FOLLOWS = "opreg_test::follows_registry"
+        print("kernels before:", [k.device_type for k in opreg.describe_op(FOLLOWS).kernels])
+        """,
+    )
+    assert "opreg_failing::bad" in output
+    kernels_before = output.split("kernels before:")[1].splitlines()[0]
+    assert "'hpu'" not in output.split("types:")[1].splitlines()[0]
+    assert output.split("kernels:")[1].splitlines()[0] == kernels_before
 
 
 def test_a_library_built_against_another_opreg_version_is_refused():

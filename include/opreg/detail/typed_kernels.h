@@ -71,6 +71,10 @@ Ret run_user_code(const std::string& op, const char* what, std::string_view labe
 template <class Ret, class... Args>
 KernelFactory typed_kernel(std::function<Ret(Args...)> fn) {
   return {[fn = std::move(fn)](const KernelContext& context) {
+    // Refused here, at the definition, not by the builder: a definition's error is recorded
+    // within a library's load, a builder's escapes its static initializer.
+    TORCH_CHECK_VALUE(static_cast<bool>(fn), context.op, ": its ", context.label,
+                      " is an empty function; pass a function");
     return c10::KernelFunction::makeFromUnboxedLambda(
         [fn, op = context.op, label = context.label](Args... args) -> Ret {
           if (trace_enabled()) record_trace(op, label, trace_device_of(args...));
@@ -85,6 +89,8 @@ KernelFactory typed_kernel(std::function<Ret(Args...)> kernel, std::function<boo
                            std::function<Ret(Args...)> fallback) {
   if (!accepts) return typed_kernel(std::move(kernel));
   return {[=](const KernelContext& context) {
+    TORCH_CHECK_VALUE(static_cast<bool>(kernel), context.op, ": its ", context.label,
+                      " is an empty function; pass a function");
     return c10::KernelFunction::makeFromUnboxedLambda([=, op = context.op,
                                                        label = context.label](Args... args) -> Ret {
       const bool accepted = run_user_code<bool>(op, "the accepts predicate of ", label,

@@ -221,7 +221,17 @@ def test_configs_are_checked_and_zero_variants_is_an_error(tmp_path, configs, me
         ("[{ maxnreg = 300 }]", "'configs.maxnreg' must be a register count from 1 to 255"),
         (
             "[{ num_warps = 4 }, { num_warps = 8 }, { num_warps = 4 }]",
-            "'configs' must be a list without repeats, got {'num_warps': 4}",
+            "'configs' entries 0 {'num_warps': 4} and 2 {'num_warps': 4} are the same config",
+        ),
+        # The sixteenth sweep: these compiled twice, Triton's defaults made them one config.
+        (
+            "[{}, { num_warps = 4 }]",
+            "'configs' entries 0 {} and 1 {'num_warps': 4} are the same config once Triton's "
+            "defaults {'num_warps': 4,",
+        ),
+        (
+            "[{ num_stages = 3 }, { num_warps = 8 }, { num_ctas = 1, num_warps = 4 }]",
+            "'configs' entries 0 {'num_stages': 3} and 2 {'num_ctas': 1, 'num_warps': 4} are",
         ),
     ],
 )
@@ -279,6 +289,13 @@ def test_missing_spec_file_is_one_line(tmp_path):
     assert_one_line_error(result, "none.toml: cannot read the spec")
 
 
+def test_a_spec_that_starts_with_a_byte_order_mark_compiles(tmp_path):
+    # The sixteenth sweep: "not valid TOML: Invalid statement (at line 1, column 1)".
+    result = run_aot("\ufeff" + scale_spec(), tmp_path, "--cache", str(CACHE))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out" / "index.txt").read_text() == "opreg_rel_scale.json\n"
+
+
 def test_a_spec_that_is_not_utf8_is_one_line(tmp_path):
     spec = tmp_path / "spec.toml"
     spec.write_bytes(b"\xff\xfe\x00garbage")
@@ -320,6 +337,9 @@ SOURCE_FILES = {
     [
         (":scale_kernel", "source ':scale_kernel' must be 'file.py:function' or 'module:function'"),
         ("plain.py:", "source 'plain.py:' must be 'file.py:function' or 'module:function'"),
+        # The sixteenth sweep: this said "no module named '{dir}/plain'".
+        ("plain.py:k:x", "source 'plain.py:k:x' must be 'file.py:function' or "
+         "'module:function', with one ':'"),
         ("syntax_error.py:k", "importing {dir}/syntax_error.py failed: {dir}/syntax_error.py:1: "
          "SyntaxError: invalid syntax"),
         ("raises.py:k", "importing {dir}/raises.py failed: {dir}/raises.py:3: RuntimeError: "

@@ -91,7 +91,8 @@ class SpecError(ValueError):
 
 def load_spec(path: Path) -> tuple[list[KernelSpec], Path]:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        # An editor may start the file with a byte order mark; index.txt tolerates one too.
+        data = tomllib.loads(path.read_text(encoding="utf-8").removeprefix("\ufeff"))
     except OSError as error:
         raise SpecError(f"{path}: cannot read the spec: {error.strerror}") from None
     except UnicodeDecodeError as error:
@@ -205,9 +206,16 @@ def check_kernel_spec(spec: KernelSpec, path: Path) -> None:
             fail(
                 "configs.maxnreg", f"a register count from 1 to {MAX_REGISTERS}", config["maxnreg"]
             )
-    repeated = [c for i, c in enumerate(spec.configs) if c in spec.configs[:i]]
-    if repeated:
-        fail("configs", "a list without repeats", repeated[0])
+    # Triton fills in what a config leaves out: {} and { num_warps = 4 } compile the same binary.
+    complete = [triton_config_defaults() | config for config in spec.configs]
+    for later, config in enumerate(complete):
+        if config in complete[:later]:
+            earlier = complete.index(config)
+            raise SpecError(
+                f"{path}: kernel {spec.name}: 'configs' entries {earlier} "
+                f"{spec.configs[earlier]!r} and {later} {spec.configs[later]!r} are the same "
+                f"config once Triton's defaults {triton_config_defaults()!r} apply; list it once"
+            )
     targets = spec.targets
     if not isinstance(targets, list) or not targets:
         fail("targets", "a non-empty list of GPU targets like ['sm_80', 'sm_90']", targets)
@@ -217,12 +225,23 @@ def check_kernel_spec(spec: KernelSpec, path: Path) -> None:
         fail("targets", "a list without repeats", targets)
 
 
+def triton_config_defaults() -> dict[str, object]:
+    """What Triton's CUDA backend compiles with for a key a config does not give."""
+    import dataclasses
+
+    from triton.backends.nvidia.compiler import CUDAOptions
+
+    return {f.name: f.default for f in dataclasses.fields(CUDAOptions) if f.name in CONFIG_KEYS}
+
+
 def load_function(source: str, base: Path):
     """The @triton.jit function `source` names; SpecError (one line, naming the source) when it
     cannot be imported or is something else."""
-    location, sep, function = source.rpartition(":")
-    if not sep or not location or not function:
-        raise SpecError(f"source '{source}' must be 'file.py:function' or 'module:function'")
+    location, _, function = source.partition(":")
+    if source.count(":") != 1 or not location or not function:
+        raise SpecError(
+            f"source '{source}' must be 'file.py:function' or 'module:function', with one ':'"
+        )
     if location.endswith(".py"):
         path = (base / location).resolve()
         if not path.is_file():

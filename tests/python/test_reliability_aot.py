@@ -413,6 +413,22 @@ def test_truncated_cached_cubins_are_recompiled_not_copied(tmp_path):
     assert all(line.endswith("(cached)") for line in third.stdout.splitlines())
 
 
+def test_a_folder_where_a_cached_cubin_goes_is_one_line(tmp_path):
+    # The sixteenth sweep: a traceback ending in IsADirectoryError. The entry cannot be read, so
+    # the variant is recompiled; its cubin cannot be written there either.
+    cache = tmp_path / "cache"
+    first = run_aot(scale_spec(), tmp_path, "--cache", str(cache))
+    assert first.returncode == 0, first.stderr
+    cached = sorted(cache.glob("*.cubin"))
+    for path in cached:
+        path.unlink()
+        path.mkdir()
+    second = run_aot(scale_spec(), tmp_path, "--cache", str(cache))
+    assert_one_line_error(
+        second, f"--cache '{cache}/opreg_rel_scale.", ".cubin': cannot write it: Is a directory"
+    )
+
+
 STUB_TRITON_H = """
 #include <cstddef>
 namespace opreg::triton {

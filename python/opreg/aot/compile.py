@@ -493,10 +493,10 @@ def build_kernel(spec: KernelSpec, base: Path, out: Path, cache: Path, progress)
             **meta,
         }
         check_variant(spec, params, variant, entry)
-        (out / cubin_name).write_bytes(cubin)
+        write_file("--out", out / cubin_name, lambda p, data=cubin: p.write_bytes(data))
         manifest["variants"].append(entry)
     path = out / f"{spec.name}.json"
-    path.write_text(json.dumps(manifest, indent=1))
+    write_file("--out", path, lambda p: p.write_text(json.dumps(manifest, indent=1)))
     return path
 
 
@@ -540,9 +540,11 @@ def compile_to_cache(fn, spec, params, variant, cache: Path, cubin_name: str, di
         raise SpecError(f"kernel {spec.name}: Triton gave a binary that is not a cubin: {problem}")
     # The cubin first, its metadata (with its hash) last: a build killed in between leaves an
     # entry that cached_variant refuses.
-    (cache / cubin_name).write_bytes(cubin)
+    # A cache entry that cannot be read was recompiled; one that cannot be written either (a
+    # folder in its place) is the option's error, like a --cache folder that cannot be written.
+    write_file("--cache", cache / cubin_name, lambda p: p.write_bytes(cubin))
     record = {**meta, "cubin_sha256": hashlib.sha256(cubin).hexdigest()}
-    (cache / f"{digest}.json").write_text(json.dumps(record))
+    write_file("--cache", cache / f"{digest}.json", lambda p: p.write_text(json.dumps(record)))
     return meta, cubin
 
 

@@ -251,6 +251,7 @@ class ManifestReader {
   void set_variant(size_t index) {
     variant_where_ = kernel_where_ + ", variant " + std::to_string(index);
   }
+  void leave_variants() { variant_where_.clear(); }
   const std::string& context() const {
     if (!variant_where_.empty()) return variant_where_;
     return kernel_where_.empty() ? where_ : kernel_where_;
@@ -289,6 +290,16 @@ class ManifestReader {
     TORCH_CHECK_VALUE(value.is_array(), context(), ": field '", name, "' must be a list, got ",
                       shown(value));
     return value;
+  }
+  // Refuses a key of `object` that is not in `known`: a field python3 -m opreg.aot does not write
+  // would be loaded and never read. `in` says where the object is, `has` what it holds.
+  void only_fields(const nlohmann::json& object, const std::set<std::string>& known,
+                   const std::string& in, const char* has) const {
+    TORCH_CHECK_VALUE(object.is_object(), context(), ": expected an object, got ", shown(object));
+    for (const auto& item : object.items()) {
+      TORCH_CHECK_VALUE(known.count(item.key()), context(), ": unknown field ", shown(item.key()),
+                        in, "; ", has);
+    }
   }
   // A power of two from 1 to `high`.
   int64_t power_of_two(const nlohmann::json& object, const char* name, int64_t high) const {
@@ -401,13 +412,8 @@ std::unique_ptr<KernelImpl> parse_fields(const nlohmann::json& manifest, Manifes
                     ": field 'kernel' must be a C identifier, got ",
                     ManifestReader::shown(manifest.at("kernel")));
   in.set_kernel(kernel->name);
-  for (const auto& item : manifest.items()) {
-    static const std::set<std::string> kKnown = {"format", "kernel", "source", "params",
-                                                 "variants"};
-    TORCH_CHECK_VALUE(kKnown.count(item.key()), in.context(), ": unknown field ",
-                      ManifestReader::shown(item.key()),
-                      "; a manifest has format, kernel, source, params and variants");
-  }
+  in.only_fields(manifest, {"format", "kernel", "source", "params", "variants"}, "",
+                 "a manifest has format, kernel, source, params and variants");
   if (manifest.contains("source")) kernel->source = in.string(manifest, "source");
   const auto& params = in.array(manifest, "params");
   TORCH_CHECK_VALUE(params.size() <= kMaxParams, in.context(), ": field 'params' has ",
@@ -415,6 +421,8 @@ std::unique_ptr<KernelImpl> parse_fields(const nlohmann::json& manifest, Manifes
   for (const auto& param : params) {
     auto name = in.string(param, "name");
     auto type = in.string(param, "type");
+    in.only_fields(param, {"name", "type"}, " of parameter '" + name + "'",
+                   "a parameter has name and type");
     for (const auto& earlier : kernel->params) {
       TORCH_CHECK_VALUE(earlier.name != name, in.context(), ": field 'params' names parameter '",
                         name, "' twice");
@@ -430,29 +438,15 @@ std::unique_ptr<KernelImpl> parse_fields(const nlohmann::json& manifest, Manifes
     in.set_variant(kernel->variants.size());
     TORCH_CHECK_VALUE(raw.is_object(), in.context(), ": expected a JSON object, got ",
                       ManifestReader::shown(raw));
-    for (const auto& item : raw.items()) {
-      static const std::set<std::string> kKnown = {"arch",
-                                                   "entry",
-                                                   "num_warps",
-                                                   "num_ctas",
-                                                   "shared",
-                                                   "global_scratch_size",
-                                                   "global_scratch_align",
-                                                   "profile_scratch_size",
-                                                   "profile_scratch_align",
-                                                   "launch_pdl",
-                                                   "launch_cooperative_grid",
-                                                   "assumptions",
-                                                   "config",
-                                                   "param_sizes",
-                                                   "file"};
-      TORCH_CHECK_VALUE(kKnown.count(item.key()), in.context(), ": unknown field ",
-                        ManifestReader::shown(item.key()),
-                        "; a variant has the fields python3 -m opreg.aot writes (arch, entry, "
-                        "num_warps, num_ctas, shared, the scratch sizes and alignments, "
-                        "launch_pdl, launch_cooperative_grid, assumptions, config, param_sizes, "
-                        "file)");
-    }
+    in.only_fields(
+        raw,
+        {"arch", "entry", "num_warps", "num_ctas", "shared", "global_scratch_size",
+         "global_scratch_align", "profile_scratch_size", "profile_scratch_align", "launch_pdl",
+         "launch_cooperative_grid", "assumptions", "config", "param_sizes", "file"},
+        "",
+        "a variant has the fields python3 -m opreg.aot writes (arch, entry, "
+        "num_warps, num_ctas, shared, the scratch sizes and alignments, launch_pdl, "
+        "launch_cooperative_grid, assumptions, config, param_sizes, file)");
     auto variant = std::make_unique<Variant>();
     variant->arch = static_cast<int>(in.integer(raw, "arch", 10, 9999));
     variant->entry = in.string(raw, "entry");
@@ -474,6 +468,8 @@ std::unique_ptr<KernelImpl> parse_fields(const nlohmann::json& manifest, Manifes
           in.integer(a, "param", 0, static_cast<int64_t>(kernel->params.size()) - 1));
       const auto kind_text = in.string(a, "kind");
       const auto& p = kernel->params[param];
+      in.only_fields(a, {"param", "kind"}, " of an assumption on parameter '" + p.name + "'",
+                     "an assumption has param and kind");
       AssumptionKind kind;
       if (kind_text == "aligned16") {
         kind = AssumptionKind::kAligned16;
@@ -502,6 +498,8 @@ std::unique_ptr<KernelImpl> parse_fields(const nlohmann::json& manifest, Manifes
     TORCH_CHECK_VALUE(config_json.is_object(), in.context(),
                       ": field 'config' must be an object, got ",
                       ManifestReader::shown(config_json));
+    in.only_fields(config_json, {"num_warps", "num_stages", "num_ctas", "maxnreg"},
+                   " in field 'config'", "a config has num_warps, num_stages, num_ctas, maxnreg");
     for (const auto& [key, value] : config_json.items()) {
       config << (config.tellp() > 0 ? " " : "") << key << "=" << value;
     }
@@ -532,6 +530,19 @@ std::unique_ptr<KernelImpl> parse_fields(const nlohmann::json& manifest, Manifes
     TORCH_CHECK_VALUE(problem.empty(), in.context(), ": binary '", file,
                       "' is not a cubin: ", problem);
     kernel->variants.push_back(std::move(variant));
+  }
+  // python3 -m opreg.aot writes a variant without assumptions for every arch: a launch whose
+  // arguments break the others' assumptions (an unaligned pointer) takes it.
+  in.leave_variants();
+  for (const auto& variant : kernel->variants) {
+    const int arch = variant->arch;
+    TORCH_CHECK_VALUE(std::any_of(kernel->variants.begin(), kernel->variants.end(),
+                                  [&](const auto& other) {
+                                    return other->arch == arch && other->assumptions.empty();
+                                  }),
+                      in.context(), ": no generic variant (one without assumptions) for sm_", arch,
+                      ": a launch whose arguments break its variants' assumptions would have no "
+                      "binary; python3 -m opreg.aot writes one for every arch");
   }
   return kernel;
 }

@@ -552,6 +552,24 @@ def repeated_variant(m, folder):
     m["variants"].insert(1, dict(m["variants"][0]))
 
 
+def unknown_config_field(m, _):
+    m["variants"][0]["config"]["bogus"] = 1
+
+
+def unknown_param_field(m, _):
+    m["params"][1]["align"] = 16
+
+
+def unknown_assumption_field(m, _):
+    m["variants"][0]["assumptions"][0]["x"] = 1
+
+
+def no_generic_variant_for_sm90(m, _):
+    generic_sm90 = [v for v in m["variants"] if v["arch"] == 90 and not v["assumptions"]]
+    assert generic_sm90, "the bundle has a generic sm_90 variant to drop"
+    m["variants"] = [v for v in m["variants"] if v not in generic_sm90]
+
+
 @pytest.mark.parametrize(
     ("change", "where", "message"),
     [
@@ -560,6 +578,28 @@ def repeated_variant(m, folder):
         (unknown_field, "", 'unknown field "kernel_name"; a manifest has format, kernel'),
         # The fourteenth sweep: a variant's misspelt field loaded, and the field was not read.
         (unknown_variant_field, ", variant 0", 'unknown field "num_warp"; a variant has the'),
+        # The sixteenth sweep: unknown fields inside these loaded, and so did a kernel whose
+        # unaligned launches had no variant to take.
+        (
+            unknown_config_field,
+            ", variant 0",
+            "unknown field \"bogus\" in field 'config'; a config has num_warps, num_stages",
+        ),
+        (
+            unknown_param_field,
+            "",
+            "unknown field \"align\" of parameter 'out_ptr'; a parameter has name and type",
+        ),
+        (
+            unknown_assumption_field,
+            ", variant 0",
+            "unknown field \"x\" of an assumption on parameter 'x_ptr'; an assumption has",
+        ),
+        (
+            no_generic_variant_for_sm90,
+            "",
+            "no generic variant (one without assumptions) for sm_90: a launch whose arguments",
+        ),
     ],
 )
 def test_manifest_repeats_and_unknown_fields_are_refused(

@@ -689,6 +689,10 @@ Call inspect(const KernelImpl& kernel, c10::ArrayRef<Arg> args, std::string* why
     const auto& param = kernel.params[index++];
     if (arg.kind() != Arg::Kind::kTensor) continue;
     const auto& tensor = arg.tensor();
+    if (!tensor.defined()) {
+      *why_not = "argument '" + param.name + "' is an undefined tensor";
+      return call;
+    }
     if (param.pointee && *param.pointee != tensor.scalar_type()) {
       *why_not = "argument '" + param.name + "' is " + c10::toString(tensor.scalar_type()) +
                  ", the kernel takes " + param.type_name;

@@ -84,6 +84,13 @@ TEST(Triton, ArgumentsAreChecked) {
   EXPECT_EQ(why, "argument 'out_ptr' must be a tensor or pointer");
   EXPECT_FALSE(kernel.can_launch({x, x, x, 2.0}, &why));
   EXPECT_EQ(why, "argument 'n' must be a number (i64)");
+  // The sixteenth sweep: "argument 'x_ptr' is UNKNOWN_SCALAR, the kernel takes *fp32".
+  const at::Tensor undefined;
+  EXPECT_FALSE(kernel.can_launch({undefined, x, int64_t{8}, 2.0}, &why));
+  EXPECT_EQ(why, "argument 'x_ptr' is an undefined tensor");
+  EXPECT_CONTAINS(error_of([&] { kernel.launch({1}, {undefined, x, int64_t{8}, 2.0}); }),
+                  "cannot launch Triton kernel 'opreg_test_scale': argument 'x_ptr' is an "
+                  "undefined tensor");
 }
 
 TEST(Triton, UnknownKernel) {

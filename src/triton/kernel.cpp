@@ -1004,8 +1004,18 @@ void Kernel::launch(Grid grid, c10::ArrayRef<Arg> args) const {
 // (and warned about now), so ops fall back instead.
 bool register_embedded_bundle(const char* manifest, size_t manifest_size, const EmbeddedFile* files,
                               size_t num_files) {
-  const std::string text(manifest, manifest_size);
+  const std::string text = manifest != nullptr ? std::string(manifest, manifest_size) : "";
   try {
+    TORCH_CHECK_VALUE(files != nullptr || num_files == 0,
+                      "opreg: embedded Triton bundle: ", num_files,
+                      " files given as a null pointer");
+    for (size_t i = 0; i < num_files; ++i) {
+      TORCH_CHECK_VALUE(files[i].name != nullptr, "opreg: embedded Triton bundle: file ", i,
+                        " has no name (a null pointer)");
+      TORCH_CHECK_VALUE(files[i].data != nullptr || files[i].size == 0,
+                        "opreg: embedded Triton bundle: file '", escaped(files[i].name),
+                        "' has no data (a null pointer) for its ", files[i].size, " bytes");
+    }
     std::vector<std::unique_ptr<KernelImpl>> kernels;
     kernels.push_back(parse_manifest(text, "(embedded)", [&](const std::string& name) {
       for (size_t i = 0; i < num_files; ++i) {

@@ -64,6 +64,26 @@ TEST(Triton, EmbeddedBundleThatFailsIsReportedNotThrown) {
   EXPECT_FALSE(opreg::triton::register_embedded_bundle(garbage.data(), garbage.size(), nullptr, 0));
 }
 
+// The sixteenth sweep: a file without a name crashed (strlen of a null pointer).
+TEST(Triton, EmbeddedFilesWithNullPointersAreReportedNotFollowed) {
+  const std::string manifest =
+      R"({"format": "opreg-triton-aot/1", "kernel": "opreg_test_null_file_name", "params": [],
+    "variants": [{"arch": 80, "entry": "k", "num_warps": 4, "num_ctas": 1, "shared": 0,
+      "global_scratch_size": 0, "global_scratch_align": 1, "profile_scratch_size": 0,
+      "profile_scratch_align": 1, "launch_pdl": false, "launch_cooperative_grid": false,
+      "assumptions": [], "config": {}, "param_sizes": [8, 8], "file": "a.cubin"}]})";
+  const unsigned char junk[4] = {1, 2, 3, 4};
+  const opreg::triton::EmbeddedFile unnamed{nullptr, junk, sizeof(junk)};
+  EXPECT_FALSE(
+      opreg::triton::register_embedded_bundle(manifest.data(), manifest.size(), &unnamed, 1));
+  std::string why;
+  EXPECT_FALSE(opreg::triton::Kernel("opreg_test_null_file_name").available_on(0, &why));
+  EXPECT_CONTAINS(why, "opreg: embedded Triton bundle: file 0 has no name (a null pointer)");
+  const opreg::triton::EmbeddedFile without_data{"a.cubin", nullptr, 100};
+  EXPECT_FALSE(
+      opreg::triton::register_embedded_bundle(manifest.data(), manifest.size(), &without_data, 1));
+}
+
 TEST(Triton, CpuTensorsAreRefusedWithTheReason) {
   opreg::triton::Kernel kernel("opreg_test_scale");
   auto x = at::randn({8});

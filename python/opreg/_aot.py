@@ -47,6 +47,8 @@ class AotKernel:
                 f"'cuda:1' or a torch.device), got {type(device).__name__} {device!r:.80}"
             )
         if isinstance(device, int):
+            if not -(2**31) <= device < 2**31:  # beyond a C int: no device has such an index
+                return False, f"CUDA device index {device} out of range"
             return self._kernel.available_on(device)
         device = torch.device(device)
         if device.type != "cuda":

@@ -851,6 +851,13 @@ def test_load_functions_refuse_paths_that_are_not_paths(path):
 # ---- 4. AotKernel: launches from Python with wrong arguments ----
 
 
+@pytest.mark.parametrize("device", [2**40, -(2**40)])
+def test_available_on_a_device_index_beyond_an_int_is_out_of_range(device):
+    # The sixteenth sweep: pybind's "incompatible function arguments".
+    kernel = opreg.AotKernel("opreg_test_scale")
+    assert kernel.available_on(device) == (False, f"CUDA device index {device} out of range")
+
+
 def test_aot_kernel_name_must_be_a_str():
     with pytest.raises(TypeError, match=r"opreg.AotKernel: 'name' must be a str .*, got int 5"):
         opreg.AotKernel(5)

@@ -869,7 +869,7 @@ void check_arguments(const Definition& definition, const torch::jit::Stack& stac
     if (fits(value, *type)) continue;
     if (value.isInt() && enum_values(*type)) {
       TORCH_CHECK_VALUE(false, definition.name(), ": argument '", arguments[index].name(), "' is ",
-                        value.toInt(), ", which is no ", enum_name(*type), " (expected 0 to ",
+                        value.toInt(), ", which is not a ", enum_name(*type), " (expected 0 to ",
                         *enum_values(*type) - 1, "; schema '", definition.schema_text(), "')");
     }
     TORCH_CHECK_TYPE(false, definition.name(), ": argument '", arguments[index].name(),

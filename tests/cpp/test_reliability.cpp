@@ -400,9 +400,9 @@ TEST(Reliability, ABoxedCallWithAValueOfAnotherKindOrBeyondItsEnumIsRefused) {
   const c10::IValue d(static_cast<int64_t>(at::kDouble)), none, cpu(at::Device("cpu"));
   const c10::IValue sizes(c10::List<int64_t>({1})), floats(c10::List<double>({1.0}));
   EXPECT_CONTAINS(call({x, int64_t{999}, none, sizes, "a", cpu, floats}),
-                  "opreg_rel::kinds: argument 'd' is 999, which is no ScalarType (expected 0 to");
+                  "opreg_rel::kinds: argument 'd' is 999, which is not a ScalarType (expected 0 to");
   EXPECT_CONTAINS(call({x, d, int64_t{250}, sizes, "a", cpu, floats}),
-                  "opreg_rel::kinds: argument 'l' is 250, which is no Layout");
+                  "opreg_rel::kinds: argument 'l' is 250, which is not a Layout");
   EXPECT_CONTAINS(call({x, d, none, floats, "a", cpu, floats}),
                   "opreg_rel::kinds: argument 'sizes' must be int[], got float[]");
   EXPECT_CONTAINS(call({x, d, none, sizes, int64_t{3}, cpu, floats}),

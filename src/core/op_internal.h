@@ -37,6 +37,9 @@ FallbackPtr fallback_kernel_of(const std::string& op);
 // Checks a boxed call's stack against the op's current schema before anything reads it: enough
 // arguments, and a defined tensor for every non-optional Tensor argument.
 void check_stack(const std::string& op, const torch::jit::Stack& stack);
+// The op's dtypes() rules on a call's arguments: for the pieces that serve calls without the
+// checks of a call around them (vmap rules).
+void check_stack_dtypes(const std::string& op, const torch::jit::Stack& stack);
 
 [[noreturn]] void throw_no_fake(const std::string& op, const std::string& reason);
 

@@ -1780,6 +1780,11 @@ void check_stack(const std::string& op, const torch::jit::Stack& stack) {
   check_arguments(*current_definition(op), stack);
 }
 
+void check_stack_dtypes(const std::string& op, const torch::jit::Stack& stack) {
+  const auto definition = current_definition(op);
+  if (!definition->dtype_rules.empty()) check_dtypes(*definition, stack);
+}
+
 void restore_definition(const std::string& qualified, std::shared_ptr<const void> previous) {
   auto& reg = registry();
   std::vector<DefinitionPtr> garbage;  // destroyed after the lock is released

@@ -134,6 +134,7 @@ class VmapKernel final : public c10::OperatorKernel {
     VmapResult result;
     std::vector<c10::IValue> unwrapped_inputs;  // for the alias check of the rule's outputs
     if (rule_) {
+      detail::check_stack_dtypes(op_->name, unwrapped.values);  // the fallback's calls check them
       unwrapped_inputs = unwrapped.values;
       trace("vmap:rule", unwrapped);
       c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::FuncTorchBatched);
@@ -162,8 +163,7 @@ class VmapKernel final : public c10::OperatorKernel {
                 result.out_dims.size(), " out_dims, expected ", num_returns, " (one per output)");
     for (size_t i = 0; i < num_returns; ++i) {
       auto& output = result.outputs[i];
-      if (output.isTensor() && result.out_dims[i].has_value()) {
-        const auto& tensor = output.toTensor();
+      auto batched = [&](const at::Tensor& tensor) {
         const int64_t dim = *result.out_dims[i];
         TORCH_CHECK(dim >= -tensor.dim() && dim < tensor.dim(), op_->name, ": ", source,
                     " gave out_dim ", dim, " for output ", i, ", which has ", tensor.dim(), " dims",
@@ -176,7 +176,17 @@ class VmapKernel final : public c10::OperatorKernel {
         if (rule_ && op_->schema.returns()[i].alias_info() == nullptr) {
           check_no_alias(tensor, unwrapped_inputs, i);
         }
-        stack->push_back(functorch::makeBatched(output.toTensor(), *result.out_dims[i], level));
+        return functorch::makeBatched(tensor, dim, level);
+      };
+      if (output.isTensor() && result.out_dims[i].has_value()) {
+        stack->push_back(batched(output.toTensor()));
+      } else if (output.isTensorList() && result.out_dims[i].has_value()) {
+        // Every element carries the batch at out_dim (left as it was, the elements would be
+        // taken for unbatched ones and given the batch a second time).
+        std::vector<at::Tensor> elements;
+        for (const at::Tensor& element : output.toTensorList())
+          elements.push_back(batched(element));
+        stack->emplace_back(c10::List<at::Tensor>(elements));
       } else {
         stack->push_back(std::move(output));
       }
@@ -268,7 +278,8 @@ class VmapKernel final : public c10::OperatorKernel {
     VmapResult result;
     result.outputs = call_below(op, std::move(unwrapped.values));
     for (const auto& output : result.outputs) {
-      result.out_dims.push_back(output.isTensor() ? std::optional<int64_t>(0) : std::nullopt);
+      result.out_dims.push_back(
+          output.isTensor() || output.isTensorList() ? std::optional<int64_t>(0) : std::nullopt);
     }
     return result;
   }

@@ -399,8 +399,9 @@ TEST(Reliability, ABoxedCallWithAValueOfAnotherKindOrBeyondItsEnumIsRefused) {
   const at::Tensor x = at::ones({2});
   const c10::IValue d(static_cast<int64_t>(at::kDouble)), none, cpu(at::Device("cpu"));
   const c10::IValue sizes(c10::List<int64_t>({1})), floats(c10::List<double>({1.0}));
-  EXPECT_CONTAINS(call({x, int64_t{999}, none, sizes, "a", cpu, floats}),
-                  "opreg_rel::kinds: argument 'd' is 999, which is not a ScalarType (expected 0 to");
+  EXPECT_CONTAINS(
+      call({x, int64_t{999}, none, sizes, "a", cpu, floats}),
+      "opreg_rel::kinds: argument 'd' is 999, which is not a ScalarType (expected 0 to");
   EXPECT_CONTAINS(call({x, d, int64_t{250}, sizes, "a", cpu, floats}),
                   "opreg_rel::kinds: argument 'l' is 250, which is not a Layout");
   EXPECT_CONTAINS(call({x, d, none, floats, "a", cpu, floats}),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 from test_reliability import assert_survived, run_probe
 
 import opreg
@@ -56,3 +57,40 @@ def test_a_path_too_long_to_read_names_load_library():
         r"File name too long",
     ):
         opreg.load_library("/tmp/" + "a" * 5000 + ".so")
+
+
+def test_a_batch_polymorphic_op_returning_a_tensor_list_keeps_one_batch_dim():
+    # Each element came back with the batch twice ((3, 3, 2) for (3, 2)), its gradient 3x.
+
+    op = opreg.register_triton_op(
+        fake_fn=None,
+        triton_fn=None,
+        name="vmap16::listed",
+        schema="(Tensor x) -> (Tensor, Tensor[])",
+        batch_polymorphic=True,
+    )(lambda x: (x + 1, [x * 2, x * 3]))
+    x = torch.arange(6.0).reshape(3, 2)
+    first, listed = torch.vmap(op)(x)
+    assert torch.equal(first, x + 1)
+    assert [t.shape for t in listed] == [(3, 2), (3, 2)]
+    assert torch.equal(listed[0], x * 2) and torch.equal(listed[1], x * 3)
+    nested = torch.vmap(torch.vmap(op))(torch.ones(2, 3, 2))[1]
+    assert [t.shape for t in nested] == [(2, 3, 2), (2, 3, 2)]
+    grad = x.clone().requires_grad_()
+    torch.vmap(op)(grad)[1][0].sum().backward()
+    assert torch.equal(grad.grad, torch.full((3, 2), 2.0))
+
+
+def test_dtypes_are_checked_when_a_vmap_rule_serves_the_call():
+
+    op = opreg.register_triton_op(
+        fake_fn=None,
+        triton_fn=None,
+        name="vmap16::typed",
+        schema="(Tensor x) -> Tensor",
+        dtypes={"x": [torch.float32]},
+        vmap=lambda info, in_dims, x: (x.movedim(in_dims[0], 0) * 2, 0),
+    )(lambda x: x * 2)
+    with pytest.raises(TypeError, match="vmap16::typed: argument 'x' has dtype Long, expected"):
+        torch.vmap(op)(torch.ones(3, 2, dtype=torch.int64))
+    assert torch.equal(torch.vmap(op)(torch.ones(3, 2)), torch.full((3, 2), 2.0))

@@ -24,8 +24,10 @@ c10::KernelFunction make_autograd_kernel(IdentityPtr op, const AutogradDeclarati
                                          FallbackPtr fallback);
 AutogradSupport autograd_support(const AutogradDeclaration& autograd);
 
+// `autograd` says how the op's autograd serves calls; vmap keeps it for gradients taken through
+// a vmapped call (Note [Gradients through vmap]).
 c10::KernelFunction make_vmap_kernel(IdentityPtr op, VmapRule rule, const OpFlags& flags,
-                                     FallbackPtr fallback);
+                                     AutogradSupport autograd, FallbackPtr fallback);
 // The FuncTorchVmapMode kernel of random ops; nullopt for the others.
 std::optional<c10::KernelFunction> make_randomness_kernel(IdentityPtr op, const OpFlags& flags);
 VmapSupport vmap_support(const VmapRule& rule, const OpFlags& flags);

@@ -753,8 +753,9 @@ DefinitionPtr build(OpBuilder::State spec, const std::vector<std::string>& devic
   }
   definition->autograd = detail::make_autograd_kernel(definition->identity, declared.autograd,
                                                       definition->checked_fallback);
-  definition->vmap = detail::make_vmap_kernel(definition->identity, declared.vmap_rule,
-                                              declared.flags, definition->checked_fallback);
+  definition->vmap = detail::make_vmap_kernel(
+      definition->identity, declared.vmap_rule, declared.flags,
+      detail::autograd_support(declared.autograd), definition->checked_fallback);
   definition->randomness = detail::make_randomness_kernel(definition->identity, declared.flags);
   return definition;
 }

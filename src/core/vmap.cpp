@@ -19,6 +19,7 @@
 #include <ATen/functorch/BatchedTensorImpl.h>
 #include <ATen/functorch/DynamicLayer.h>
 #include <ATen/functorch/PlumbingHelper.h>
+#include <ATen/functorch/TensorWrapper.h>
 #include <c10/core/WrapDimMinimal.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -80,6 +81,49 @@ std::vector<c10::SymInt> with_batch(const at::Tensor& value, int64_t batch_size)
   return sizes;
 }
 
+// Note [Gradients through vmap]
+// When autograd records below a vmap level (an input requires grad outside torch.vmap, or a
+// grad/jvp transform wraps it), the fallback run on batched tensors is recorded ATen op by ATen
+// op: right for the 'fallback' policy (its eager calls record the same ops), but it would skip an
+// op's own backward and its 'error' and 'none' policies. So for those ops such calls keep the
+// op's autograd: 'error' refuses as the eager call does, 'none' runs the fallback with gradients
+// off, and an op with a backward is called once per example, each call recording the op's node
+// (torch.library's default vmap does the same). Forward-mode tangents take the fallback in eager
+// calls too (the autograd kernel's step 2), so they keep the batched fallback.
+struct GradientsBelow {
+  bool reverse = false;  // an input requires grad (and grad mode is on)
+  bool forward = false;  // an input has a forward-mode tangent
+};
+
+GradientsBelow gradients_below(const std::vector<c10::IValue>& args) {
+  GradientsBelow found;
+  // Every layer under this one: an outer vmap's BatchedTensor hides the tensor that requires grad.
+  auto look_at = [&](const c10::IValue& value) {
+    if (!value.isTensor()) return;
+    at::Tensor tensor = value.toTensor();
+    while (tensor.defined()) {
+      found.reverse = found.reverse || tensor.requires_grad();
+      found.forward = found.forward || tensor._fw_grad(/*level=*/0).defined();
+      if (const auto* batched = functorch::maybeGetBatchedImpl(tensor)) {
+        tensor = batched->value();
+      } else if (const auto* wrapper = functorch::maybeGetTensorWrapper(tensor)) {
+        tensor = wrapper->value();
+      } else {
+        break;
+      }
+    }
+  };
+  for (const auto& arg : args) {
+    if (arg.isList()) {
+      for (const auto& element : arg.toListRef()) look_at(element);
+    } else {
+      look_at(arg);
+    }
+  }
+  found.reverse = found.reverse && c10::GradMode::is_enabled();
+  return found;
+}
+
 // Calls the op on plain (unwrapped) arguments, below this vmap level.
 std::vector<c10::IValue> call_below(const c10::OperatorHandle& op, std::vector<c10::IValue> args) {
   c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::FuncTorchBatched);
@@ -90,13 +134,14 @@ std::vector<c10::IValue> call_below(const c10::OperatorHandle& op, std::vector<c
 
 class VmapKernel final : public c10::OperatorKernel {
  public:
-  VmapKernel(detail::IdentityPtr op, VmapRule rule, const OpFlags& flags,
+  VmapKernel(detail::IdentityPtr op, VmapRule rule, const OpFlags& flags, AutogradSupport autograd,
              detail::FallbackPtr fallback)
       : op_(std::move(op)),
         rule_(std::move(rule)),
         random_(flags.random),
         batch_polymorphic_(flags.batch_polymorphic),
         per_example_loop_(flags.vmap_per_example_loop),
+        autograd_(autograd),
         fallback_(std::move(fallback)) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
@@ -117,9 +162,33 @@ class VmapKernel final : public c10::OperatorKernel {
     // same numbers for every example.
     const bool same_draws = random_ && randomness == Randomness::kSame;
     const bool polymorphic_call = batch_polymorphic_ && same_logical_rank(args);
+    bool loop_for_backward = false;
     if (!rule_ && (same_draws || (!polymorphic_call && !per_example_loop_))) {
-      run_fallback(op, keys, stack);
-      return;
+      if (autograd_ == AutogradSupport::kFallback) return run_fallback(op, keys, stack);
+      const auto gradients = gradients_below(args);
+      if (!gradients.reverse && !gradients.forward) return run_fallback(op, keys, stack);
+      TORCH_CHECK(autograd_ != AutogradSupport::kError, op_->name, ": under vmap, an input ",
+                  gradients.reverse ? "requires grad" : "has a forward-mode tangent",
+                  ", but the op has no backward and its autograd policy is 'error'; give it a "
+                  "backward (.backward(backward, setup_context) in C++, backward= in Python), or "
+                  "use the 'fallback' policy");
+      if (autograd_ == AutogradSupport::kNone) {
+        c10::AutoGradMode no_grad(false);
+        c10::AutoFwGradMode no_forward_grad(false);
+        return run_fallback(op, keys, stack);
+      }
+      if (!gradients.reverse) return run_fallback(op, keys, stack);
+      TORCH_CHECK(!same_draws, op_->name,
+                  ": under vmap with randomness='same', an input requires grad, and the op's "
+                  "backward needs it called once per example, which draws different numbers for "
+                  "each; give the op a vmap rule, or use randomness='different'");
+      for (const auto& arg : args) {
+        TORCH_CHECK(!arg.isTensorList() && !arg.isOptionalTensorList(), op_->name,
+                    ": under vmap, an input requires grad, and the op's backward needs it called "
+                    "once per example, which cannot take its Tensor[] arguments yet; give the op "
+                    "a vmap rule");
+      }
+      loop_for_backward = true;
     }
     auto unwrapped = unwrap(args, level, op_->name);
     torch::jit::drop(*stack, num_args);
@@ -145,7 +214,7 @@ class VmapKernel final : public c10::OperatorKernel {
       trace("vmap:batch-polymorphic", unwrapped);
       result = batch_polymorphic(op, std::move(unwrapped), batch_size);
     } else {
-      warn_once_about_loop();
+      if (!loop_for_backward) warn_once_about_loop();
       trace("vmap:per-example loop", unwrapped);
       result = per_example_loop(op, unwrapped, batch_size);
     }
@@ -359,6 +428,7 @@ class VmapKernel final : public c10::OperatorKernel {
   detail::IdentityPtr op_;
   VmapRule rule_;
   bool random_, batch_polymorphic_, per_example_loop_;
+  AutogradSupport autograd_;
   detail::FallbackPtr fallback_;
   std::once_flag loop_warning_;
 };
@@ -472,13 +542,13 @@ class RandomnessKernel final : public c10::OperatorKernel {
 namespace detail {
 
 c10::KernelFunction make_vmap_kernel(IdentityPtr op, VmapRule rule, const OpFlags& flags,
-                                     FallbackPtr fallback) {
+                                     AutogradSupport autograd, FallbackPtr fallback) {
   TORCH_CHECK_VALUE(!(flags.batch_polymorphic && flags.vmap_per_example_loop), op->name,
                     ": batch_polymorphic and vmap_per_example_loop are both declared, but they "
                     "say two things of how vmap calls the op (once, with the batch dims in front, "
                     "or once per example); declare one");
-  return c10::KernelFunction::makeFromBoxedFunctor(
-      std::make_unique<VmapKernel>(std::move(op), std::move(rule), flags, std::move(fallback)));
+  return c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<VmapKernel>(
+      std::move(op), std::move(rule), flags, autograd, std::move(fallback)));
 }
 
 std::optional<c10::KernelFunction> make_randomness_kernel(IdentityPtr op, const OpFlags& flags) {

@@ -186,3 +186,74 @@ def test_compiled_vmap_of_vmap_with_dynamic_shapes():
     x = torch.randn(3, 5, 4)
     out = torch.compile(torch.vmap(torch.vmap(double)), dynamic=True)(x)
     torch.testing.assert_close(out, x * 2)
+
+
+# Note [Gradients through vmap] (src/core/vmap.cpp): a gradient taken through torch.vmap(op) uses
+# the op's backward and honours its autograd policy, as the eager call does.
+def straight_through(name, **autograd):
+    """round() forward; by default an identity-times-two backward (round's own derivative is 0)."""
+    if not autograd:
+        autograd = dict(backward=lambda ctx, g: 2 * g, setup_context=lambda ctx, inputs, out: None)
+    return opreg.register_triton_op(
+        fake_fn=None,
+        triton_fn=None,
+        name=f"vmap_grad::{name}",
+        schema="(Tensor x) -> Tensor",
+        **autograd,
+    )(lambda x: x.round())
+
+
+def test_gradient_through_vmap_uses_the_ops_backward_at_every_depth():
+    op = straight_through("backward")
+    x = torch.randn(2, 4, 3, requires_grad=True)
+    expected = torch.full_like(x, 2.0)
+    torch.testing.assert_close(torch.autograd.grad(vmap(op)(x).sum(), x)[0], expected)
+    torch.testing.assert_close(torch.autograd.grad(vmap(vmap(op))(x).sum(), x)[0], expected)
+    torch.testing.assert_close(grad(lambda v: vmap(vmap(op))(v).sum())(x.detach()), expected)
+    torch.testing.assert_close(vmap(grad(lambda v: vmap(op)(v).sum()))(x.detach()), expected)
+    torch.testing.assert_close(jacrev(vmap(op))(x[0].detach()).sum((0, 1)), expected[0])
+    weight = torch.ones(3, requires_grad=True)
+    loss = vmap(lambda row: op(row * weight).sum())(x[0].detach()).sum()
+    torch.testing.assert_close(torch.autograd.grad(loss, weight)[0], 2 * x[0].detach().sum(0))
+
+
+def test_gradient_through_vmap_of_a_custom_op_uses_register_autograd():
+    @opreg.custom_op("vmap_grad::custom", mutates_args=())
+    def custom(x: torch.Tensor) -> torch.Tensor:
+        return x.round()
+
+    custom.register_autograd(lambda ctx, g: 3 * g)
+    x = torch.randn(4, 3, requires_grad=True)
+    torch.testing.assert_close(
+        torch.autograd.grad(vmap(custom)(x).sum(), x)[0], 3 * torch.ones_like(x)
+    )
+
+
+def test_gradient_through_vmap_honours_the_error_and_none_policies():
+    error = straight_through("error", autograd="error")
+    none = straight_through("none", autograd="none")
+    x = torch.randn(4, 3, requires_grad=True)
+    for call in (
+        lambda: vmap(error)(x),
+        lambda: torch.func.jvp(vmap(error), (x.detach(),), (x.detach(),)),
+    ):
+        with pytest.raises(
+            RuntimeError, match=r"vmap_grad::error: under vmap, an input .* policy is 'error'"
+        ):
+            call()
+    assert torch.equal(vmap(error)(x.detach()), x.detach().round())  # nothing needs a gradient
+    assert not none(x).requires_grad and not vmap(none)(x).requires_grad
+    tangent = torch.func.jvp(vmap(none), (x.detach(),), (torch.ones_like(x),))[1]
+    assert torch.equal(tangent, torch.zeros_like(x))
+
+
+def test_vmap_without_gradients_keeps_the_batched_fallback():
+    op = straight_through("fast")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with opreg.trace() as t:
+            vmap(op)(torch.randn(4, 3))
+    assert t.impls("vmap_grad::fast")[0] == "vmap:fallback"
+    with opreg.trace() as t:
+        vmap(op)(torch.randn(4, 3, requires_grad=True))
+    assert t.impls("vmap_grad::fast")[0] == "vmap:per-example loop"

@@ -191,18 +191,21 @@ def check_signature(qualname: str, keyword: str, fn: Any, schema: str) -> None:
         ) from None
 
 
-def check_positional(qualname: str, keyword: str, fn: Any, arguments: Sequence[str]) -> None:
-    """A piece that opreg calls with fixed positional arguments (backward, setup_context, a vmap
-    rule) fails at definition if it cannot take them, not at its first call."""
+def check_positional(
+    qualname: str, keyword: str, fn: Any, arguments: Sequence[str], keywords: Sequence[str] = ()
+) -> None:
+    """A piece that opreg calls with fixed arguments (backward, setup_context, a vmap rule) fails
+    at definition if it cannot take them, not at its first call."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return
     try:
-        signature.bind(*arguments)
+        signature.bind(*arguments, **dict.fromkeys(keywords))
     except TypeError as error:
+        call = ", ".join([*arguments, *(f"{name}={name}" for name in keywords)])
         raise TypeError(
-            f"opreg: op '{qualname}': {keyword} is called as {keyword}({', '.join(arguments)}), "
+            f"opreg: op '{qualname}': {keyword} is called as {keyword}({call}), "
             f"but its signature is {signature}: {error}"
         ) from None
 

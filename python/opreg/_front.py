@@ -25,7 +25,7 @@ from opreg._declaration import (
 from opreg._public import public
 from opreg._registry import Sharding, caller_origin, check_op_name
 from opreg._triton import AotLaunch, triton_status, uses_wrap_triton
-from opreg._vmap import explicit_rule, vmap_fn_companion
+from opreg._vmap import RuleShape, check_rule_arguments, explicit_rule, vmap_fn_companion
 
 DEFAULT_NAMESPACE = "opreg_py"
 
@@ -312,7 +312,10 @@ def _check_autograd_and_vmap_signatures(
             qualname, "setup_context", given["setup_context"], ["ctx", "inputs", "output"]
         )
     if given["vmap"] is not None:
-        check_positional(qualname, "vmap", given["vmap"], ["info", "in_dims", *positional])
+        check_rule_arguments(qualname, "the vmap rule", parsed)
+        keyword_only = [a.name for a in parsed.arguments if a.kwarg_only]
+        arguments = ["info", "in_dims", *positional]
+        check_positional(qualname, "vmap", given["vmap"], arguments, keyword_only)
     out_dims = given["vmap_out_dims"]
     sequence = isinstance(out_dims, (tuple, list))
     if given["vmap_fn"] is not None and sequence and len(out_dims) != len(parsed.returns):
@@ -454,6 +457,7 @@ def register_triton_op(
             rule, companion = vmap_fn_companion(
                 qualname,
                 signature,
+                RuleShape.of(parse_schema(qualname, full_schema)),
                 vmap_fn=vmap_fn,
                 fake_vmap_fn=fake_vmap_fn,
                 vmap_wrap_inputs=vmap_wrap_inputs,
@@ -464,7 +468,7 @@ def register_triton_op(
             )
             companions.append(companion)
         elif vmap is not None:
-            rule = explicit_rule(qualname, vmap)
+            rule = explicit_rule(qualname, vmap, RuleShape.of(parse_schema(qualname, full_schema)))
 
         wants_trace = uses_wrap_triton(triton_fn) if traceable is None else traceable
         decompose_with = None

@@ -30,7 +30,7 @@ from opreg._opcheck import opcheck as _opreg_opcheck
 from opreg._public import public
 from opreg._registry import caller_origin, check_op_name
 from opreg._triton import faking_launches, triton_status, wrap_triton
-from opreg._vmap import explicit_rule
+from opreg._vmap import RuleShape, check_rule_arguments, explicit_rule
 
 _DeviceTypes = str | Sequence[str] | None
 
@@ -119,6 +119,7 @@ class CustomOpDef:
         self._dispatch_library: torch.library.Library | None = None
         self._opoverload: torch._ops.OpOverload | None = None
         parsed = parse_schema(qualname, qualname + schema)
+        self._parsed = parsed
         self._keyword_only = [a.name for a in parsed.arguments if a.kwarg_only]
         self._positional = [a.name for a in parsed.arguments if not a.kwarg_only]
         self._grads = [f"grad{i}" for i in range(len(parsed.returns))]
@@ -198,7 +199,7 @@ class CustomOpDef:
             setup_context=self._adapted_setup_context(),
             vmap=None
             if self._vmap is None
-            else explicit_rule(self._qualname, self._adapted_vmap()),
+            else explicit_rule(self._qualname, self._vmap, RuleShape.of(self._parsed)),
             vmap_per_example_loop=not has_reference and self._vmap is None,
             replace=True,
             origin=self._origin,
@@ -266,17 +267,6 @@ class CustomOpDef:
             return (*result, *([None] * len(self._keyword_only)))
 
         return backward_with_keyword_only
-
-    def _adapted_vmap(self) -> Callable[..., Any]:
-        rule = self._vmap
-        if not self._keyword_only:
-            return rule
-
-        def vmap(info: Any, in_dims: Sequence[int | None], *inputs: Any) -> Any:
-            positional, keyword_only = self._split(inputs)
-            return rule(info, tuple(in_dims[: len(positional)]), *positional, **keyword_only)
-
-        return vmap
 
     # ---- torch.library.CustomOpDef's methods --------------------------------------------------
 
@@ -347,9 +337,11 @@ class CustomOpDef:
 
         def register(func: Callable[..., Any]) -> Callable[..., Any]:
             self._check_callable("register_vmap", func, "func")
-            if not self._keyword_only:
-                arguments = ["info", "in_dims", *self._positional]
-                check_positional(self._qualname, "register_vmap's func", func, arguments)
+            check_rule_arguments(self._qualname, "register_vmap's func", self._parsed)
+            arguments = ["info", "in_dims", *self._positional]
+            check_positional(
+                self._qualname, "register_vmap's func", func, arguments, self._keyword_only
+            )
             self._with(_vmap=func)
             return func
 

@@ -33,8 +33,39 @@ def default_vmap_wrap_inputs(info: VmapInfo, in_dims: Sequence[int | None], *arg
     return tuple(wrap(arg, dim) for arg, dim in zip(args, in_dims, strict=True))
 
 
-def _as_tuple(value: Any) -> tuple[Any, ...]:
-    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+class RuleShape(NamedTuple):
+    """What a Python rule's call needs from the op's schema: the core passes every argument
+    positionally and takes one value per return."""
+
+    keyword_only: tuple[str, ...]
+    num_returns: int
+    single_list_return: bool  # one return, a list (Tensor[]): the rule's list is that output
+
+    @classmethod
+    def of(cls, schema: torch._C.FunctionSchema) -> RuleShape:
+        returns = schema.returns
+        return cls(
+            keyword_only=tuple(a.name for a in schema.arguments if a.kwarg_only),
+            num_returns=len(returns),
+            single_list_return=len(returns) == 1 and isinstance(returns[0].type, torch.ListType),
+        )
+
+    def split(self, args: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        count = len(args) - len(self.keyword_only)
+        return tuple(args[:count]), dict(zip(self.keyword_only, args[count:], strict=True))
+
+    def outputs(self, value: Any) -> tuple[Any, ...]:
+        """The op's outputs from what a rule or vmap_fn returned, as the op returns them: None
+        (or nothing) for an op without outputs, the value itself for one output (a list too,
+        for a Tensor[] output), one value per output otherwise."""
+        if self.num_returns == 0 and (value is None or value == () or value == []):
+            return ()
+        if self.num_returns == 1:
+            one = (
+                isinstance(value, (tuple, list)) and len(value) == 1 and not self.single_list_return
+            )
+            return (value[0],) if one else (value,)
+        return tuple(value) if isinstance(value, (tuple, list)) else (value,)
 
 
 def _out_dims(out_dims: int | Sequence[int | None], count: int) -> tuple[int | None, ...]:
@@ -43,31 +74,50 @@ def _out_dims(out_dims: int | Sequence[int | None], count: int) -> tuple[int | N
     return tuple(out_dims)
 
 
-def explicit_rule(qualname: str, vmap: Callable[..., Any]) -> Callable[..., Any]:
-    """torch.library.register_vmap's signature: vmap(info, in_dims, *args) -> (out, out_dims)."""
+def explicit_rule(qualname: str, vmap: Callable[..., Any], shape: RuleShape) -> Callable[..., Any]:
+    """torch.library.register_vmap's signature: vmap(info, in_dims, *args, **kwargs) ->
+    (output, out_dims), with in_dims for the positional arguments and keyword-only ones passed by
+    name (the op's definition refuses keyword-only tensors with a rule, as torch does)."""
 
     def rule(batch_size: int, randomness: str, in_dims: list[int | None], args: tuple):
-        result = vmap(VmapInfo(batch_size, randomness), tuple(in_dims), *args)
+        positional, keyword_only = shape.split(args)
+        info = VmapInfo(batch_size, randomness)
+        result = vmap(info, tuple(in_dims[: len(positional)]), *positional, **keyword_only)
         if not (isinstance(result, (tuple, list)) and len(result) == 2):
             raise TypeError(
                 f"opreg: op '{qualname}': its vmap rule must return (outputs, out_dims), got "
                 f"{type(result).__name__}"
             )
         outputs, out_dims = result
-        outputs = _as_tuple(outputs)
+        outputs = shape.outputs(outputs)
         if not (out_dims is None or isinstance(out_dims, (int, tuple, list))):
             raise TypeError(
                 f"opreg: op '{qualname}': its vmap rule returned out_dims {out_dims!r}; expected "
                 "an int, None or one of them per output"
             )
+        if shape.num_returns == 1 and isinstance(out_dims, (tuple, list)) and len(out_dims) == 1:
+            out_dims = out_dims[0]
         return outputs, _out_dims(out_dims, len(outputs))
 
     return rule
 
 
+def check_rule_arguments(qualname: str, keyword: str, schema: torch._C.FunctionSchema) -> None:
+    """A keyword-only tensor has no in_dims entry in a rule's call (torch.library's register_vmap
+    refuses such ops too): refused at definition, naming the argument."""
+    for argument in schema.arguments:
+        if argument.kwarg_only and "Tensor" in str(argument.type):
+            raise ValueError(
+                f"opreg: op '{qualname}': {keyword} gets in_dims for positional arguments only, "
+                f"but the tensor argument '{argument.name}' is keyword-only; make it positional "
+                "in the schema, or vmap the op another way (vmap_fn, batch_polymorphic)"
+            )
+
+
 def vmap_fn_companion(
     qualname: str,
     signature: str,
+    shape: RuleShape,
     *,
     vmap_fn: Callable[..., Any],
     fake_vmap_fn: Callable[..., Any] | None,
@@ -97,7 +147,8 @@ def vmap_fn_companion(
         if not companion:
             companion.append(op_overload(companion_name))
         wrapped = wrap(VmapInfo(batch_size, randomness), in_dims, *args)
-        outputs = _as_tuple(companion[0](*wrapped))
+        positional, keyword_only = shape.split(wrapped)
+        outputs = shape.outputs(companion[0](*positional, **keyword_only))
         return outputs, _out_dims(vmap_out_dims, len(outputs))
 
     declaration = OpDeclaration(

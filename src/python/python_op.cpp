@@ -505,9 +505,21 @@ std::string type_name(const py::handle& value) {
   return py::str(value.get_type()).cast<std::string>();
 }
 
-c10::IValue output_to_ivalue(const std::string& op, const py::handle& value) {
+// `returns_list`: the schema's return at this position is a list (Tensor[]), given as a list or
+// tuple of tensors.
+c10::IValue output_to_ivalue(const std::string& op, const py::handle& value, bool returns_list) {
   if (value.is_none()) return c10::IValue();
   if (THPVariable_Check(value.ptr())) return THPVariable_Unpack(value.ptr());
+  if (returns_list && (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value))) {
+    c10::List<at::Tensor> tensors;
+    for (const auto& element : value) {
+      TORCH_CHECK_TYPE(THPVariable_Check(element.ptr()), op,
+                       ": the vmap rule returned a list output holding a ", type_name(element),
+                       "; expected tensors");
+      tensors.push_back(THPVariable_Unpack(element.ptr()));
+    }
+    return tensors;
+  }
   if (py::isinstance<py::bool_>(value)) return value.cast<bool>();
   if (py::isinstance<py::int_>(value)) return value.cast<int64_t>();
   if (py::isinstance<py::float_>(value)) return value.cast<double>();
@@ -517,7 +529,7 @@ c10::IValue output_to_ivalue(const std::string& op, const py::handle& value) {
 
 // A vmap rule's (outputs, out_dims), each a tuple or list, converted; anything else is the rule's
 // mistake and says so.
-VmapResult vmap_result(const std::string& op, const py::object& result) {
+VmapResult vmap_result(const std::string& op, const py::object& result, const SchemaPtr& schema) {
   auto is_sequence = [](const py::handle& value) {
     return py::isinstance<py::tuple>(value) || py::isinstance<py::list>(value);
   };
@@ -529,7 +541,12 @@ VmapResult vmap_result(const std::string& op, const py::object& result) {
   if (!py::isinstance<py::tuple>(outputs)) outputs = py::make_tuple(outputs);
   if (!is_sequence(out_dims)) out_dims = py::make_tuple(out_dims);
   VmapResult converted;
-  for (const auto& value : outputs) converted.outputs.push_back(output_to_ivalue(op, value));
+  for (const auto& value : outputs) {
+    const size_t index = converted.outputs.size();
+    const bool returns_list = schema && index < schema->returns().size() &&
+                              schema->returns()[index].type()->kind() == c10::TypeKind::ListType;
+    converted.outputs.push_back(output_to_ivalue(op, value, returns_list));
+  }
   for (const auto& dim : out_dims) {
     if (dim.is_none()) {
       converted.out_dims.emplace_back(std::nullopt);
@@ -554,13 +571,15 @@ void add_vmap_rule(OpBuilder& builder, PyRef rule, SchemaPtr schema) {
     static const char* kRandomness[] = {"error", "same", "different"};
     py::list dims;
     for (const auto& dim : in_dims) dims.append(dim ? py::cast(*dim) : py::none());
-    return vmap_result(op, noted(
-                               op, [] { return "the vmap rule"; },
-                               [&] {
-                                 return (*rule)(info.batch_size,
-                                                kRandomness[static_cast<int>(info.randomness)],
-                                                dims, to_python(args, false, schema));
-                               }));
+    return vmap_result(op,
+                       noted(
+                           op, [] { return "the vmap rule"; },
+                           [&] {
+                             return (*rule)(info.batch_size,
+                                            kRandomness[static_cast<int>(info.randomness)], dims,
+                                            to_python(args, false, schema));
+                           }),
+                       schema);
   });
 }
 

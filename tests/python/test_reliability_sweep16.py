@@ -4,6 +4,7 @@ tools in test_reliability_aot.py)."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -94,3 +95,112 @@ def test_dtypes_are_checked_when_a_vmap_rule_serves_the_call():
     with pytest.raises(TypeError, match="vmap16::typed: argument 'x' has dtype Long, expected"):
         torch.vmap(op)(torch.ones(3, 2, dtype=torch.int64))
     assert torch.equal(torch.vmap(op)(torch.ones(3, 2)), torch.full((3, 2), 2.0))
+
+
+def define(name, schema, fallback, **options):
+    return opreg.register_triton_op(
+        fake_fn=options.pop("fake_fn", None), triton_fn=None, name=name, schema=schema, **options
+    )(fallback)
+
+
+def test_vmap_fn_and_vmap_rules_get_keyword_only_arguments_by_name():
+    # The companion of a vmap_fn, and a rule with torch.library.register_vmap's signature, were
+    # called with every argument positionally: each vmapped call of such an op failed.
+    x = torch.randn(3, 2)
+    with_vmap_fn = define(
+        "kw16::vmap_fn",
+        "(Tensor x, *, float a=1.0) -> Tensor",
+        lambda x, *, a=1.0: x * a,
+        vmap_fn=lambda x, *, a=1.0: x * a,
+        fake_vmap_fn=lambda x, *, a=1.0: torch.empty_like(x),
+    )
+    torch.testing.assert_close(torch.vmap(with_vmap_fn)(x), x)
+    torch.testing.assert_close(torch.vmap(lambda v: with_vmap_fn(v, a=3.0))(x), 3 * x)
+
+    def rule(info, in_dims, x, *, a=1.0):
+        assert len(in_dims) == 1  # positional arguments only, as torch gives them
+        return x.movedim(in_dims[0], 0) * a, 0
+
+    with_rule = define(
+        "kw16::rule", "(Tensor x, *, float a=1.0) -> Tensor", lambda x, *, a=1.0: x * a, vmap=rule
+    )
+    torch.testing.assert_close(torch.vmap(lambda v: with_rule(v, a=3.0))(x), 3 * x)
+
+
+def test_a_vmap_rule_that_cannot_take_keyword_only_arguments_is_refused_at_definition():
+    with pytest.raises(
+        TypeError, match=r"kw16::narrow': vmap is called as vmap\(info, in_dims, x, a=a\)"
+    ):
+        define(
+            "kw16::narrow",
+            "(Tensor x, *, float a) -> Tensor",
+            lambda x, *, a: x * a,
+            vmap=lambda info, in_dims, x: (x, 0),
+        )
+    with pytest.raises(
+        ValueError, match=r"kw16::tensor': the vmap rule .* tensor argument 'y' is keyword-only"
+    ):
+        define(
+            "kw16::tensor",
+            "(Tensor x, *, Tensor y) -> Tensor",
+            lambda x, *, y: x + y,
+            vmap=lambda info, in_dims, x, *, y: (x + y, 0),
+        )
+    for name in ("kw16::narrow", "kw16::tensor"):
+        with pytest.raises(ValueError, match="no op named"):
+            opreg.describe_op(name)
+
+
+def sink(x, y):
+    x.add_(y)
+
+
+def batched_sink_rule(info, in_dims, x, y):
+    x.add_(y if in_dims[1] is None else y.movedim(in_dims[1], 0))
+    return None, None  # torch.library's convention for an op without outputs
+
+
+def test_ops_without_outputs_vmap_through_vmap_fn_and_rules():
+    schema = "(Tensor(a!) x, Tensor y) -> ()"
+    through_vmap_fn = define(
+        "sink16::vmap_fn",
+        schema,
+        sink,
+        fake_fn=lambda x, y: None,
+        vmap_fn=sink,
+        fake_vmap_fn=lambda x, y: None,
+    )
+    through_rule = define(
+        "sink16::rule", schema, sink, fake_fn=lambda x, y: None, vmap=batched_sink_rule
+    )
+
+    @opreg.custom_op("sink16::custom", mutates_args=("x",))
+    def through_custom_op(x: torch.Tensor, y: torch.Tensor) -> None:
+        x.add_(y)
+
+    through_custom_op.register_vmap(batched_sink_rule)
+
+    def call_then_return_x(op, x, y):
+        assert op(x, y) is None
+        return x
+
+    for op in (through_vmap_fn, through_rule, through_custom_op):
+        x, y = torch.zeros(3, 2), torch.arange(6.0).reshape(3, 2)
+        torch.vmap(functools.partial(call_then_return_x, op))(x, y)
+        torch.testing.assert_close(x, y)
+
+
+def test_a_vmap_fn_returning_a_tensor_list_serves_the_ops_one_output():
+    op = define(
+        "list16::vmap_fn",
+        "(Tensor x) -> Tensor[]",
+        lambda x: [x * 2, x * 3],
+        vmap_fn=lambda x: [x * 2, x * 3],
+        fake_vmap_fn=lambda x: [torch.empty_like(x), torch.empty_like(x)],
+    )
+    x = torch.arange(6.0).reshape(3, 2)
+    with opreg.trace() as t:
+        doubled, tripled = torch.vmap(op)(x)
+    assert "list16::vmap_fn_vmap" in {record.op for record in t.records}
+    torch.testing.assert_close(doubled, 2 * x)
+    torch.testing.assert_close(tripled, 3 * x)

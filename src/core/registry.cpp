@@ -46,6 +46,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/op_registration/infer_schema.h>
+#include <ATen/functorch/BatchedTensorImpl.h>
+#include <ATen/functorch/TensorWrapper.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/TensorOptions.h>
 #include <c10/core/impl/COW.h>
@@ -1128,6 +1130,22 @@ void check_output_tensor(const Definition& definition, const at::Tensor& output,
   });
 }
 
+// The tensor whose memory `tensor` is: functorch's wrappers (vmap's BatchedTensor, grad's and
+// jvp's TensorWrapper) have no storage of their own.
+const at::Tensor& memory_holder(const at::Tensor& tensor) {
+  const at::Tensor* holder = &tensor;
+  while (!holder->has_storage()) {
+    if (const auto* batched = at::functorch::maybeGetBatchedImpl(*holder)) {
+      holder = &batched->value();
+    } else if (const auto* wrapper = at::functorch::maybeGetTensorWrapper(*holder)) {
+      holder = &wrapper->value();
+    } else {
+      break;
+    }
+  }
+  return *holder;
+}
+
 // Two outputs on one memory, where the schema declares no alias: eager code that writes one
 // sees the other change, while torch.compile, which trusts the schema, makes them apart.
 void check_outputs_apart(const Definition& definition, const torch::jit::Stack& stack, size_t base,
@@ -1140,7 +1158,7 @@ void check_outputs_apart(const Definition& definition, const torch::jit::Stack& 
   c10::SmallVector<Seen, 4> seen;
   auto check = [&](const c10::IValue& value, size_t index) {
     if (definition.return_aliases[index] || !value.isTensor()) return;
-    const at::Tensor& tensor = value.toTensor();
+    const at::Tensor& tensor = memory_holder(value.toTensor());
     if (!tensor.defined() || !tensor.has_storage()) return;
     const Memory memory(tensor);
     for (const auto& [other, device, other_index] : seen) {

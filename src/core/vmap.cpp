@@ -304,8 +304,9 @@ class VmapKernel final : public c10::OperatorKernel {
     try {
       fallback_->callBoxed(op, keys, stack);
     } catch (const c10::Error& error) {
-      // The op's own argument checks (dtypes) fail the same way outside vmap: no vmap advice.
-      if (error.msg().rfind(op_->name + ": argument '", 0) == 0) throw;
+      // The op's own checks (its arguments' dtypes, its outputs) fail the same way outside vmap:
+      // no vmap advice.
+      if (error.msg().rfind(op_->name + ": ", 0) == 0) throw;
       TORCH_CHECK(false, op_->name,
                   ": its fallback cannot run under vmap; give the op a vmap rule, declare it "
                   "batch-polymorphic, or ask for the per-example loop. The fallback said: ",

@@ -204,3 +204,26 @@ def test_a_vmap_fn_returning_a_tensor_list_serves_the_ops_one_output():
     assert "list16::vmap_fn_vmap" in {record.op for record in t.records}
     torch.testing.assert_close(doubled, 2 * x)
     torch.testing.assert_close(tripled, 3 * x)
+
+
+def test_two_outputs_sharing_memory_are_refused_under_vmap_and_grad_as_in_eager():
+    shared = define(
+        "alias16::shared",
+        "(Tensor x) -> (Tensor, Tensor)",
+        lambda x: (lambda y: (y, y.view(y.shape)))(x * 2),
+    )
+    calls = (
+        lambda: shared(torch.randn(2)),
+        lambda: torch.vmap(shared)(torch.randn(3, 2)),
+        lambda: torch.vmap(torch.vmap(shared))(torch.randn(3, 2, 2)),
+        lambda: torch.func.grad(lambda x: shared(x)[0].sum())(torch.randn(2)),
+    )
+    for call in calls:
+        with pytest.raises(
+            RuntimeError,
+            match="alias16::shared: the fallback returned outputs 0 and 1 sharing memory",
+        ):
+            call()
+    apart = define("alias16::apart", "(Tensor x) -> (Tensor, Tensor)", lambda x: (x * 2, x * 3))
+    doubled, _ = torch.vmap(apart)(torch.ones(3, 2))
+    torch.testing.assert_close(doubled, 2 * torch.ones(3, 2))

@@ -595,13 +595,26 @@ def register_torch_dispatch(
 _TORCH_OPCHECK_KEYWORDS = ("test_utils", "raise_exception", "atol", "rtol")
 
 
-def _is_argument_tuple(samples: Any) -> bool:
-    """torch's ``opcheck(op, args)``: one tuple of the op's arguments, not a list of samples."""
+def _is_argument_tuple(op: Any, samples: Any) -> bool:
+    """torch's ``opcheck(op, args)``: one tuple of the op's arguments, not a list of samples. A
+    tuple of sequences is the arguments of an op whose leading arguments are lists (``Tensor[]``,
+    ``int[]``) when each is a flat sequence (of tensors, numbers), as such an argument is."""
     from opreg._opcheck import Sample
 
-    return isinstance(samples, tuple) and (
-        not samples or not all(isinstance(s, (Sample, tuple, list)) for s in samples)
-    )
+    if not isinstance(samples, tuple):
+        return False
+    if not samples or not all(isinstance(s, (Sample, tuple, list)) for s in samples):
+        return True
+    schema = getattr(op, "_schema", None)
+    if schema is None or len(samples) > len(schema.arguments):
+        return False
+    for value, argument in zip(samples, schema.arguments, strict=False):
+        flat = not isinstance(value, Sample) and not any(
+            isinstance(item, (tuple, list)) for item in value
+        )
+        if not (flat and isinstance(argument.type, torch.ListType)):
+            return False
+    return True
 
 
 @public
@@ -622,7 +635,7 @@ def opcheck(
     torch_form = (
         kwargs is not None
         or any(k in options for k in _TORCH_OPCHECK_KEYWORDS)
-        or _is_argument_tuple(samples)
+        or _is_argument_tuple(op, samples)
     )
     if torch_form:
         unknown = set(options) - set(_TORCH_OPCHECK_KEYWORDS)

@@ -539,9 +539,9 @@ def _check_gradients(op, sample, device):
     fallback_inputs = [t.detach().clone().requires_grad_(True) for t in kernel_inputs]
 
     def run(call, ins):
-        it = iter(ins)
+        it = iter(ins)  # cloned: an op that mutates an input must not write into a leaf
         leaves = [
-            next(it) if _differentiable_tensor(x) and x.numel() else x
+            next(it).clone() if _differentiable_tensor(x) and x.numel() else x
             for x in pytree.tree_flatten(sample.args)[0]
         ]
         out = call(pytree.tree_unflatten(leaves, pytree.tree_flatten(sample.args)[1]))
@@ -591,13 +591,21 @@ def _check_vmap(op, sample, device, depths=(1, 2, 3)):
     if other:
         raise _Skipped(f"returns {', '.join(other)}: torch.vmap maps only functions of tensors")
     error = 0.0
+    # An argument the op writes must be batched whenever another is: vmap cannot write a batch
+    # into one example's tensor (torch refuses it for its own in-place ops too).
+    written = {
+        i
+        for i, a in enumerate(op._schema.arguments[: len(sample.args)])
+        if a.alias_info is not None and a.alias_info.is_write
+    }
     # The batch in front at every depth, and once as the last dim: a rule must honour in_dims.
     layouts = [(depth, 0) for depth in depths] + [(1, -1)]
     for depth, batch_dim in layouts:
         for mask in itertools.product((True, False), repeat=len(positions)):
-            if not any(mask):
+            batched_positions = {p for p, m in zip(positions, mask, strict=True) if m}
+            if not batched_positions or not written <= batched_positions:
                 continue
-            args = list(sample.args)
+            args = list(_clone(sample).args)
             in_dims = [None] * len(args)
             for pos, batched in zip(positions, mask, strict=True):
                 if batched:
@@ -608,6 +616,8 @@ def _check_vmap(op, sample, device, depths=(1, 2, 3)):
             randomness = "error" if _values_comparable(op) else "different"
             for _ in range(depth):
                 fn = torch.vmap(fn, in_dims=tuple(in_dims), randomness=randomness)
+            # The op may write its arguments: each run gets its own.
+            looped_args = pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, args)
             got = fn(*args)
 
             def loop(level_args, level, in_dims=tuple(in_dims)):
@@ -625,7 +635,10 @@ def _check_vmap(op, sample, device, depths=(1, 2, 3)):
                 ]
                 return pytree.tree_map(lambda *xs: torch.stack(xs), *outs)
 
-            want = loop(args, depth)
+            want = loop(looped_args, depth)
+            # What the op wrote is compared too, as its outputs are.
+            got = (got, [args[i] for i in sorted(written)])
+            want = (want, [looped_args[i] for i in sorted(written)])
             error = max(error, _max_error(got, want))
             for g, w in zip(_tensors(got), _tensors(want), strict=True):
                 values_differ = _values_comparable(op) and not torch.allclose(
@@ -878,8 +891,7 @@ def _as_sample(op: torch._ops.OpOverload, given: Any, index: int) -> Sample:
         )
     given_names = set(positional[: len(sample.args)]) | set(sample.kwargs)
     unknown = sorted(set(sample.kwargs) - {a.name for a in arguments})
-    missing = [a.name for a in arguments if a.name not in given_names and a.default_value is None
-               and not str(a.type).endswith("?")]  # fmt: skip
+    missing = [a.name for a in arguments if a.name not in given_names and not a.has_default_value()]
     if unknown or missing:
         raise TypeError(
             f"opreg.opcheck: {name}: samples[{index}] "

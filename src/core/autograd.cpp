@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <utility>
 
+#include <ATen/ExpandUtils.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
@@ -133,10 +134,16 @@ class OpregBackward : public torch::autograd::Node {
                   op->schema.arguments()[i].name(),
                   "', which is not a tensor; return an undefined tensor there");
       const c10::SymIntArrayRef expected = ctx.edge_inputs_[edge].sizes;
+      // A gradient of the broadcast shape is summed down to the input's, as PyTorch's engine
+      // does for its own nodes (torch.library's backwards rely on it).
+      if (!result[i].sym_sizes().equals(expected) &&
+          at::is_expandable_to(expected, result[i].sym_sizes())) {
+        result[i] = at::sum_to(std::move(result[i]), expected);
+      }
       TORCH_CHECK(result[i].sym_sizes().equals(expected), op_name,
                   ": backward's gradient for input '", op->schema.arguments()[i].name(),
                   "' has shape ", result[i].sym_sizes(), ", expected ", expected,
-                  " (the input's shape)");
+                  " (the input's shape, or a shape it broadcasts to)");
       edge_grads[edge] = std::move(result[i]);
     }
     return edge_grads;

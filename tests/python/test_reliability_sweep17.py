@@ -1,0 +1,101 @@
+"""Regression tests for the seventeenth sweep's findings in the Python front (those of the C++
+core are in tests/cpp/test_reliability.cpp)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import opreg
+
+
+def test_torch_s_opcheck_form_takes_an_argument_tuple_of_lists():
+    # A tuple whose arguments are all lists (Tensor[]) was taken for opreg's list of samples.
+    @opreg.custom_op("opcheck17::sum_list", mutates_args=())
+    def sum_list(xs: list[torch.Tensor]) -> torch.Tensor:
+        return sum(xs[1:], xs[0].clone())
+
+    @sum_list.register_fake
+    def _(xs):
+        return torch.empty_like(xs[0])
+
+    a, b = torch.randn(3), torch.randn(3)
+    result = opreg.opcheck(sum_list, ([a, b],))
+    assert isinstance(result, dict) and set(result.values()) == {"SUCCESS"}
+    assert isinstance(opreg.opcheck(sum_list, [([a, b],)], devices=["cpu"]), opreg.OpcheckReport)
+
+
+def test_opcheck_samples_may_leave_out_arguments_with_a_default_of_none():
+    @opreg.register_vmap_op(
+        fake_fn=lambda x, eps=None, y=None: torch.empty_like(x), name="opcheck17::eps"
+    )
+    def with_defaults(
+        x: torch.Tensor, eps: float | None = None, y: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return x * 2 + (eps or 0.0) + (0 if y is None else y)
+
+    report = opreg.opcheck(torch.ops.opcheck17.eps.default, [(torch.randn(3),)], devices=["cpu"])
+    assert not report.failures
+
+
+def test_opcheck_passes_a_correct_op_that_writes_an_argument_and_returns_an_output():
+    # The gradients check wrote into a leaf, and the vmap check batched x but not the written
+    # `out`, which vmap can never write a batch into: every such op failed opcheck.
+    @opreg.register_vmap_op(
+        fake_fn=lambda x, out: torch.empty_like(x),
+        name="opcheck17::add_into",
+        mutates_args=("out",),
+    )
+    def add_into(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        out.add_(x)
+        return x * 2
+
+    report = opreg.opcheck(torch.ops.opcheck17.add_into.default, devices=["cpu"])
+    ran = {row.check for row in report.rows if not row.skipped}
+    assert {"gradients", "vmap"} <= ran and not report.failures
+
+    def wrong_rule(info, in_dims, x, out):
+        out.add_(x.sum())  # the whole batch's sum, where each example adds its own
+        return x.movedim(in_dims[0], 0) * 2, 0
+
+    opreg.register_triton_op(
+        fake_fn=lambda x, out: torch.empty_like(x),
+        triton_fn=None,
+        name="opcheck17::add_wrong",
+        schema="(Tensor x, Tensor(a!) out) -> Tensor",
+        vmap=wrong_rule,
+    )(lambda x, out: (out.add_(x), x * 2)[1])
+    report = opreg.opcheck(
+        torch.ops.opcheck17.add_wrong.default,
+        devices=["cpu"],
+        checks=["vmap"],
+        raise_on_failure=False,
+    )
+    assert report.failures
+
+
+def test_a_backward_gradient_of_the_broadcast_shape_is_summed_to_the_input():
+    # PyTorch's engine sums such a gradient down for its own nodes; torch.library's backwards
+    # rely on it.
+    @opreg.custom_op("grad17::mul", mutates_args=())
+    def mul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x * y
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    def backward(ctx, grad):
+        x, y = ctx.saved_tensors
+        return grad * y, grad * x
+
+    mul.register_autograd(backward, setup_context=setup_context)
+    x, y = torch.randn(4, requires_grad=True), torch.randn(3, 4, requires_grad=True)
+    gx, gy = torch.autograd.grad(mul(x, y).sum(), (x, y))
+    torch.testing.assert_close(gx, y.detach().sum(0))
+    torch.testing.assert_close(gy, x.detach().expand(3, 4))
+    mul.register_autograd(lambda ctx, grad: (grad[:2], None), setup_context=setup_context)
+    x = torch.randn(4, requires_grad=True)
+    with pytest.raises(
+        RuntimeError, match="grad17::mul: backward's gradient for input 'x' has shape"
+    ):
+        torch.autograd.grad(mul(x, torch.randn(4)).sum(), x)

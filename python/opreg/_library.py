@@ -113,6 +113,7 @@ class CustomOpDef:
         self._kernels: dict[str, Callable[..., Any]] = {}  # device type -> kernel
         self._reference: Callable[..., Any] | None = None  # register_kernel(None or "cpu")
         self._fake: Callable[..., Any] | None = None
+        self._meta_kernel: Callable[..., Any] | None = None  # register_kernel("meta")
         self._backward: Callable[..., Any] | None = None
         self._setup_context: Callable[..., Any] | None = None
         self._vmap: Callable[..., Any] | None = None
@@ -185,7 +186,8 @@ class CustomOpDef:
                 status = "the triton_op function serves the Triton devices"
             else:
                 status = f"the triton_op function is off: {why}"
-        fake = self._fake
+        # A "meta" kernel is what torch's fake tensors fall back to without a fake: opreg's fake.
+        fake = self._fake or self._meta_kernel
         if fake is None and self._triton_fn is not None:
             fake = _fake_from(self._triton_fn)
         return OpDeclaration(
@@ -287,6 +289,24 @@ class CustomOpDef:
         self._with(_fake=fn)
         return fn
 
+    def _placed(self, types: Sequence[str | None], fn: Callable[..., Any]) -> dict[str, Any]:
+        """The pieces with ``fn`` serving device ``types``: "cpu" or None is the reference,
+        "meta" what torch's fake tensors fall back to without a fake (opreg's fake)."""
+        pieces = {
+            "_reference": self._reference,
+            "_kernels": dict(self._kernels),
+            "_meta_kernel": self._meta_kernel,
+        }
+        for device in types:
+            kind = None if device is None else device.strip().lower()
+            if kind in (None, "cpu"):
+                pieces["_reference"] = fn
+            elif kind == "meta":
+                pieces["_meta_kernel"] = fn
+            else:
+                pieces["_kernels"][kind] = fn
+        return pieces
+
     def register_kernel(
         self, device_types: _DeviceTypes, fn: Callable[..., Any] | None = None, /
     ) -> Callable[..., Any]:
@@ -303,14 +323,7 @@ class CustomOpDef:
                 self._qualname, "register_kernel's fn", fn, self._qualname + self._schema
             )
             with self._lock:
-                reference = self._reference
-                kernels = dict(self._kernels)
-                for device in types:
-                    if device is None or device.strip().lower() == "cpu":
-                        reference = fn
-                    else:
-                        kernels[device.strip().lower()] = fn
-                self._with(_reference=reference, _kernels=kernels)
+                self._with(**self._placed(types, fn))
             return fn
 
         return register if fn is None else register(fn)
@@ -470,11 +483,8 @@ def custom_op(
         op = _new_op(
             "custom_op", name, fn, mutates_args=mutates_args, schema=schema, triton_fn=None
         )
-        for device in types:
-            if device is None or device.strip().lower() == "cpu":
-                op._reference = fn
-            else:
-                op._kernels[device.strip().lower()] = fn
+        for piece, value in op._placed(types, fn).items():
+            setattr(op, piece, value)
         return _publish(op)
 
     return define_op if fn is None else define_op(fn)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import inspect
 import os
 import sys
 import threading
@@ -341,13 +342,18 @@ def check_op_name(api: str, name: Any) -> None:
             f"{api}: name {name!r}: torch.ops.{namespace} is PyTorch's own "
             f"{type(held).__name__}, which could not reach the op; choose another namespace"
         )
+    # Attributes found without _OpNamespace.__getattr__ (which finds ops): its own, its class's
+    # (dunders such as __init__ and __dict__ among them, which its dir() leaves out).
+    fresh = torch._ops._OpNamespace("opreg_reserved_names")
+    missing = object()
     for part, owner, taken in (
         (namespace, "torch.ops", [*dir(type(torch.ops)), "loaded_libraries", "_dir"]),
         (
             op,
             f"torch.ops.{namespace}",
             # __origin__ and __self__: _OpNamespace.__getattr__ refuses them
-            [*dir(torch._ops._OpNamespace("opreg_reserved_names")), "__origin__", "__self__"],
+            [*dir(fresh), "__origin__", "__self__"]
+            + ([op] if inspect.getattr_static(fresh, op, missing) is not missing else []),
         ),
     ):
         if part in taken:

@@ -99,3 +99,33 @@ def test_a_backward_gradient_of_the_broadcast_shape_is_summed_to_the_input():
         RuntimeError, match="grad17::mul: backward's gradient for input 'x' has shape"
     ):
         torch.autograd.grad(mul(x, torch.randn(4)).sum(), x)
+
+
+def test_register_kernel_meta_serves_meta_tensors_as_torch_s_does():
+    @opreg.custom_op("meta17::only_cuda", mutates_args=(), device_types="cuda")
+    def only_cuda(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    only_cuda.register_kernel("meta", lambda x: torch.empty_like(x))
+    assert only_cuda(torch.empty(3, device="meta")).shape == (3,)
+
+    @opreg.custom_op("meta17::cpu_and_meta", mutates_args=(), device_types=("cpu", "meta"))
+    def cpu_and_meta(x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+    assert cpu_and_meta(torch.empty(3, device="meta")).shape == (3,)
+    compiled = torch.compile(lambda x: cpu_and_meta(x), fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(torch.ones(2)), torch.full((2,), 3.0))
+
+
+@pytest.mark.parametrize("name", ["__init__", "__dict__", "__class__", "__module__", "__getattr__"])
+def test_a_name_torch_ops_cannot_reach_is_refused_before_anything_is_defined(name):
+    # The core defined the op, then torch.ops.<ns>.<name> found the namespace's own attribute: a
+    # bare AttributeError, and the op stayed defined (a retry was refused as a redefinition).
+    qualname = f"dunder17::{name}"
+    with pytest.raises(
+        ValueError, match=f"name '{qualname}': torch.ops.dunder17.{name} is an attribute"
+    ):
+        opreg.register_vmap_op(fake_fn=None, name=qualname)(lambda x: x * 2)
+    with pytest.raises(ValueError, match="no op named"):
+        opreg.describe_op(qualname)

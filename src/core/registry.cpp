@@ -1247,38 +1247,44 @@ bool debug_checks() {
   return enabled;
 }
 
-// The call's arguments with meta tensors in place of real ones; nullopt when a tensor is already
-// meta or belongs to a tensor subclass or mode (fake tensors), or when the call has no tensor
-// (its dispatch would not reach the fake, but this very check again, without end): then there is
-// nothing to compare.
+// The call's arguments with meta tensors in place of real ones, in lists too; nullopt when a
+// tensor is already meta or belongs to a tensor subclass or mode (fake tensors), or when the call
+// has no tensor (its dispatch would not reach the fake, but this very check again, without end):
+// then there is nothing to compare.
 std::optional<torch::jit::Stack> meta_arguments(const Definition& definition,
                                                 const torch::jit::Stack& stack) {
   const size_t num_args = definition.schema().arguments().size();
-  const bool any_tensor = std::any_of(stack.end() - num_args, stack.end(), [](const auto& value) {
-    return value.isTensor() && value.toTensor().defined();
-  });
-  if (!any_tensor) return std::nullopt;
-  torch::jit::Stack meta;
-  for (auto it = stack.end() - num_args; it != stack.end(); ++it) {
-    if (it->isList()) {  // tensors in lists would stay real, and take the call back to their device
-      const auto elements = it->toListRef();
-      if (std::any_of(elements.begin(), elements.end(),
-                      [](const auto& element) { return element.isTensor(); })) {
-        return std::nullopt;
-      }
-    }
-    if (!it->isTensor() || !it->toTensor().defined()) {
-      meta.push_back(*it);
-      continue;
-    }
-    const auto& tensor = it->toTensor();
+  bool any_tensor = false;
+  bool comparable = true;
+  auto to_meta = [&](const c10::IValue& value) -> c10::IValue {
+    if (!value.isTensor() || !value.toTensor().defined()) return value;
+    const auto& tensor = value.toTensor();
+    any_tensor = true;
     if (tensor.is_meta() || tensor.key_set().has(c10::DispatchKey::Python) ||
         tensor.layout() != at::kStrided) {
-      return std::nullopt;
+      comparable = false;
+      return value;
     }
-    meta.emplace_back(
-        at::empty_strided(tensor.sizes(), tensor.strides(), tensor.options().device(at::kMeta)));
+    return at::empty_strided(tensor.sizes(), tensor.strides(), tensor.options().device(at::kMeta));
+  };
+  torch::jit::Stack meta;
+  for (auto it = stack.end() - num_args; it != stack.end(); ++it) {
+    if (it->isTensorList()) {
+      c10::List<at::Tensor> tensors;
+      for (const at::Tensor& element : it->toTensorList()) {
+        tensors.push_back(to_meta(element).toTensor());
+      }
+      meta.emplace_back(std::move(tensors));
+    } else if (it->isList()) {  // Tensor?[]: tensors and None
+      auto list = it->toList();
+      c10::impl::GenericList converted(list.elementType());
+      for (const c10::IValue& element : list) converted.push_back(to_meta(element));
+      meta.emplace_back(std::move(converted));
+    } else {
+      meta.push_back(to_meta(*it));
+    }
   }
+  if (!any_tensor || !comparable) return std::nullopt;
   return meta;
 }
 

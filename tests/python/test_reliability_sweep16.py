@@ -227,3 +227,36 @@ def test_two_outputs_sharing_memory_are_refused_under_vmap_and_grad_as_in_eager(
     apart = define("alias16::apart", "(Tensor x) -> (Tensor, Tensor)", lambda x: (x * 2, x * 3))
     doubled, _ = torch.vmap(apart)(torch.ones(3, 2))
     torch.testing.assert_close(doubled, 2 * torch.ones(3, 2))
+
+
+def test_debug_checks_compare_the_fake_of_ops_taking_tensor_lists():
+    # Calls with tensors in lists were skipped: a fake giving a Tensor[] of the wrong length went
+    # unseen, and torch.compile then dropped outputs.
+    os.environ["OPREG_DEBUG"] = "1"
+    try:
+        result = run_probe(
+            """
+            import torch, opreg
+            def doubled(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+                return [t * 2 for t in xs]
+            wrong = opreg.register_vmap_op(
+                fake_fn=lambda xs: [torch.empty_like(xs[0])], name="debug16::wrong_length"
+            )(doubled)
+            right = opreg.register_vmap_op(
+                fake_fn=lambda xs: [torch.empty_like(t) for t in xs], name="debug16::right"
+            )(doubled)
+            assert [t.shape for t in right([torch.ones(2), torch.ones(3)])] == [(2,), (3,)]
+            try:
+                wrong([torch.ones(2), torch.ones(2)])
+            except RuntimeError as error:
+                expected = "debug16::wrong_length: the fallback returned output 0 with 2 tensors"
+                assert expected in str(error), error
+            else:
+                raise AssertionError("not refused")
+            print("ok")
+            """
+        )
+    finally:
+        del os.environ["OPREG_DEBUG"]
+    assert_survived(result)
+    assert result.stdout.strip().endswith("ok")

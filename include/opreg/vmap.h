@@ -17,6 +17,8 @@
 
 #include <ATen/core/ivalue.h>
 
+#include "opreg/export.h"
+
 namespace opreg {
 
 enum class Randomness { kError, kSame, kDifferent };
@@ -37,4 +39,15 @@ using VmapRule = std::function<VmapResult(const VmapInfo& info,
                                           const std::vector<std::optional<int64_t>>& in_dims,
                                           const std::vector<c10::IValue>& args)>;
 
+namespace detail {
+
+// Whether autograd records below the current vmap level for a call with these (unwrapped)
+// arguments, through every functorch layer under it (Note [Gradients through vmap]).
+struct GradientsBelow {
+  bool reverse = false;  // an input requires grad (and grad mode is on)
+  bool forward = false;  // an input has a forward-mode tangent
+};
+OPREG_API GradientsBelow gradients_below(const std::vector<c10::IValue>& args);
+
+}  // namespace detail
 }  // namespace opreg

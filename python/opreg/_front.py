@@ -464,6 +464,7 @@ def register_triton_op(
                 vmap_out_dims=vmap_out_dims,
                 replace=replace,
                 origin=origin,
+                autograd="backward" if backward is not None else autograd,
                 random=op_flags.get("random", False),
             )
             companions.append(companion)

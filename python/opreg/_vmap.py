@@ -8,7 +8,9 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.utils._pytree as pytree
+from torch.autograd.forward_ad import _set_fwd_grad_enabled
 
+from opreg import _C
 from opreg._declaration import OpDeclaration
 from opreg._public import public
 from opreg._registry import op_overload
@@ -114,6 +116,30 @@ def check_rule_arguments(qualname: str, keyword: str, schema: torch._C.FunctionS
             )
 
 
+def _per_example(
+    qualname: str, shape: RuleShape, batch_size: int, in_dims: Sequence[int | None], args: tuple
+) -> tuple[tuple[Any, ...], tuple[int | None, ...]]:
+    """The op called once per example, below this vmap level: each call records the op's own
+    backward, as the eager call does."""
+    op = op_overload(qualname)
+    per_example = []
+    for index in range(batch_size):
+        example = [
+            a if d is None else a.select(d, index) for a, d in zip(args, in_dims, strict=True)
+        ]
+        positional, keyword_only = shape.split(example)
+        per_example.append(shape.outputs(op(*positional, **keyword_only)))
+    outputs = tuple(
+        [torch.stack(list(items)) for items in zip(*lists, strict=True)]
+        if isinstance(first, list)
+        else torch.stack(list(lists))
+        if isinstance(first, torch.Tensor)
+        else first
+        for first, lists in zip(per_example[0], zip(*per_example, strict=True), strict=True)
+    )
+    return outputs, tuple(0 if isinstance(o, (torch.Tensor, list)) else None for o in outputs)
+
+
 def vmap_fn_companion(
     qualname: str,
     signature: str,
@@ -125,6 +151,7 @@ def vmap_fn_companion(
     vmap_out_dims: Any,
     replace: bool,
     origin: str,
+    autograd: str = "fallback",
     random: bool = False,
 ) -> tuple[Callable[..., Any], OpDeclaration]:
     """EvoX's vmap_fn, at any depth, without one op per level: one companion op `<name>_vmap`
@@ -136,7 +163,9 @@ def vmap_fn_companion(
     companion_name = qualname + "_vmap"
     companion: list[torch._ops.OpOverload] = []
 
-    def rule(batch_size: int, randomness: str, in_dims: list[int | None], args: tuple):
+    def rule(
+        batch_size: int, randomness: str, in_dims: list[int | None], args: tuple, _plain=False
+    ):
         if random and randomness == "same":
             # vmap_fn computes the whole batch at once: nothing makes its draws repeat per example.
             raise RuntimeError(
@@ -144,6 +173,22 @@ def vmap_fn_companion(
                 "batch, so torch.vmap's randomness='same' cannot be honoured; use "
                 "randomness='different', or give the op a vmap rule"
             )
+        if autograd != "fallback" and batch_size > 0 and not _plain:
+            # Note [Gradients through vmap] (src/core/vmap.cpp): vmap_fn stands for the fallback.
+            tensors = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
+            reverse, forward = _C.gradients_below(tensors)
+            if autograd == "error" and (reverse or forward):
+                raise RuntimeError(
+                    f"{qualname}: under vmap, an input "
+                    f"{'requires grad' if reverse else 'has a forward-mode tangent'}, but the op "
+                    "has no backward and its autograd policy is 'error'; give it a backward "
+                    "(backward=), or use the 'fallback' policy"
+                )
+            if autograd == "none" and (reverse or forward):
+                with torch.no_grad(), _set_fwd_grad_enabled(False):
+                    return rule(batch_size, randomness, in_dims, args, _plain=True)
+            if autograd == "backward" and reverse:
+                return _per_example(qualname, shape, batch_size, in_dims, args)
         if not companion:
             companion.append(op_overload(companion_name))
         wrapped = wrap(VmapInfo(batch_size, randomness), in_dims, *args)

@@ -81,6 +81,8 @@ std::vector<c10::SymInt> with_batch(const at::Tensor& value, int64_t batch_size)
   return sizes;
 }
 
+}  // namespace
+
 // Note [Gradients through vmap]
 // When autograd records below a vmap level (an input requires grad outside torch.vmap, or a
 // grad/jvp transform wraps it), the fallback run on batched tensors is recorded ATen op by ATen
@@ -89,14 +91,10 @@ std::vector<c10::SymInt> with_batch(const at::Tensor& value, int64_t batch_size)
 // op's autograd: 'error' refuses as the eager call does, 'none' runs the fallback with gradients
 // off, and an op with a backward is called once per example, each call recording the op's node
 // (torch.library's default vmap does the same). Forward-mode tangents take the fallback in eager
-// calls too (the autograd kernel's step 2), so they keep the batched fallback.
-struct GradientsBelow {
-  bool reverse = false;  // an input requires grad (and grad mode is on)
-  bool forward = false;  // an input has a forward-mode tangent
-};
-
-GradientsBelow gradients_below(const std::vector<c10::IValue>& args) {
-  GradientsBelow found;
+// calls too (the autograd kernel's step 2), so they keep the batched fallback. A vmap_fn (the
+// Python front's batched fallback) is held to the same (python/opreg/_vmap.py).
+detail::GradientsBelow detail::gradients_below(const std::vector<c10::IValue>& args) {
+  detail::GradientsBelow found;
   // Every layer under this one: an outer vmap's BatchedTensor hides the tensor that requires grad.
   auto look_at = [&](const c10::IValue& value) {
     if (!value.isTensor()) return;
@@ -123,6 +121,8 @@ GradientsBelow gradients_below(const std::vector<c10::IValue>& args) {
   found.reverse = found.reverse && c10::GradMode::is_enabled();
   return found;
 }
+
+namespace {
 
 // Calls the op on plain (unwrapped) arguments, below this vmap level.
 std::vector<c10::IValue> call_below(const c10::OperatorHandle& op, std::vector<c10::IValue> args) {
@@ -165,7 +165,7 @@ class VmapKernel final : public c10::OperatorKernel {
     bool loop_for_backward = false;
     if (!rule_ && (same_draws || (!polymorphic_call && !per_example_loop_))) {
       if (autograd_ == AutogradSupport::kFallback) return run_fallback(op, keys, stack);
-      const auto gradients = gradients_below(args);
+      const auto gradients = detail::gradients_below(args);
       if (!gradients.reverse && !gradients.forward) return run_fallback(op, keys, stack);
       TORCH_CHECK(autograd_ != AutogradSupport::kError, op_->name, ": under vmap, an input ",
                   gradients.reverse ? "requires grad" : "has a forward-mode tangent",

@@ -11,6 +11,7 @@
 #include "jit_cache/jit_cache.h"
 #include "opreg/opreg.h"
 #include "opreg/triton.h"
+#include "opreg/vmap.h"
 #include "python_op.h"
 
 namespace py = pybind11;
@@ -198,6 +199,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("describe_ops", &opreg::describe_ops);
   m.def("describe_op", &opreg::describe_op, py::arg("name"));
   m.def("definition_serial", &opreg::detail::definition_serial, py::arg("name"));
+  m.def(
+      "gradients_below",
+      [](const std::vector<at::Tensor>& tensors) {
+        const auto found = opreg::detail::gradients_below({tensors.begin(), tensors.end()});
+        return std::make_pair(found.reverse, found.forward);
+      },
+      py::arg("tensors"));
   // Without the GIL: a thread that the library's initializers start and wait for may define (or
   // replace) ops from Python pieces, which takes the GIL.
   m.def("load_library", &opreg::load_library, py::arg("path"),

@@ -129,3 +129,40 @@ def test_a_name_torch_ops_cannot_reach_is_refused_before_anything_is_defined(nam
         opreg.register_vmap_op(fake_fn=None, name=qualname)(lambda x: x * 2)
     with pytest.raises(ValueError, match="no op named"):
         opreg.describe_op(qualname)
+
+
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+def with_vmap_fn(name, **autograd):
+    return opreg.register_vmap_op(
+        fake_fn=lambda x: torch.empty_like(x),
+        vmap_fn=lambda x: x * 2,
+        fake_vmap_fn=lambda x: torch.empty_like(x),
+        name=f"vmap_fn17::{name}",
+        **autograd,
+    )(twice)
+
+
+def test_a_gradient_through_vmap_of_a_vmap_fn_op_keeps_the_ops_autograd():
+    # vmap_fn stands for the fallback: its ATen ops were recorded, skipping the op's backward and
+    # its 'error' and 'none' policies.
+    op = with_vmap_fn("backward", backward=lambda ctx, g: g * 7)
+    for shape, vmapped in (((3, 2), torch.vmap(op)), ((2, 3, 2), torch.vmap(torch.vmap(op)))):
+        x = torch.ones(shape, requires_grad=True)
+        vmapped(x).sum().backward()
+        torch.testing.assert_close(x.grad, torch.full(shape, 7.0))
+    with opreg.trace() as t:
+        torch.vmap(op)(torch.ones(3, 2))  # no gradient: vmap_fn serves the whole batch
+    assert t.impls() == ["vmap:rule", "vmap_fn"]
+
+    error = with_vmap_fn("error", autograd="error")
+    refused = "vmap_fn17::error: under vmap, an input .* policy is 'error'"
+    with pytest.raises(RuntimeError, match=refused):
+        torch.vmap(error)(torch.ones(3, 2, requires_grad=True))
+    with pytest.raises(RuntimeError, match=refused):
+        torch.func.jvp(torch.vmap(error), (torch.ones(3, 2),), (torch.ones(3, 2),))
+
+    none = with_vmap_fn("none", autograd="none")
+    assert not torch.vmap(none)(torch.ones(3, 2, requires_grad=True)).requires_grad

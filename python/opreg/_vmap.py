@@ -84,7 +84,12 @@ def explicit_rule(qualname: str, vmap: Callable[..., Any], shape: RuleShape) -> 
     def rule(batch_size: int, randomness: str, in_dims: list[int | None], args: tuple):
         positional, keyword_only = shape.split(args)
         info = VmapInfo(batch_size, randomness)
-        result = vmap(info, tuple(in_dims[: len(positional)]), *positional, **keyword_only)
+        # A Tensor[] argument's in_dims entry is one per tensor, as torch gives it.
+        nested = tuple(
+            [dim] * len(arg) if isinstance(arg, list) else dim
+            for arg, dim in zip(positional, in_dims, strict=False)
+        )
+        result = vmap(info, nested, *positional, **keyword_only)
         if not (isinstance(result, (tuple, list)) and len(result) == 2):
             raise TypeError(
                 f"opreg: op '{qualname}': its vmap rule must return (outputs, out_dims), got "
@@ -125,7 +130,10 @@ def _per_example(
     per_example = []
     for index in range(batch_size):
         example = [
-            a if d is None else a.select(d, index) for a, d in zip(args, in_dims, strict=True)
+            a
+            if d is None
+            else pytree.tree_map_only(torch.Tensor, lambda t, d=d, i=index: t.select(d, i), a)
+            for a, d in zip(args, in_dims, strict=True)
         ]
         positional, keyword_only = shape.split(example)
         per_example.append(shape.outputs(op(*positional, **keyword_only)))

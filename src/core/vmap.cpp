@@ -55,7 +55,17 @@ struct Unwrapped {
   bool any_batched = false;
 };
 
-Unwrapped unwrap(const std::vector<c10::IValue>& args, int64_t level, const std::string& op) {
+// The sizes of `value` with the batch in front (symbolic under torch.compile's dynamic shapes).
+std::vector<c10::SymInt> with_batch(const at::Tensor& value, int64_t batch_size) {
+  std::vector<c10::SymInt> sizes{c10::SymInt(batch_size)};
+  sizes.insert(sizes.end(), value.sym_sizes().begin(), value.sym_sizes().end());
+  return sizes;
+}
+
+// A Tensor[] argument is batched as a whole: when any of its tensors is batched, each gets the
+// batch at dim 0 (unbatched ones expanded, a view) and its in_dim is 0.
+Unwrapped unwrap(const std::vector<c10::IValue>& args, int64_t level, int64_t batch_size,
+                 const std::string& op) {
   Unwrapped unwrapped;
   for (const auto& arg : args) {
     if (arg.isTensor() && arg.toTensor().defined()) {
@@ -63,22 +73,33 @@ Unwrapped unwrap(const std::vector<c10::IValue>& args, int64_t level, const std:
       unwrapped.any_batched = unwrapped.any_batched || bdim.has_value();
       unwrapped.values.emplace_back(std::move(value));
       unwrapped.in_dims.push_back(bdim);
+    } else if (arg.isTensorList()) {
+      std::vector<std::tuple<at::Tensor, std::optional<int64_t>>> elements;
+      bool any_batched = false;
+      for (const at::Tensor& element : arg.toTensorList()) {
+        elements.push_back(functorch::unwrapTensorAtLevel(element, level));
+        any_batched = any_batched || std::get<1>(elements.back()).has_value();
+      }
+      c10::List<at::Tensor> values;
+      for (auto& [value, bdim] : elements) {
+        if (any_batched) {
+          value = bdim ? value.movedim(*bdim, 0)
+                       : value.unsqueeze(0).expand_symint(with_batch(value, batch_size));
+        }
+        values.push_back(std::move(value));
+      }
+      unwrapped.any_batched = unwrapped.any_batched || any_batched;
+      unwrapped.values.emplace_back(std::move(values));
+      unwrapped.in_dims.push_back(any_batched ? std::optional<int64_t>(0) : std::nullopt);
     } else {
-      TORCH_CHECK(!arg.isTensorList() && !arg.isOptionalTensorList(), op,
+      TORCH_CHECK(!arg.isOptionalTensorList(), op,
                   ": a vmap rule, batch_polymorphic or the per-example loop cannot take its "
-                  "Tensor[] arguments yet; without them, vmap runs the op's fallback");
+                  "Tensor?[] arguments yet; without them, vmap runs the op's fallback");
       unwrapped.values.push_back(arg);
       unwrapped.in_dims.push_back(std::nullopt);
     }
   }
   return unwrapped;
-}
-
-// The sizes of `value` with the batch in front (symbolic under torch.compile's dynamic shapes).
-std::vector<c10::SymInt> with_batch(const at::Tensor& value, int64_t batch_size) {
-  std::vector<c10::SymInt> sizes{c10::SymInt(batch_size)};
-  sizes.insert(sizes.end(), value.sym_sizes().begin(), value.sym_sizes().end());
-  return sizes;
 }
 
 }  // namespace
@@ -182,17 +203,11 @@ class VmapKernel final : public c10::OperatorKernel {
                   ": under vmap with randomness='same', an input requires grad, and the op's "
                   "backward needs it called once per example, which draws different numbers for "
                   "each; give the op a vmap rule, or use randomness='different'");
-      for (const auto& arg : args) {
-        TORCH_CHECK(!arg.isTensorList() && !arg.isOptionalTensorList(), op_->name,
-                    ": under vmap, an input requires grad, and the op's backward needs it called "
-                    "once per example, which cannot take its Tensor[] arguments yet; give the op "
-                    "a vmap rule");
-      }
       loop_for_backward = true;
     }
-    auto unwrapped = unwrap(args, level, op_->name);
-    torch::jit::drop(*stack, num_args);
     const int64_t batch_size = layer->batchSize().guard_int(__FILE__, __LINE__);
+    auto unwrapped = unwrap(args, level, batch_size, op_->name);
+    torch::jit::drop(*stack, num_args);
     const bool expand_all = random_ && randomness == Randomness::kDifferent;
     if (!unwrapped.any_batched && !expand_all) {
       auto outputs = call_below(op, std::move(unwrapped.values));
@@ -335,15 +350,21 @@ class VmapKernel final : public c10::OperatorKernel {
   // view), and the op runs once.
   VmapResult batch_polymorphic(const c10::OperatorHandle& op, Unwrapped unwrapped,
                                int64_t batch_size) const {
+    auto batch_in_front = [&](const at::Tensor& value, std::optional<int64_t> in_dim) {
+      if (!in_dim) return value.unsqueeze(0).expand_symint(with_batch(value, batch_size));
+      return *in_dim == 0 ? value : value.movedim(*in_dim, 0);
+    };
     for (size_t i = 0; i < unwrapped.values.size(); ++i) {
-      if (!unwrapped.values[i].isTensor()) continue;
-      auto value = unwrapped.values[i].toTensor();
-      if (unwrapped.in_dims[i]) {
-        if (*unwrapped.in_dims[i] != 0) value = value.movedim(*unwrapped.in_dims[i], 0);
-      } else {
-        value = value.unsqueeze(0).expand_symint(with_batch(value, batch_size));
+      auto& value = unwrapped.values[i];
+      if (value.isTensor()) {
+        value = batch_in_front(value.toTensor(), unwrapped.in_dims[i]);
+      } else if (value.isTensorList()) {
+        c10::List<at::Tensor> elements;
+        for (const at::Tensor& element : value.toTensorList()) {
+          elements.push_back(batch_in_front(element, unwrapped.in_dims[i]));
+        }
+        value = std::move(elements);
       }
-      unwrapped.values[i] = std::move(value);
     }
     VmapResult result;
     result.outputs = call_below(op, std::move(unwrapped.values));
@@ -362,9 +383,18 @@ class VmapKernel final : public c10::OperatorKernel {
       std::vector<c10::IValue> args;
       for (size_t i = 0; i < unwrapped.values.size(); ++i) {
         const auto& value = unwrapped.values[i];
-        args.push_back(unwrapped.in_dims[i]
-                           ? c10::IValue(value.toTensor().select(*unwrapped.in_dims[i], b))
-                           : value);
+        const auto& in_dim = unwrapped.in_dims[i];
+        if (!in_dim) {
+          args.push_back(value);
+        } else if (value.isTensorList()) {
+          c10::List<at::Tensor> examples;
+          for (const at::Tensor& element : value.toTensorList()) {
+            examples.push_back(element.select(*in_dim, b));
+          }
+          args.emplace_back(std::move(examples));
+        } else {
+          args.emplace_back(value.toTensor().select(*in_dim, b));
+        }
       }
       auto outputs = call_below(op, std::move(args));
       per_output.resize(outputs.size());
@@ -389,19 +419,27 @@ class VmapKernel final : public c10::OperatorKernel {
   VmapResult empty_batch(const c10::OperatorHandle& op, const Unwrapped& unwrapped) const {
     std::optional<c10::Device> device;
     std::vector<c10::IValue> args;
+    auto one_example = [&](const at::Tensor& tensor, std::optional<int64_t> in_dim) {
+      auto sizes = tensor.sizes().vec();
+      if (in_dim) {
+        if (!device) device = tensor.device();
+        sizes.erase(sizes.begin() + c10::maybe_wrap_dim(*in_dim, tensor.dim()));
+      }
+      return at::empty(sizes, tensor.options().device(at::kMeta));
+    };
     for (size_t i = 0; i < unwrapped.values.size(); ++i) {
       const auto& value = unwrapped.values[i];
-      if (!value.isTensor() || !value.toTensor().defined()) {
+      if (value.isTensorList()) {
+        c10::List<at::Tensor> examples;
+        for (const at::Tensor& element : value.toTensorList()) {
+          examples.push_back(one_example(element, unwrapped.in_dims[i]));
+        }
+        args.emplace_back(std::move(examples));
+      } else if (value.isTensor() && value.toTensor().defined()) {
+        args.emplace_back(one_example(value.toTensor(), unwrapped.in_dims[i]));
+      } else {
         args.push_back(value);
-        continue;
       }
-      const auto& tensor = value.toTensor();
-      auto sizes = tensor.sizes().vec();
-      if (unwrapped.in_dims[i]) {
-        if (!device) device = tensor.device();
-        sizes.erase(sizes.begin() + c10::maybe_wrap_dim(*unwrapped.in_dims[i], tensor.dim()));
-      }
-      args.emplace_back(at::empty(sizes, tensor.options().device(at::kMeta)));
     }
     TORCH_INTERNAL_ASSERT(device.has_value(), "an empty batch with no batched tensor");
     VmapResult result;

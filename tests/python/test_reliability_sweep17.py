@@ -166,3 +166,49 @@ def test_a_gradient_through_vmap_of_a_vmap_fn_op_keeps_the_ops_autograd():
 
     none = with_vmap_fn("none", autograd="none")
     assert not torch.vmap(none)(torch.ones(3, 2, requires_grad=True)).requires_grad
+
+
+def test_ops_with_tensor_list_arguments_vmap_through_rules_batch_polymorphic_and_the_loop():
+    # Every vmapped call of such an op was refused ("cannot take its Tensor[] arguments yet").
+    a, y = torch.randn(4, 3), torch.randn(3)
+
+    @opreg.custom_op("list17::rule", mutates_args=())
+    def with_rule(xs: list[torch.Tensor], s: float) -> torch.Tensor:
+        return sum(xs) * s
+
+    @with_rule.register_vmap
+    def _(info, in_dims, xs, s):
+        assert in_dims == ([0, 0], None)  # the list batched as a whole, each tensor at dim 0
+        return sum(xs) * s, 0
+
+    torch.testing.assert_close(
+        torch.vmap(with_rule, in_dims=([0, None], None))([a, y], 2.0), (a + y) * 2
+    )
+
+    def add_all(x: torch.Tensor, ys: list[torch.Tensor]) -> torch.Tensor:
+        return x + sum(ys)
+
+    polymorphic = opreg.register_vmap_op(
+        fake_fn=None, name="list17::polymorphic", batch_polymorphic=True
+    )(add_all)
+    with opreg.trace() as t:
+        torch.testing.assert_close(torch.vmap(polymorphic, in_dims=(0, None))(a, [y]), a + y)
+    assert t.impls("list17::polymorphic")[0] == "vmap:batch-polymorphic"
+    torch.testing.assert_close(torch.vmap(polymorphic, in_dims=(None, 0))(y, [a, a]), y + 2 * a)
+
+    loop = opreg.register_vmap_op(fake_fn=None, name="list17::loop", vmap_loop=True)(add_all)
+    torch.testing.assert_close(torch.vmap(loop, in_dims=(None, 0))(y, [a, a]), y + 2 * a)
+    assert torch.vmap(loop, in_dims=(None, 0))(y, [a[:0], a[:0]]).shape == (0, 3)
+
+
+def round_plus(x: torch.Tensor, ys: list[torch.Tensor]) -> torch.Tensor:
+    return x.round() + sum(ys)
+
+
+def test_a_gradient_through_vmap_of_an_op_with_a_tensor_list_uses_its_backward():
+    op = opreg.register_vmap_op(
+        fake_fn=None, name="list17::backward", backward=lambda ctx, grad: (grad * 5, None)
+    )(round_plus)
+    x = torch.randn(4, 3, requires_grad=True)
+    (grad,) = torch.autograd.grad(torch.vmap(op)(x, [torch.randn(4, 3)]).sum(), x)
+    torch.testing.assert_close(grad, torch.full((4, 3), 5.0))

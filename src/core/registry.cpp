@@ -1776,7 +1776,22 @@ c10::OperatorHandle find_operator(const std::string& qualified) {
 
 void check_handle_signature(const c10::OperatorHandle& handle,
                             const c10::FunctionSchema& handle_signature) {
-  const auto& schema = handle.schema();
+  // An opreg op's schema is copied under the registry's lock: a replace on another thread frees
+  // the dispatcher's copy, which handle.schema() refers to.
+  std::optional<c10::FunctionSchema> registered;
+  {
+    auto& reg = registry();
+    std::lock_guard<std::recursive_mutex> lock(reg.mutex);
+    const auto& name = handle.operator_name();
+    auto found = reg.ops.find(name.overload_name.empty() ? name.name
+                                                         : name.name + "." + name.overload_name);
+    if (found != reg.ops.end()) {
+      // Not registered now (a rollback in progress): the call itself says what is wrong.
+      if (!found->second->registered) return;
+      registered = found->second->registered->schema;
+    }
+  }
+  const c10::FunctionSchema schema = registered ? *registered : handle.schema();
   if (auto difference = c10::findSchemaDifferences(handle_signature, schema)) {
     std::ostringstream signature_text, schema_text;
     signature_text << handle_signature;

@@ -447,6 +447,41 @@ TEST(Reliability, ATypedHandleChecksItsSignatureAgainAfterASchemaChange) {
   EXPECT_TRUE(at::equal(handle(at::ones({1})), at::full({1}, 4.0)));
 }
 
+// The check read the dispatcher's schema, which the replacing thread frees (a segfault, or a loop
+// that ate all memory formatting it; ASan: SEGV in operator<<(FunctionSchema)).
+TEST(Reliability, ATypedHandleCalledWhileTheSchemaChangesRaisesOrCalls) {
+  auto one = [](const at::Tensor& x) { return x + 1; };
+  opreg::op("opreg_rel::flipping(Tensor x) -> Tensor").fallback(one).define();
+  opreg::OpHandle<at::Tensor(const at::Tensor&)> handle("opreg_rel::flipping");
+  std::atomic<bool> stop{false};
+  std::atomic<int> calls{0};
+  std::thread caller([&] {
+    const auto x = at::zeros({4});
+    while (!stop) {
+      try {
+        const auto result = handle(x);
+        EXPECT_TRUE(at::equal(result, at::ones({4})) || at::equal(result, at::full({4}, 5.0)));
+      } catch (const c10::Error&) {  // the signature does not fit now, or the call raced
+      }
+      ++calls;
+    }
+  });
+  for (int k = 0; k < 3000; ++k) {
+    if (k % 2 == 0) {
+      opreg::op("opreg_rel::flipping(Tensor x, int k=5) -> Tensor")
+          .fallback([](const at::Tensor& x, int64_t k) { return x + static_cast<double>(k); })
+          .replace()
+          .define();
+    } else {
+      opreg::op("opreg_rel::flipping(Tensor x) -> Tensor").fallback(one).replace().define();
+    }
+  }
+  stop = true;
+  caller.join();
+  EXPECT_GT(calls.load(), 0);
+  EXPECT_TRUE(at::equal(handle(at::zeros({4})), at::ones({4})));
+}
+
 TEST(Reliability, AnEmptyLibraryPathIsRefused) {
   EXPECT_CONTAINS(error_of([&] { opreg::load_library(""); }),
                   "opreg::load_library: 'path' is empty");

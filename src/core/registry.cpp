@@ -1783,8 +1783,8 @@ void check_handle_signature(const c10::OperatorHandle& handle,
     auto& reg = registry();
     std::lock_guard<std::recursive_mutex> lock(reg.mutex);
     const auto& name = handle.operator_name();
-    auto found = reg.ops.find(name.overload_name.empty() ? name.name
-                                                         : name.name + "." + name.overload_name);
+    auto found =
+        reg.ops.find(name.overload_name.empty() ? name.name : name.name + "." + name.overload_name);
     if (found != reg.ops.end()) {
       // Not registered now (a rollback in progress): the call itself says what is wrong.
       if (!found->second->registered) return;

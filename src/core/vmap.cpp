@@ -56,15 +56,15 @@ struct Unwrapped {
 };
 
 // The sizes of `value` with the batch in front (symbolic under torch.compile's dynamic shapes).
-std::vector<c10::SymInt> with_batch(const at::Tensor& value, int64_t batch_size) {
-  std::vector<c10::SymInt> sizes{c10::SymInt(batch_size)};
+std::vector<c10::SymInt> with_batch(const at::Tensor& value, const c10::SymInt& batch_size) {
+  std::vector<c10::SymInt> sizes{batch_size};
   sizes.insert(sizes.end(), value.sym_sizes().begin(), value.sym_sizes().end());
   return sizes;
 }
 
 // A Tensor[] argument is batched as a whole: when any of its tensors is batched, each gets the
 // batch at dim 0 (unbatched ones expanded, a view) and its in_dim is 0.
-Unwrapped unwrap(const std::vector<c10::IValue>& args, int64_t level, int64_t batch_size,
+Unwrapped unwrap(const std::vector<c10::IValue>& args, int64_t level, const c10::SymInt& batch_size,
                  const std::string& op) {
   Unwrapped unwrapped;
   for (const auto& arg : args) {
@@ -205,7 +205,9 @@ class VmapKernel final : public c10::OperatorKernel {
                   "each; give the op a vmap rule, or use randomness='different'");
       loop_for_backward = true;
     }
-    const int64_t batch_size = layer->batchSize().guard_int(__FILE__, __LINE__);
+    // Symbolic under torch.compile's dynamic shapes: only a C++ rule's VmapInfo and the loops
+    // need a number (and so specialize it).
+    const c10::SymInt batch_size = layer->batchSize();
     auto unwrapped = unwrap(args, level, batch_size, op_->name);
     torch::jit::drop(*stack, num_args);
     const bool expand_all = random_ && randomness == Randomness::kDifferent;
@@ -223,7 +225,8 @@ class VmapKernel final : public c10::OperatorKernel {
       trace("vmap:rule", unwrapped);
       c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::FuncTorchBatched);
       result = detail::run_user_code<VmapResult>(op_->name, "", "the vmap rule", [&] {
-        return rule_(VmapInfo{batch_size, randomness}, unwrapped.in_dims, unwrapped.values);
+        const int64_t size = batch_size.guard_int(__FILE__, __LINE__);
+        return rule_(VmapInfo{size, randomness}, unwrapped.in_dims, unwrapped.values);
       });
     } else if (polymorphic_call) {
       trace("vmap:batch-polymorphic", unwrapped);
@@ -231,7 +234,7 @@ class VmapKernel final : public c10::OperatorKernel {
     } else {
       if (!loop_for_backward) warn_once_about_loop();
       trace("vmap:per-example loop", unwrapped);
-      result = per_example_loop(op, unwrapped, batch_size);
+      result = per_example_loop(op, unwrapped, batch_size.guard_int(__FILE__, __LINE__));
     }
     // Batch-polymorphic ops promise their outputs keep the batch as dim 0; the checks say so.
     const char* source = rule_              ? "the vmap rule"
@@ -349,7 +352,7 @@ class VmapKernel final : public c10::OperatorKernel {
   // Every tensor argument gets the batch as its leading dim (unbatched ones are expanded, a
   // view), and the op runs once.
   VmapResult batch_polymorphic(const c10::OperatorHandle& op, Unwrapped unwrapped,
-                               int64_t batch_size) const {
+                               const c10::SymInt& batch_size) const {
     auto batch_in_front = [&](const at::Tensor& value, std::optional<int64_t> in_dim) {
       if (!in_dim) return value.unsqueeze(0).expand_symint(with_batch(value, batch_size));
       return *in_dim == 0 ? value : value.movedim(*in_dim, 0);

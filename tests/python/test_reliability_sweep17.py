@@ -212,3 +212,33 @@ def test_a_gradient_through_vmap_of_an_op_with_a_tensor_list_uses_its_backward()
     x = torch.randn(4, 3, requires_grad=True)
     (grad,) = torch.autograd.grad(torch.vmap(op)(x, [torch.randn(4, 3)]).sum(), x)
     torch.testing.assert_close(grad, torch.full((4, 3), 5.0))
+
+
+def cosine(x: torch.Tensor) -> torch.Tensor:
+    return x.cos()
+
+
+def test_vmap_of_a_batch_polymorphic_op_keeps_the_batch_size_symbolic_under_tracing():
+    # The batch size was made an int: torch.export refused a dynamic batch dim, and
+    # torch.compile(dynamic=True) compiled once per batch size.
+    op = opreg.register_vmap_op(
+        fake_fn=lambda x: torch.empty_like(x), name="symbolic17::cos", batch_polymorphic=True
+    )(cosine)
+
+    class Module(torch.nn.Module):
+        def forward(self, x):
+            return torch.vmap(op)(x) + 1
+
+    batch = torch.export.Dim("batch")
+    exported = torch.export.export(Module(), (torch.randn(4, 3),), dynamic_shapes=({0: batch},))
+    torch.testing.assert_close(exported.module()(torch.zeros(6, 3)), torch.full((6, 3), 2.0))
+    graphs = []
+
+    def count(graph, example_inputs):
+        graphs.append(graph)
+        return graph
+
+    compiled = torch.compile(lambda x: torch.vmap(op)(x) + 1, dynamic=True, backend=count)
+    for size in (4, 5, 6, 7):
+        torch.testing.assert_close(compiled(torch.zeros(size, 3)), torch.full((size, 3), 2.0))
+    assert len(graphs) == 1

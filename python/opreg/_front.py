@@ -493,7 +493,10 @@ def register_triton_op(
             jit_kernels=_jit_cache.adopt_kernels_reached_by(triton_fn, vmap_fn) if usable else [],
             **op_flags,
         )
-        return define(declaration, *companions)[0]
+        defined = define(declaration, *companions)[0]
+        if companions:
+            rule.pin()
+        return defined
 
     return decorator
 

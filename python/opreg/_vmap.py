@@ -201,8 +201,27 @@ def vmap_fn_companion(
             companion.append(op_overload(companion_name))
         wrapped = wrap(VmapInfo(batch_size, randomness), in_dims, *args)
         positional, keyword_only = shape.split(wrapped)
+        check_pinned()
         outputs = shape.outputs(companion[0](*positional, **keyword_only))
+        check_pinned()
         return outputs, _out_dims(vmap_out_dims, len(outputs))
+
+    # The op and its companion are two definitions: a call that started with this rule and
+    # would reach another definition's companion (a replace raced it) refuses, not mixes them.
+    pinned: list[int] = []
+
+    def check_pinned() -> None:
+        if pinned and _C.definition_serial(companion_name) != pinned[0]:
+            raise RuntimeError(
+                f"opreg: op '{qualname}' was replaced (or undefined) while this vmapped call ran, "
+                "and its vmap_fn is another definition now; call it again"
+            )
+
+    def pin() -> None:
+        """Called once the op and this companion are defined."""
+        pinned.append(_C.definition_serial(companion_name))
+
+    rule.pin = pin
 
     declaration = OpDeclaration(
         schema=companion_name + signature,

@@ -3,6 +3,9 @@ core are in tests/cpp/test_reliability.cpp)."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -242,3 +245,52 @@ def test_vmap_of_a_batch_polymorphic_op_keeps_the_batch_size_symbolic_under_trac
     for size in (4, 5, 6, 7):
         torch.testing.assert_close(compiled(torch.zeros(size, 3)), torch.full((size, 3), 2.0))
     assert len(graphs) == 1
+
+
+def test_a_vmapped_call_racing_a_replace_of_a_vmap_fn_op_never_mixes_the_definitions():
+    # The rule (the op's definition) reached the companion `<name>_vmap` by name, so a call
+    # could wrap its inputs with one definition and run the other's vmap_fn (2 * 10 = 20).
+    def define(which):
+        factor, vmap_factor, wrap_factor = (2, 2, 1) if which == "A" else (3, 0.3, 10)
+
+        def wrap(info, in_dims, x):
+            time.sleep(0.002)
+            return (x.movedim(in_dims[0], 0) * wrap_factor,)
+
+        def fallback(x: torch.Tensor) -> torch.Tensor:
+            return x * factor
+
+        opreg.register_vmap_op(
+            fake_fn=lambda x: torch.empty_like(x),
+            fake_vmap_fn=lambda x: torch.empty_like(x),
+            name="race17::f",
+            replace=True,
+            vmap_fn=lambda x: x * vmap_factor,
+            vmap_wrap_inputs=wrap,
+        )(fallback)
+
+    define("A")
+    op = torch.ops.race17.f.default
+    seen, errors, stop = set(), [], threading.Event()
+
+    def call():
+        while not stop.is_set():
+            try:
+                seen.add(round(torch.vmap(op)(torch.ones(4, 3))[0, 0].item(), 3))
+            except RuntimeError as error:
+                errors.append(str(error))
+
+    callers = [threading.Thread(target=call) for _ in range(2)]
+    for caller in callers:
+        caller.start()
+    for i in range(60):
+        time.sleep(0.001)
+        define("AB"[i % 2])
+    stop.set()
+    for caller in callers:
+        caller.join()
+    assert seen <= {2.0, 3.0}, seen
+    assert all(
+        "race17::f' was replaced (or undefined) while this vmapped call ran" in e for e in errors
+    )
+    torch.testing.assert_close(torch.vmap(op)(torch.ones(4, 3)), torch.full((4, 3), 3.0))

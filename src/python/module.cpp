@@ -323,7 +323,8 @@ PYBIND11_MODULE(_C, m) {
     std::vector<c10::IValue> stack;
     auto convert = [&](const py::handle& value, const c10::Argument& argument) {
       try {
-        return torch::jit::toIValue(value, argument.type());
+        // real_type: a SymInt stays symbolic (under FakeTensorMode a size is one).
+        return torch::jit::toIValue(value, argument.real_type());
       } catch (const std::exception&) {
         TORCH_CHECK_TYPE(false, name, ": argument '", argument.name(), "' is a ",
                          py::str(value.get_type()).cast<std::string>(), ", expected ",

@@ -294,3 +294,22 @@ def test_a_vmapped_call_racing_a_replace_of_a_vmap_fn_op_never_mixes_the_definit
         "race17::f' was replaced (or undefined) while this vmapped call ran" in e for e in errors
     )
     torch.testing.assert_close(torch.vmap(op)(torch.ones(4, 3)), torch.full((4, 3), 3.0))
+
+
+def arange_on(n: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(n, device=device, dtype=torch.float32)
+
+
+def test_a_call_without_a_tensor_keeps_its_size_symbolic_under_tracing():
+    # Such calls run the fallback under FakeTensorMode; their SymInt was made an int on the way,
+    # so torch.export refused a dynamic dim that reached it.
+    op = opreg.register_vmap_op(fake_fn=None, name="symbolic17::arange")(arange_on)
+
+    class Module(torch.nn.Module):
+        def forward(self, x):
+            return op(x.shape[0], x.device) + x
+
+    exported = torch.export.export(
+        Module(), (torch.ones(3),), dynamic_shapes=({0: torch.export.Dim("n")},)
+    )
+    torch.testing.assert_close(exported.module()(torch.ones(5)), torch.arange(1.0, 6.0))

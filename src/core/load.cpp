@@ -40,7 +40,12 @@ namespace {
 struct LoadContext {
   std::string path;
   std::vector<std::pair<std::string, std::string>> failures;  // (op, message)
-  std::vector<std::pair<std::string, std::shared_ptr<const void>>> published;
+  struct Published {
+    std::string qualified;
+    std::shared_ptr<const void> definition;  // null: an undefine
+    std::shared_ptr<const void> previous;
+  };
+  std::vector<Published> published;
   std::vector<std::string> device_types;  // accelerated device types it registered
   LoadContext* outer = nullptr;
 };
@@ -130,8 +135,11 @@ void record_load_failure(const std::string& op, const std::string& message) {
   t_load->failures.emplace_back(op, message);
 }
 
-void record_loaded_definition(const std::string& qualified, std::shared_ptr<const void> previous) {
-  if (t_load != nullptr) t_load->published.emplace_back(qualified, std::move(previous));
+void record_loaded_definition(const std::string& qualified, std::shared_ptr<const void> published,
+                              std::shared_ptr<const void> previous) {
+  if (t_load != nullptr) {
+    t_load->published.push_back({qualified, std::move(published), std::move(previous)});
+  }
 }
 
 void record_loaded_device_type(const std::string& name) {
@@ -184,7 +192,7 @@ void load_once(const std::string& path) {
     const auto schema_change_lock =
         detail::loading_library() ? nullptr : detail::take_schema_change_lock();
     for (auto it = context.published.rbegin(); it != context.published.rend(); ++it) {
-      detail::restore_definition(it->first, it->second);
+      detail::restore_definition(it->qualified, it->definition, it->previous);
     }
     for (const auto& type : context.device_types) detail::unregister_device_type(type);
   }

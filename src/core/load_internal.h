@@ -15,8 +15,10 @@ bool loading_library();
 // whose builder names no caller (a raw OpBuilder, define_all).
 std::string loading_library_path();
 void record_load_failure(const std::string& op, const std::string& message);
-// A definition published during the load of this thread, and the one it replaced (or null).
-void record_loaded_definition(const std::string& qualified, std::shared_ptr<const void> previous);
+// A definition published during the load of this thread (null: an undefine), and the one it
+// replaced (or null).
+void record_loaded_definition(const std::string& qualified, std::shared_ptr<const void> published,
+                              std::shared_ptr<const void> previous);
 
 // Whether another thread is inside opreg::load_library's dlopen. It holds the dynamic loader's
 // lock, which dladdr and dlopen wait for: a define() on a thread that a library's initializer
@@ -30,8 +32,11 @@ void when_loader_is_free(std::function<void()> task);
 // unregisters it, once the ops it added kernels to have their earlier definitions back.
 void record_loaded_device_type(const std::string& name);
 
-// Puts back an op's earlier definition (null: undefined); src/core/registry.cpp.
-void restore_definition(const std::string& qualified, std::shared_ptr<const void> previous);
+// Puts back an op's earlier definition (null: undefined) where the op still has the definition
+// the load published: one that another thread made since (a define, a replace, an undefine) is
+// that thread's, not the load's, and stays. src/core/registry.cpp.
+void restore_definition(const std::string& qualified, const std::shared_ptr<const void>& published,
+                        std::shared_ptr<const void> previous);
 // Takes a device type out of the registry of accelerated ones; src/core/registry.cpp.
 void unregister_device_type(const std::string& name);
 // The lock a change of a registered schema holds (see Note [A schema change and Python's

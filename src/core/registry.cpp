@@ -1759,7 +1759,8 @@ std::string register_accelerated_device_type(const std::string& name) {
     rebuilt.emplace_back(entry, build(current->spec, types, current->serial));
   }
   for (auto& [entry, definition] : rebuilt) {
-    detail::record_loaded_definition(entry->qualified, publish(*entry, definition, &garbage));
+    detail::record_loaded_definition(entry->qualified, definition,
+                                     publish(*entry, definition, &garbage));
   }
   reg.device_types = std::move(types);
   detail::record_loaded_device_type(normalized);
@@ -1832,12 +1833,19 @@ void check_stack_dtypes(const std::string& op, const torch::jit::Stack& stack) {
   if (!definition->dtype_rules.empty()) check_dtypes(*definition, stack);
 }
 
-void restore_definition(const std::string& qualified, std::shared_ptr<const void> previous) {
+void restore_definition(const std::string& qualified, const std::shared_ptr<const void>& published,
+                        std::shared_ptr<const void> previous) {
   auto& reg = registry();
   std::vector<DefinitionPtr> garbage;  // destroyed after the lock is released
   std::lock_guard<std::recursive_mutex> lock(reg.mutex);
   auto found = reg.ops.find(qualified);
   TORCH_INTERNAL_ASSERT(found != reg.ops.end(), qualified, ": restoring an op never defined");
+  // By serial: a device type registered meanwhile rebuilt the definition, which is still the
+  // load's.
+  const DefinitionPtr current = found->second->load();
+  const auto* load_made = static_cast<const Definition*>(published.get());
+  if ((current == nullptr) != (load_made == nullptr)) return;
+  if (current != nullptr && current->serial != load_made->serial) return;
   publish(*found->second, std::static_pointer_cast<const Definition>(previous), &garbage);
 }
 
@@ -1948,7 +1956,8 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
   std::vector<std::string> qualified;
   for (size_t i = 0; i < definitions.size(); ++i) {
     pin_library_of(definitions[i]->spec.caller);
-    detail::record_loaded_definition(published[i].first->qualified, published[i].second);
+    detail::record_loaded_definition(published[i].first->qualified, definitions[i],
+                                     published[i].second);
     qualified.push_back(definitions[i]->name());
   }
   return qualified;
@@ -2038,7 +2047,7 @@ void undefine_now(const std::string& name) {
   TORCH_CHECK_VALUE(found != reg.ops.end() && found->second->load() != nullptr,
                     "opreg: cannot undefine '", name, "': no op of this name is defined by opreg");
   // Inside opreg::load_library, a failed load puts the definitions back with the others.
-  detail::record_loaded_definition(name, publish(*found->second, nullptr, &garbage));
+  detail::record_loaded_definition(name, nullptr, publish(*found->second, nullptr, &garbage));
   std::vector<std::string> owners{name};  // and the parts of parts
   while (!owners.empty()) {
     const std::string owner = std::move(owners.back());
@@ -2046,7 +2055,7 @@ void undefine_now(const std::string& name) {
     for (auto& [part, entry] : reg.ops) {
       auto definition = entry->load();
       if (definition != nullptr && definition->spec.part_of == owner) {
-        detail::record_loaded_definition(part, publish(*entry, nullptr, &garbage));
+        detail::record_loaded_definition(part, nullptr, publish(*entry, nullptr, &garbage));
         owners.push_back(part);
       }
     }

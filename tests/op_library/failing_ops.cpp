@@ -1,11 +1,14 @@
 // tests/op_library/failing_ops.cpp: op libraries whose static initializers define one good op and
 // then make one mistake (chosen by OPREG_FAILURE at compile time; some undefine an op first), for
 // the tests that loading them raises one clear error, rolls the good op back (and the undefined
-// op in), and keeps the process alive; and two (thread_define, thread_replace) that define or
-// replace an op from a thread their initializer waits for, which must load.
+// op in), and keeps the process alive; two (thread_define, thread_replace) that define or
+// replace an op from a thread their initializer waits for, which must load; and one
+// (wait_then_fail) that waits, while other threads act, before it fails.
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -92,6 +95,25 @@ const auto thrown = [] {
 }();
 #elif defined(OPREG_DEVICE_TYPE_THEN_FAIL)  // registers an accelerated device type, then fails
 const auto registered = opreg::register_accelerated_device_type("hpu");
+const auto bad =
+    opreg::op("opreg_failing::bad(Tensor x, Tensr y) -> Tensor").fallback(identity).define();
+#elif defined(OPREG_WAIT_THEN_FAIL)  // replaces OPREG_REPLACE_NAME's op, defines another, waits
+                                     // for the file OPREG_WAIT_FILE names (other threads act
+                                     // meanwhile), then fails
+const bool waited = [] {
+  const char* name = std::getenv("OPREG_REPLACE_NAME");
+  opreg::op(std::string(name != nullptr ? name : "OPREG_REPLACE_NAME_is_not::set") +
+            "(Tensor x) -> Tensor")
+      .fallback(identity)
+      .replace()
+      .define();
+  opreg::op("opreg_failing::waited(Tensor x) -> Tensor").fallback(identity).define();
+  const char* file = std::getenv("OPREG_WAIT_FILE");
+  for (int i = 0; i < 2000 && file != nullptr && !std::ifstream(file).good(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}();
 const auto bad =
     opreg::op("opreg_failing::bad(Tensor x, Tensr y) -> Tensor").fallback(identity).define();
 #elif defined(OPREG_SIGNATURE_MISMATCH)

@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+from test_reliability import assert_survived, run_probe
 
 import opreg
 
@@ -313,3 +314,51 @@ def test_a_call_without_a_tensor_keeps_its_size_symbolic_under_tracing():
         Module(), (torch.ones(3),), dynamic_shapes=({0: torch.export.Dim("n")},)
     )
     torch.testing.assert_close(exported.module()(torch.ones(5)), torch.arange(1.0, 6.0))
+
+
+def test_a_failed_load_rolls_back_only_what_it_did_not_what_other_threads_did_meanwhile(
+    test_ops_library, tmp_path
+):
+    # Its rollback put back an op another thread had undefined during the load, and took away an
+    # op another thread had replaced during it (the load had defined it first).
+    library = test_ops_library.parent / "libopreg_failing_wait_then_fail.so"
+    result = run_probe(
+        f"""
+        import ctypes, os, threading, time, torch, opreg
+        os.environ["OPREG_REPLACE_NAME"] = "rollback17::x"
+        os.environ["OPREG_WAIT_FILE"] = {str(tmp_path / "go")!r}
+        def doubled(x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+        opreg.register_vmap_op(fake_fn=None, name="rollback17::x")(doubled)
+        # Loaded (and its symbols resolved) before the load, which holds the dynamic loader.
+        undefine = ctypes.CDLL({str(test_ops_library)!r}).opreg_test_undefine
+        undefine.argtypes = [ctypes.c_char_p]
+        assert undefine(b"rollback17::never_defined") != 0
+        errors = []
+        def load():
+            try:
+                opreg.load_library({str(library)!r})
+            except ValueError as error:
+                errors.append(str(error))
+        loading = threading.Thread(target=load)
+        loading.start()
+        names = lambda: {{report.name for report in opreg.describe_ops()}}
+        for _ in range(2000):
+            if "opreg_failing::waited" in names():
+                break
+            time.sleep(0.01)
+        started = time.monotonic()
+        assert undefine(b"rollback17::x") == 0
+        def thirty(x: torch.Tensor) -> torch.Tensor:
+            return x * 30
+        opreg.register_vmap_op(fake_fn=None, name="opreg_failing::waited", replace=True)(thirty)
+        open({str(tmp_path / "go")!r}, "w").close()
+        assert time.monotonic() - started < 10, "the load did not wait for this thread"
+        loading.join()
+        assert errors and "opreg_failing::bad" in errors[0], errors
+        assert "rollback17::x" not in names()
+        print("waited:", torch.ops.opreg_failing.waited(torch.ones(1)).tolist())
+        """
+    )
+    assert_survived(result)
+    assert "waited: [30.0]" in result.stdout

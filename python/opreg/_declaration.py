@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -603,10 +604,21 @@ def _checked_fake(declaration: OpDeclaration, serial: int) -> Callable[..., Any]
     return fake
 
 
+# Held by each definition from Python, from the checks that read the Python-side records to
+# their update: two threads defining one name (or an op and its companion) check and define in
+# turn, so neither's checks read records the other is changing (reentrant: a fallback may define).
+definition_lock = threading.RLock()
+
+
 def define(*declarations: OpDeclaration) -> list[torch._ops.OpOverload]:
     """Defines the ops together through the C++ core, which validates everything before it
     changes anything: all are defined, or none and the earlier definitions stay. Then the
     Python-side pieces (fakes, the decomposition under compile) replace the earlier ones."""
+    with definition_lock:
+        return _define(declarations)
+
+
+def _define(declarations: Sequence[OpDeclaration]) -> list[torch._ops.OpOverload]:
     declarations = tuple(_check_companions(declarations))
     builders = [declaration.builder() for declaration in declarations]
     registered_before = {d.qualname: _registered_form(d.qualname) for d in declarations}

@@ -19,6 +19,7 @@ from opreg._declaration import (
     check_positional,
     check_signature,
     define,
+    definition_lock,
     flag_names,
     parse_schema,
 )
@@ -493,9 +494,10 @@ def register_triton_op(
             jit_kernels=_jit_cache.adopt_kernels_reached_by(triton_fn, vmap_fn) if usable else [],
             **op_flags,
         )
-        defined = define(declaration, *companions)[0]
-        if companions:
-            rule.pin()
+        with definition_lock:
+            defined = define(declaration, *companions)[0]
+            if companions:
+                rule.pin()
         return defined
 
     return decorator

@@ -21,6 +21,7 @@ from opreg._declaration import (
     check_positional,
     check_signature,
     define,
+    definition_lock,
     parse_schema,
     refuse_companion,
     registration_of,
@@ -229,7 +230,7 @@ class CustomOpDef:
 
     def _with(self, **pieces: Any) -> None:
         """Sets pieces and re-defines the op; a refused definition restores them."""
-        with self._lock:
+        with self._lock, definition_lock:  # current when checked, and still when defined
             self._check_current()
             before = {name: getattr(self, name) for name in pieces}
             for name, value in pieces.items():
@@ -399,6 +400,14 @@ def _new_op(
         check_signature(name, "fn", fn, full_schema)
     signature = full_schema[len(name) :]
     refuse_companion(name, f"opreg.{api}")
+    with definition_lock:  # not while another thread defines it: its object is being updated
+        _check_name_free(api, name)
+    return CustomOpDef(name, signature, triton_fn=triton_fn, origin=caller_origin())
+
+
+def _check_name_free(api: str, name: str) -> None:
+    """A name is free for custom_op/triton_op unless another front (register_triton_op, C++)
+    defined it; the op object of its last custom_op/triton_op is replaced."""
     previous = _defined.get(name)
     if previous is None or not previous._is_current():
         try:
@@ -410,15 +419,17 @@ def _new_op(
                 f"opreg.{api}: op '{name}' is already defined by opreg outside opreg.{api}; "
                 "choose another name"
             )
-    return CustomOpDef(name, signature, triton_fn=triton_fn, origin=caller_origin())
 
 
-def _publish(op: CustomOpDef) -> CustomOpDef:
-    previous = _defined.get(op._qualname)
-    op._define()
+def _publish(api: str, op: CustomOpDef) -> CustomOpDef:
+    # Checked again with the definition: another thread may have defined the name meanwhile.
+    with definition_lock:
+        _check_name_free(api, op._qualname)
+        previous = _defined.get(op._qualname)
+        op._define()
+        _defined[op._qualname] = op
     if previous is not None and previous._dispatch_library is not None:
         previous._dispatch_library._destroy()
-    _defined[op._qualname] = op
     return op
 
 
@@ -447,7 +458,7 @@ def triton_op(
                 op._qualname, "triton_op's fallback", fallback, op._qualname + op._schema
             )
             op._reference = fallback
-        _publish(op)
+        _publish("triton_op", op)
         try:
             from torch._library.triton import get_inner_triton_kernels, triton_ops_to_kernels
 
@@ -485,7 +496,7 @@ def custom_op(
         )
         for piece, value in op._placed(types, fn).items():
             setattr(op, piece, value)
-        return _publish(op)
+        return _publish("custom_op", op)
 
     return define_op if fn is None else define_op(fn)
 

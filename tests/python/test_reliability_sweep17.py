@@ -3,6 +3,7 @@ core are in tests/cpp/test_reliability.cpp)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -362,3 +363,66 @@ def test_a_failed_load_rolls_back_only_what_it_did_not_what_other_threads_did_me
     )
     assert_survived(result)
     assert "waited: [30.0]" in result.stdout
+
+
+def test_custom_op_racing_a_piece_added_on_another_thread_loses_nothing():
+    # The older object's piece, checked current before the new custom_op published, redefined the
+    # op with its stale pieces; and the name was refused from then on ("defined outside").
+    @opreg.custom_op("race17::custom", mutates_args=())
+    def first(x: torch.Tensor) -> torch.Tensor:
+        return x * 0
+
+    stop = threading.Event()
+
+    def add_pieces():
+        while not stop.is_set():
+            # RuntimeError: "defined again since", once a newer custom_op holds the name.
+            with contextlib.suppress(RuntimeError):
+                first.register_autograd(lambda ctx, grad: grad)
+
+    adder = threading.Thread(target=add_pieces)
+    adder.start()
+    try:
+        for k in range(1, 60):
+            opreg.custom_op(
+                "race17::custom",
+                lambda x, k=k: x * k,
+                mutates_args=(),
+                schema="(Tensor x) -> Tensor",
+            )
+            assert torch.ops.race17.custom(torch.ones(1)).item() == k
+    finally:
+        stop.set()
+        adder.join()
+
+
+def test_two_threads_replacing_a_vmap_fn_op_are_not_refused():
+    # Each read the Python-side records of the op and its companion while the other changed them:
+    # a false "the companion is an op of its own" refusal.
+    def define(k):
+        def scaled(x: torch.Tensor) -> torch.Tensor:
+            return x * k
+
+        opreg.register_vmap_op(
+            fake_fn=lambda x: torch.empty_like(x),
+            vmap_fn=scaled,
+            fake_vmap_fn=lambda x: torch.empty_like(x),
+            name="race17::companion",
+            replace=True,
+        )(scaled)
+
+    errors = []
+
+    def replace(k):
+        for _ in range(40):
+            try:
+                define(k)
+            except Exception as error:
+                errors.append(error)
+
+    threads = [threading.Thread(target=replace, args=(k,)) for k in (2, 3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors[:3]

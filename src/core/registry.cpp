@@ -672,7 +672,7 @@ DefinitionPtr build(OpBuilder::State spec, const std::vector<std::string>& devic
   schema_text << schema;
   const std::string qualified = qualified_name_of(schema);
   definition->identity = std::make_shared<const detail::OpIdentity>(
-      detail::OpIdentity{qualified, std::move(schema), schema_text.str()});
+      detail::OpIdentity{qualified, std::move(schema), schema_text.str(), definition->serial});
   const auto& op = *definition->identity;
   // A path need not be UTF-8; the origin goes into messages and to Python as a str.
   definition->origin =

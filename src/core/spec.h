@@ -50,6 +50,7 @@ struct OpIdentity {
   std::string name;  // "ns::name" or "ns::name.overload"
   c10::FunctionSchema schema;
   std::string schema_text;
+  uint64_t serial = 0;  // the definition's (detail::definition_serial)
 };
 
 }  // namespace detail

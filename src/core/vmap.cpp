@@ -230,7 +230,11 @@ class VmapKernel final : public c10::OperatorKernel {
       });
     } else if (polymorphic_call) {
       trace("vmap:batch-polymorphic", unwrapped);
+      // The op is called again: by name, so a replace racing this call would have it run the
+      // other definition's fallback, which may not take the batch in front.
+      check_still_current();
       result = batch_polymorphic(op, std::move(unwrapped), batch_size);
+      check_still_current();
     } else {
       if (!loop_for_backward) warn_once_about_loop();
       trace("vmap:per-example loop", unwrapped);
@@ -295,6 +299,12 @@ class VmapKernel final : public c10::OperatorKernel {
                   " sharing memory with an input, but the schema '", op_->schema_text,
                   "' declares no alias; return a new tensor (e.g. x.clone())");
     }
+  }
+
+  void check_still_current() const {
+    TORCH_CHECK(detail::definition_serial(op_->name) == op_->serial, op_->name,
+                ": the op was replaced (or undefined) while this vmapped call ran, and its "
+                "definition now may not take the batch in front; call it again");
   }
 
   void trace(const char* how, const Unwrapped& unwrapped) const {

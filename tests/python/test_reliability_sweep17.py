@@ -426,3 +426,51 @@ def test_two_threads_replacing_a_vmap_fn_op_are_not_refused():
     for thread in threads:
         thread.join()
     assert not errors, errors[:3]
+
+
+def test_a_vmapped_call_racing_a_replace_of_a_batch_polymorphic_op_never_mixes_the_definitions():
+    # The batch-polymorphic path calls the op again, by name: a replace racing it had the new,
+    # not batch-polymorphic, fallback take the whole batch (a mean over every example).
+    def define(polymorphic):
+        def minus_one(x: torch.Tensor) -> torch.Tensor:
+            time.sleep(0.001)
+            return x - 1
+
+        def centered(x: torch.Tensor) -> torch.Tensor:
+            time.sleep(0.001)
+            return x - x.mean()
+
+        opreg.register_vmap_op(
+            fake_fn=lambda x: torch.empty_like(x),
+            name="race17::polymorphic",
+            replace=True,
+            batch_polymorphic=polymorphic,
+        )(minus_one if polymorphic else centered)
+
+    define(True)
+    op = torch.ops.race17.polymorphic.default
+    x = torch.arange(12.0).reshape(4, 3)
+    allowed = (x - 1, x - x.mean(1, keepdim=True))
+    wrong, errors, stop = [], [], threading.Event()
+
+    def call():
+        while not stop.is_set():
+            try:
+                result = torch.vmap(op)(x)
+            except RuntimeError as error:
+                errors.append(str(error))
+                continue
+            if not any(torch.equal(result, a) for a in allowed):
+                wrong.append(result)
+
+    callers = [threading.Thread(target=call) for _ in range(2)]
+    for caller in callers:
+        caller.start()
+    for i in range(60):
+        time.sleep(0.001)
+        define(i % 2 == 1)
+    stop.set()
+    for caller in callers:
+        caller.join()
+    assert not wrong, wrong[:2]
+    assert all("race17::polymorphic: the op was replaced" in e for e in errors), errors[:2]

@@ -25,6 +25,7 @@
 #include <c10/util/safe_numerics.h>
 #include <nlohmann/json.hpp>
 
+#include "../core/load_internal.h"
 #include "cuda_driver.h"
 #include "launch.h"
 #include "opreg/detail/text.h"
@@ -1037,10 +1038,18 @@ bool register_embedded_bundle(const char* manifest, size_t manifest_size, const 
     }
     const auto* c10_error = dynamic_cast<const c10::Error*>(&error);
     const std::string message = c10_error ? c10_error->what_without_backtrace() : error.what();
+    bool another_of_the_name = false;
     {
       auto& reg = registry();
       std::lock_guard<std::mutex> lock(reg.mutex);
       reg.failures.emplace(name, message);
+      another_of_the_name = reg.kernels.count(name) != 0;
+    }
+    // Kernels are found by name: the library's ops would launch the other kernel, built for other
+    // launches. Inside opreg::load_library the library fails (and its ops are rolled back).
+    if (another_of_the_name && detail::loading_library()) {
+      detail::record_load_failure("Triton kernel '" + name + "'", message);
+      return false;
     }
     TORCH_WARN("opreg: the embedded Triton kernel '", name, "' was not registered: ", message);
     return false;

@@ -546,7 +546,8 @@ c10::KernelFunction make_piece(const Definition& definition, const KernelFactory
   TORCH_CHECK_VALUE(static_cast<bool>(factory.make), definition.name(), ": the factory of its ",
                     label, " is empty (KernelFactory::make holds no function)");
   const KernelContext context{definition.name(), definition.schema(), label, std::move(fallback)};
-  auto piece = factory.make(context);
+  auto piece = detail::run_user_code<c10::KernelFunction>(
+      definition.name(), "the factory of its ", label, [&] { return factory.make(context); });
   TORCH_CHECK_VALUE(piece.isValid(), definition.name(), ": the factory of its ", label,
                     " made an empty c10::KernelFunction, which nothing could call");
   return piece;

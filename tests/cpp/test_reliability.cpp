@@ -482,6 +482,23 @@ TEST(Reliability, ATypedHandleCalledWhileTheSchemaChangesRaisesOrCalls) {
   EXPECT_TRUE(at::equal(handle(at::zeros({4})), at::ones({4})));
 }
 
+// A factory's own exception reached the caller as it was: no op, no piece (`throw 42`: an int).
+TEST(Reliability, AFactoryThatThrowsAtDefineIsNamed) {
+  for (const bool an_int : {false, true}) {
+    opreg::OpBuilder builder("opreg_rel::factory_throws(Tensor x) -> Tensor");
+    builder.fallback(
+        opreg::KernelFactory{[an_int](const opreg::KernelContext&) -> c10::KernelFunction {
+          if (an_int) throw 42;
+          throw std::runtime_error("boom");
+        }});
+    const std::string error = error_of([&] { std::move(builder).define(); });
+    EXPECT_CONTAINS(error, "opreg_rel::factory_throws: the factory of its fallback threw");
+    EXPECT_CONTAINS(error, an_int ? "something that is not a std::exception" : "boom");
+  }
+  EXPECT_CONTAINS(error_of([] { opreg::describe_op("opreg_rel::factory_throws"); }),
+                  "no op named 'opreg_rel::factory_throws'");
+}
+
 TEST(Reliability, AnEmptyLibraryPathIsRefused) {
   EXPECT_CONTAINS(error_of([&] { opreg::load_library(""); }),
                   "opreg::load_library: 'path' is empty");

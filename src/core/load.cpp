@@ -46,6 +46,8 @@ struct LoadContext {
     std::shared_ptr<const void> previous;
   };
   std::vector<Published> published;
+  // Libraries loaded (successfully) from this load's initializers: they fail with it.
+  std::vector<std::pair<void*, std::string>> nested;
   std::vector<std::string> device_types;  // accelerated device types it registered
   LoadContext* outer = nullptr;
 };
@@ -185,6 +187,8 @@ void load_once(const std::string& path) {
     if (context.outer != nullptr) {
       for (auto& published : context.published) context.outer->published.push_back(published);
       for (auto& type : context.device_types) context.outer->device_types.push_back(type);
+      context.outer->nested.emplace_back(handle, path);
+      for (auto& nested : context.nested) context.outer->nested.push_back(nested);
     }
     return;
   }
@@ -204,6 +208,12 @@ void load_once(const std::string& path) {
   {
     std::lock_guard<std::mutex> lock(g_failed_mutex);
     failed_loads()[handle] = text;
+    // Its ops were rolled back with this library's, and a library loads once per process.
+    for (const auto& [nested, nested_path] : context.nested) {
+      failed_loads()[nested] = detail::valid_utf8(
+          "opreg::load_library: '" + nested_path + "' was loaded by '" + path +
+          "', whose load failed, and its ops were rolled back with that library's: " + text);
+    }
   }
   TORCH_CHECK_VALUE(false, text);
 }

@@ -41,6 +41,9 @@ const auto second =
 const bool nested = [] {
   const char* path = std::getenv("OPREG_NESTED_LIBRARY");
   opreg::load_library(path != nullptr ? path : "OPREG_NESTED_LIBRARY is not set");
+  if (std::getenv("OPREG_NESTED_THEN_FAIL") != nullptr) {  // then fails itself
+    opreg::op("opreg_failing::bad(Tensor x, Tensr y) -> Tensor").fallback(identity).define();
+  }
   return true;
 }();
 #elif defined(OPREG_UNDEFINE_THEN_FAIL)  // undefines an op defined before the load, then fails

@@ -474,3 +474,33 @@ def test_a_vmapped_call_racing_a_replace_of_a_batch_polymorphic_op_never_mixes_t
         caller.join()
     assert not wrong, wrong[:2]
     assert all("race17::polymorphic: the op was replaced" in e for e in errors), errors[:2]
+
+
+def test_a_library_loaded_by_one_whose_load_fails_is_refused_when_loaded_again(test_ops_library):
+    # Its ops were rolled back with the outer library's; loading it again then "succeeded" and
+    # defined nothing (a library's initializers run once per process).
+    outer = test_ops_library.parent / "libopreg_failing_nested_load.so"
+    inner = test_ops_library.parent / "libopreg_failing_thread_define.so"
+    result = run_probe(
+        f"""
+        import os, opreg
+        os.environ["OPREG_NESTED_LIBRARY"] = {str(inner)!r}
+        os.environ["OPREG_NESTED_THEN_FAIL"] = "1"
+        for path in ({str(outer)!r}, {str(inner)!r}):
+            try:
+                opreg.load_library(path)
+            except ValueError as error:
+                print("raised:", error)
+            else:
+                print("loaded:", path)
+        ops = [r.name for r in opreg.describe_ops()]
+        print("defined:", [name for name in ops if name.startswith("opreg_failing::")])
+        """
+    )
+    assert_survived(result)
+    assert "loaded:" not in result.stdout, result.stdout
+    assert f"raised: opreg::load_library: '{inner}' was loaded by '{outer}', whose load failed" in (
+        result.stdout
+    )
+    # from_thread was defined on a thread the initializer waited for: that thread's, not the load's
+    assert "defined: ['opreg_failing::from_thread']" in result.stdout

@@ -504,3 +504,21 @@ def test_a_library_loaded_by_one_whose_load_fails_is_refused_when_loaded_again(t
     )
     # from_thread was defined on a thread the initializer waited for: that thread's, not the load's
     assert "defined: ['opreg_failing::from_thread']" in result.stdout
+
+
+def cast_twice(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x.to(dtype) * 2
+
+
+def test_opcheck_passes_an_op_whose_output_dtype_comes_from_an_argument():
+    # gradcheck ran in float64 with the dtype argument kept: "Double did not match Float".
+    op = opreg.register_vmap_op(
+        fake_fn=lambda x, dtype: torch.empty_like(x, dtype=dtype), name="opcheck17::cast"
+    )(cast_twice)
+    report = opreg.opcheck(
+        torch.ops.opcheck17.cast.default, [(torch.randn(2, 2), torch.float32)], devices=["cpu"]
+    )
+    assert not report.failures
+    (gradients,) = [row for row in report.rows if row.check == "gradients"]
+    assert gradients.message == "gradcheck skipped: an output is torch.float32 with float64 inputs"
+    assert op is not None

@@ -522,3 +522,30 @@ def test_opcheck_passes_an_op_whose_output_dtype_comes_from_an_argument():
     (gradients,) = [row for row in report.rows if row.check == "gradients"]
     assert gradients.message == "gradcheck skipped: an output is torch.float32 with float64 inputs"
     assert op is not None
+
+
+def test_debug_checks_leave_out_calls_whose_fake_cannot_run_on_meta_tensors():
+    # OPREG_DEBUG=1 refused valid ops: data-dependent fakes, fakes placing their output by a
+    # Device argument or a factory's default device (sixteenth sweep A-F6, seventeenth A-F21).
+    result = run_probe(
+        """
+        import os
+        os.environ["OPREG_DEBUG"] = "1"
+        import torch, opreg
+        def define(name, schema, fallback, fake):
+            return opreg.register_triton_op(
+                fake_fn=fake, triton_fn=None, name=name, schema=schema)(fallback)
+        def data_dependent(x):
+            return x.new_empty(torch.library.get_ctx().new_dynamic_size(), 1, dtype=torch.long)
+        nonzero = define("debug17::nonzero", "(Tensor x) -> Tensor", lambda x: x.nonzero(),
+                         data_dependent)
+        to = define("debug17::to", "(Tensor x, Device d) -> Tensor", lambda x, d: x.to(d) * 1,
+                    lambda x, d: torch.empty(x.shape, device=d))
+        grow = define("debug17::grow", "(Tensor x) -> Tensor", lambda x: torch.cat([x, x[:1]]),
+                      lambda x: torch.empty(x.shape[0] + 1))
+        print(nonzero(torch.tensor([1.0, 0.0, 2.0])).tolist(),
+              to(torch.ones(2), torch.device("cpu")).tolist(), grow(torch.ones(2)).tolist())
+        """
+    )
+    assert_survived(result)
+    assert "[[0], [2]] [1.0, 1.0] [1.0, 1.0, 1.0]" in result.stdout

@@ -60,7 +60,7 @@ class RuleShape(NamedTuple):
         """The op's outputs from what a rule or vmap_fn returned, as the op returns them: None
         (or nothing) for an op without outputs, the value itself for one output (a list too,
         for a Tensor[] output), one value per output otherwise."""
-        if self.num_returns == 0 and (value is None or value == () or value == []):
+        if self.num_returns == 0 and (value is None or _empty_sequence(value)):
             return ()
         if self.num_returns == 1:
             one = (
@@ -68,6 +68,17 @@ class RuleShape(NamedTuple):
             )
             return (value[0],) if one else (value,)
         return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def _empty_sequence(value: Any) -> bool:
+    return isinstance(value, (tuple, list)) and len(value) == 0
+
+
+def _tensor_list(value: Any) -> bool:
+    """A Tensor[] argument as the core passes it (an int[] is a list too)."""
+    return (
+        isinstance(value, list) and bool(value) and all(isinstance(t, torch.Tensor) for t in value)
+    )
 
 
 def _out_dims(out_dims: int | Sequence[int | None], count: int) -> tuple[int | None, ...]:
@@ -86,7 +97,7 @@ def explicit_rule(qualname: str, vmap: Callable[..., Any], shape: RuleShape) -> 
         info = VmapInfo(batch_size, randomness)
         # A Tensor[] argument's in_dims entry is one per tensor, as torch gives it.
         nested = tuple(
-            [dim] * len(arg) if isinstance(arg, list) else dim
+            [dim] * len(arg) if _tensor_list(arg) else dim
             for arg, dim in zip(positional, in_dims, strict=False)
         )
         result = vmap(info, nested, *positional, **keyword_only)

@@ -549,3 +549,38 @@ def test_debug_checks_leave_out_calls_whose_fake_cannot_run_on_meta_tensors():
     )
     assert_survived(result)
     assert "[[0], [2]] [1.0, 1.0] [1.0, 1.0, 1.0]" in result.stdout
+
+
+def test_a_rules_in_dims_are_nested_for_tensor_lists_only():
+    seen = []
+
+    def rule(info, in_dims, x, sizes):
+        seen.append(in_dims)
+        return x.movedim(in_dims[0], 0).reshape(info.batch_size, *sizes) * 1, 0
+
+    op = opreg.register_triton_op(
+        fake_fn=None,
+        triton_fn=None,
+        name="nested17::reshape",
+        schema="(Tensor x, int[] sizes) -> Tensor",
+        vmap=rule,
+    )(lambda x, sizes: x.reshape(sizes) * 1)
+    assert torch.vmap(op, in_dims=(0, None))(torch.ones(3, 4), [2, 2]).shape == (3, 2, 2)
+    assert seen == [(0, None)]  # an int[] is no tensor list: None, as torch gives it
+
+
+def test_a_rule_of_an_op_without_outputs_returning_a_tensor_is_told_the_count():
+    def rule(info, in_dims, x):
+        return x * 2, 0  # the op returns nothing
+
+    op = opreg.register_triton_op(
+        fake_fn=lambda x: None,
+        triton_fn=None,
+        name="nested17::sink",
+        schema="(Tensor(a!) x) -> ()",
+        vmap=rule,
+    )(lambda x: x.mul_(2) and None)
+    with pytest.raises(
+        RuntimeError, match="nested17::sink: the vmap rule returned 1 outputs, expected 0"
+    ):
+        torch.vmap(lambda x: (op(x), x)[1])(torch.ones(3, 2))

@@ -551,6 +551,12 @@ def test_debug_checks_leave_out_calls_whose_fake_cannot_run_on_meta_tensors():
     assert "[[0], [2]] [1.0, 1.0] [1.0, 1.0, 1.0]" in result.stdout
 
 
+def with_schema(name, schema, fallback, **options):
+    return opreg.register_triton_op(
+        fake_fn=options.pop("fake_fn", None), triton_fn=None, name=name, schema=schema, **options
+    )(fallback)
+
+
 def test_a_rules_in_dims_are_nested_for_tensor_lists_only():
     seen = []
 
@@ -558,13 +564,12 @@ def test_a_rules_in_dims_are_nested_for_tensor_lists_only():
         seen.append(in_dims)
         return x.movedim(in_dims[0], 0).reshape(info.batch_size, *sizes) * 1, 0
 
-    op = opreg.register_triton_op(
-        fake_fn=None,
-        triton_fn=None,
-        name="nested17::reshape",
-        schema="(Tensor x, int[] sizes) -> Tensor",
+    op = with_schema(
+        "nested17::reshape",
+        "(Tensor x, int[] sizes) -> Tensor",
+        lambda x, s: x.reshape(s) * 1,
         vmap=rule,
-    )(lambda x, sizes: x.reshape(sizes) * 1)
+    )
     assert torch.vmap(op, in_dims=(0, None))(torch.ones(3, 4), [2, 2]).shape == (3, 2, 2)
     assert seen == [(0, None)]  # an int[] is no tensor list: None, as torch gives it
 
@@ -573,13 +578,13 @@ def test_a_rule_of_an_op_without_outputs_returning_a_tensor_is_told_the_count():
     def rule(info, in_dims, x):
         return x * 2, 0  # the op returns nothing
 
-    op = opreg.register_triton_op(
+    op = with_schema(
+        "nested17::sink",
+        "(Tensor(a!) x) -> ()",
+        lambda x: x.mul_(2) and None,
         fake_fn=lambda x: None,
-        triton_fn=None,
-        name="nested17::sink",
-        schema="(Tensor(a!) x) -> ()",
         vmap=rule,
-    )(lambda x: x.mul_(2) and None)
+    )
     with pytest.raises(
         RuntimeError, match="nested17::sink: the vmap rule returned 1 outputs, expected 0"
     ):

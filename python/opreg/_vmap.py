@@ -115,6 +115,14 @@ def explicit_rule(qualname: str, vmap: Callable[..., Any], shape: RuleShape) -> 
             )
         if shape.num_returns == 1 and isinstance(out_dims, (tuple, list)) and len(out_dims) == 1:
             out_dims = out_dims[0]
+        elif shape.single_list_return and isinstance(out_dims, (tuple, list)):
+            # torch's form for a Tensor[] output: a dim per tensor; the core takes one for all.
+            if len(set(out_dims)) > 1:
+                raise TypeError(
+                    f"opreg: op '{qualname}': its vmap rule returned out_dims {out_dims!r} for "
+                    "its Tensor[] output; give every tensor of it the batch at one dim"
+                )
+            out_dims = out_dims[0] if out_dims else 0
         return outputs, _out_dims(out_dims, len(outputs))
 
     return rule

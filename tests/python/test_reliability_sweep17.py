@@ -589,3 +589,20 @@ def test_a_rule_of_an_op_without_outputs_returning_a_tensor_is_told_the_count():
         RuntimeError, match="nested17::sink: the vmap rule returned 1 outputs, expected 0"
     ):
         torch.vmap(lambda x: (op(x), x)[1])(torch.ones(3, 2))
+
+
+def test_a_vmap_rule_returns_a_tensor_list_output_as_one_output():
+    # The list was read as several outputs ("returned 2 outputs, expected 1").
+    @opreg.custom_op("list17::pair", mutates_args=())
+    def pair(x: torch.Tensor) -> list[torch.Tensor]:
+        return [x * 2, x * 3]
+
+    x = torch.ones(4, 3)
+    for out_dims in (0, [0, 0]):  # one dim, or torch's one per tensor
+        pair.register_vmap(lambda info, in_dims, x, d=out_dims: (pair(x.movedim(in_dims[0], 0)), d))
+        doubled, tripled = torch.vmap(pair)(x)
+        torch.testing.assert_close(doubled, 2 * x)
+        torch.testing.assert_close(tripled, 3 * x)
+    pair.register_vmap(lambda info, in_dims, x: (pair(x.movedim(in_dims[0], 0)), [0, 1]))
+    with pytest.raises(TypeError, match="list17::pair': its vmap rule returned out_dims"):
+        torch.vmap(pair)(x)

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <ATen/core/ivalue.h>
+#include <c10/core/SymInt.h>
 
 #include "opreg/export.h"
 
@@ -24,7 +25,10 @@ namespace opreg {
 enum class Randomness { kError, kSame, kDifferent };
 
 struct VmapInfo {
-  int64_t batch_size = 0;
+  // Symbolic under tracing with a dynamic batch (torch.export's Dim, torch.compile's dynamic
+  // shapes), as torch's own VmapInfo: sizes built from it keep the graph general
+  // (expand_symint), while a number taken from it (guard_int) specializes the graph to it.
+  c10::SymInt batch_size{0};
   Randomness randomness = Randomness::kError;
 };
 

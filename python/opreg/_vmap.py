@@ -18,7 +18,7 @@ from opreg._registry import op_overload
 
 @public
 class VmapInfo(NamedTuple):
-    batch_size: int
+    batch_size: int | torch.SymInt  # symbolic under tracing with a dynamic batch
     randomness: str
 
 

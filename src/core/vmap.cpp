@@ -205,8 +205,8 @@ class VmapKernel final : public c10::OperatorKernel {
                   "each; give the op a vmap rule, or use randomness='different'");
       loop_for_backward = true;
     }
-    // Symbolic under torch.compile's dynamic shapes: only a C++ rule's VmapInfo and the loops
-    // need a number (and so specialize it).
+    // Symbolic under tracing with a dynamic batch: only the per-example loops need a number (and
+    // so specialize it).
     const c10::SymInt batch_size = layer->batchSize();
     auto unwrapped = unwrap(args, level, batch_size, op_->name);
     torch::jit::drop(*stack, num_args);
@@ -225,8 +225,7 @@ class VmapKernel final : public c10::OperatorKernel {
       trace("vmap:rule", unwrapped);
       c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::FuncTorchBatched);
       result = detail::run_user_code<VmapResult>(op_->name, "", "the vmap rule", [&] {
-        const int64_t size = batch_size.guard_int(__FILE__, __LINE__);
-        return rule_(VmapInfo{size, randomness}, unwrapped.in_dims, unwrapped.values);
+        return rule_(VmapInfo{batch_size, randomness}, unwrapped.in_dims, unwrapped.values);
       });
     } else if (polymorphic_call) {
       trace("vmap:batch-polymorphic", unwrapped);

@@ -131,6 +131,25 @@ const auto rowsum =
         })
         .define();
 
+// x + row, with a rule that gives an unbatched row the batch from info.batch_size (symbolic under
+// tracing with a dynamic batch, so the traced graph keeps it general).
+const auto add_row =
+    opreg::op("opreg_test::add_row(Tensor x, Tensor row) -> Tensor")
+        .fallback([](const at::Tensor& x, const at::Tensor& row) { return x + row; })
+        .vmap([](const opreg::VmapInfo& info, const std::vector<std::optional<int64_t>>& in_dims,
+                 const std::vector<c10::IValue>& args) {
+          auto batched = [&](size_t i) {
+            const at::Tensor value = args[i].toTensor();
+            if (in_dims[i]) return value.movedim(*in_dims[i], 0);
+            std::vector<c10::SymInt> sizes{info.batch_size};
+            for (const auto& size : value.sym_sizes()) sizes.push_back(size);
+            return value.unsqueeze(0).expand_symint(sizes);
+          };
+          auto row = batched(1);
+          return opreg::VmapResult{{batched(0) + row.unsqueeze(1)}, {0}};
+        })
+        .define();
+
 // Its output's size is data-dependent, and the fallback reads a value (.item()): under vmap only
 // the per-example loop can run it.
 const auto normalize_by_max_looped =

@@ -606,3 +606,55 @@ def test_a_vmap_rule_returns_a_tensor_list_output_as_one_output():
     pair.register_vmap(lambda info, in_dims, x: (pair(x.movedim(in_dims[0], 0)), [0, 1]))
     with pytest.raises(TypeError, match="list17::pair': its vmap rule returned out_dims"):
         torch.vmap(pair)(x)
+
+
+@pytest.mark.parametrize("kind", ["rule", "batch_polymorphic", "vmap_fn"])
+def test_vmap_keeps_a_dynamic_batch_size_symbolic(kind):
+    # The batch size reached rules, batch-polymorphic calls and vmap_fn as a number: torch.export
+    # with a dynamic batch refused, make_fx's symbolic graph kept the traced batch.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    name = f"symbatch17::{kind}"
+    if kind == "rule":
+        sizes = []
+
+        @opreg.custom_op(name, mutates_args=())
+        def op(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return x.cos() + y
+
+        op.register_fake(lambda x, y: torch.empty_like(x + y))
+
+        def rule(info, in_dims, x, y):
+            sizes.append(info.batch_size)
+            x = x.movedim(in_dims[0], 0)
+            y = y.unsqueeze(0).expand(info.batch_size, *y.shape) if in_dims[1] is None else y
+            return op(x, y), 0
+
+        op.register_vmap(rule)
+    else:
+        extra = {"batch_polymorphic": True}
+        if kind == "vmap_fn":
+            extra = {"vmap_fn": lambda x, y: x.cos() + y, "fake_vmap_fn": torch.add}
+        op = opreg.register_vmap_op(
+            lambda x, y: x.cos() + y, fake_fn=torch.add, name=name,
+            schema="(Tensor x, Tensor y) -> Tensor", **extra,
+        )
+
+    def batched(x, y):
+        return torch.vmap(op, in_dims=(0, None))(x, y) + 1
+
+    class Module(torch.nn.Module):
+        def forward(self, x, y):
+            return batched(x, y)
+
+    x, y = torch.randn(4, 3), torch.randn(3)
+    exported = torch.export.export(
+        Module(), (x, y), dynamic_shapes=({0: torch.export.Dim("batch")}, None)
+    )
+    for batch in (1, 6):
+        x = torch.randn(batch, 3)
+        torch.testing.assert_close(exported.module()(x, y), x.cos() + y + 1)
+        graph = make_fx(batched, tracing_mode="symbolic")(torch.randn(4, 3), y)
+        torch.testing.assert_close(graph(x, y), x.cos() + y + 1)
+    if kind == "rule":
+        assert any(isinstance(size, torch.SymInt) for size in sizes)

@@ -257,3 +257,20 @@ def test_vmap_without_gradients_keeps_the_batched_fallback():
     with opreg.trace() as t:
         vmap(op)(torch.randn(4, 3, requires_grad=True))
     assert t.impls("vmap_grad::fast")[0] == "vmap:per-example loop"
+
+
+def test_a_cpp_rule_keeps_a_dynamic_batch_size_symbolic():
+    # info.batch_size is a SymInt: an export with a dynamic batch serves every batch size.
+    x, row = torch.randn(4, 2, 3), torch.randn(3)
+    torch.testing.assert_close(vmap(ops.add_row, in_dims=(0, None))(x, row), x + row)
+
+    class Module(torch.nn.Module):
+        def forward(self, x, row):
+            return vmap(ops.add_row, in_dims=(0, None))(x, row)
+
+    exported = torch.export.export(
+        Module(), (x, row), dynamic_shapes=({0: torch.export.Dim("batch")}, None)
+    )
+    for batch in (1, 5):
+        x = torch.randn(batch, 2, 3)
+        torch.testing.assert_close(exported.module()(x, row), x + row)

@@ -2,10 +2,10 @@
 
 Checks: torch.library.opcheck's own tests; every kernel against the fallback (equal when the op
 declares bitwise, else within the C++ core's per-dtype tolerance, opreg::testing::tolerance);
-fake against real (shapes, dtypes, strides, devices); gradcheck in float64 and the kernel path's
-gradients against the fallback's; vmap against a loop of single calls (each combination of
-batched arguments, depths 1 to 3); torch.compile(fullgraph=True) against eager, with dynamic
-shapes; on CUDA, a CUDA graph's replay with new input values against eager (cuda_graph), and a
+fake against real (shapes, dtypes, strides, devices; a vmap_fn op's fake_vmap_fn too);
+gradcheck in float64 and the kernel path's gradients against the fallback's; vmap against a
+loop of single calls (each combination of batched arguments, depths 1 to 3);
+torch.compile(fullgraph=True) against eager, with dynamic shapes; on CUDA, a CUDA graph's replay with new input values against eager (cuda_graph), and a
 call on a side stream whose inputs are still being written there (stream). Checks that do not
 apply to an op are reported as skipped, with the reason.
 """
@@ -23,9 +23,10 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
 
 from opreg import _C
-from opreg._declaration import check_positional
+from opreg._declaration import check_positional, registration_of
 from opreg._public import public
 from opreg._registry import AutogradSupport, describe_op
 
@@ -416,34 +417,72 @@ def _check_kernel_vs_fallback(op, sample, device):
     return True, error, ""
 
 
-def _check_fake_vs_real(op, sample, device):
-    real = op(*_clone(sample).args, **_clone(sample).kwargs)
-    cloned = _clone(sample)
-    mode = FakeTensorMode()
-    fake_args = pytree.tree_map_only(torch.Tensor, mode.from_tensor, (cloned.args, cloned.kwargs))
-    with mode:
-        fake = op(*fake_args[0], **fake_args[1])
+def _unbacked(value: Any) -> bool:
+    """A size the fake made data-dependent (get_ctx().new_dynamic_size()): any real one fits."""
+    return isinstance(value, torch.SymInt) and bool(free_unbacked_symbols(value))
+
+
+def _compare_fake(fake: Any, real: Any, what: str) -> tuple[bool, float, str]:
     for index, (f, r) in enumerate(zip(_outputs(fake), _outputs(real), strict=False)):
-        if not isinstance(r, torch.Tensor) and f != r:
-            return False, 0.0, f"output {index}: the fake gives {f!r}, the real op {r!r}"
+        if not isinstance(r, torch.Tensor) and not _unbacked(f) and f != r:
+            return False, 0.0, f"{what}output {index}: the fake gives {f!r}, the real op {r!r}"
     for index, (f, r) in enumerate(zip(_tensors(fake), _tensors(real), strict=True)):
-        for what, fv, rv in (
-            ("shape", tuple(f.shape), tuple(r.shape)),
+        if f.dim() != r.dim():
+            return (
+                False,
+                0.0,
+                f"{what}output {index}: the fake has {f.dim()} dims, the real {r.dim()}",
+            )
+        shape = tuple(
+            r_size if _unbacked(f_size) else f_size
+            for f_size, r_size in zip(f.shape, r.shape, strict=True)
+        )
+        for kind, fv, rv in (
+            ("shape", shape, tuple(r.shape)),
             ("dtype", f.dtype, r.dtype),
             ("device", f.device, r.device),
         ):
             if fv != rv:
-                return False, 0.0, f"output {index}: the fake's {what} is {fv}, the real {rv}"
-        if r.numel() > 1 and f.stride() != r.stride():
+                return False, 0.0, f"{what}output {index}: the fake's {kind} is {fv}, the real {rv}"
+        strides_known = not any(_unbacked(size) for size in (*f.shape, *f.stride()))
+        if strides_known and r.numel() > 1 and f.stride() != r.stride():
             return (
                 False,
                 0.0,
-                (
-                    f"output {index}: the fake's strides are {f.stride()}, "
-                    f"the real ones {r.stride()}"
-                ),
+                f"{what}output {index}: the fake's strides are {f.stride()}, "
+                f"the real ones {r.stride()}",
             )
     return True, 0.0, ""
+
+
+def _run_fake(fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    # A ShapeEnv lets a data-dependent fake make its sizes; the inputs' sizes stay static.
+    mode = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True)
+    fake_args, fake_kwargs = pytree.tree_map_only(torch.Tensor, mode.from_tensor, (args, kwargs))
+    with mode:
+        return fn(*fake_args, **fake_kwargs)
+
+
+def _check_fake_vs_real(op, sample, device):
+    real = op(*_clone(sample).args, **_clone(sample).kwargs)
+    cloned = _clone(sample)
+    result = _compare_fake(_run_fake(op, cloned.args, cloned.kwargs), real, "")
+    registration = registration_of(_qualified(op))
+    if not result[0] or getattr(registration, "companion", None) is None:
+        return result
+    # A vmap_fn op's batched calls reach its fake_vmap_fn under tracing: compared as the op's
+    # fake is, on the sample with every tensor batched.
+    if not op._schema.returns or _non_tensor_returns(op):
+        return result  # torch.vmap maps only functions returning tensors
+    if not any(isinstance(a, torch.Tensor) for a in sample.args):
+        return result
+    in_dims = tuple(0 if isinstance(a, torch.Tensor) else None for a in sample.args)
+    batched = [_batch(a, 2) for a in _clone(sample).args]
+    vmapped = torch.vmap(
+        lambda *a: op(*a, **sample.kwargs), in_dims=in_dims, randomness="different"
+    )
+    real = vmapped(*pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, batched))
+    return _compare_fake(_run_fake(vmapped, batched, {}), real, "under vmap (fake_vmap_fn), ")
 
 
 def _differentiable(op) -> bool:

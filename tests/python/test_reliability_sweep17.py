@@ -636,8 +636,11 @@ def test_vmap_keeps_a_dynamic_batch_size_symbolic(kind):
         if kind == "vmap_fn":
             extra = {"vmap_fn": lambda x, y: x.cos() + y, "fake_vmap_fn": torch.add}
         op = opreg.register_vmap_op(
-            lambda x, y: x.cos() + y, fake_fn=torch.add, name=name,
-            schema="(Tensor x, Tensor y) -> Tensor", **extra,
+            lambda x, y: x.cos() + y,
+            fake_fn=torch.add,
+            name=name,
+            schema="(Tensor x, Tensor y) -> Tensor",
+            **extra,
         )
 
     def batched(x, y):
@@ -658,3 +661,45 @@ def test_vmap_keeps_a_dynamic_batch_size_symbolic(kind):
         torch.testing.assert_close(graph(x, y), x.cos() + y + 1)
     if kind == "rule":
         assert any(isinstance(size, torch.SymInt) for size in sizes)
+
+
+def test_opcheck_compares_a_data_dependent_fake_with_the_real_op():
+    # Its fake ran without a ShapeEnv, where new_dynamic_size() cannot make a size: every
+    # correct data-dependent fake failed.
+    @opreg.custom_op("opcheck17::positive", mutates_args=())
+    def positive(x: torch.Tensor) -> torch.Tensor:
+        return x[x > 0].clone()
+
+    @positive.register_fake
+    def _(x):
+        return x.new_empty(torch.library.get_ctx().new_dynamic_size())
+
+    sample = [(torch.tensor([-1.0, 1.0, 2.0]),)]
+    opreg.opcheck(positive, sample, devices=["cpu"], checks=["fake_vs_real"])
+
+    @positive.register_fake
+    def _(x):
+        return x.new_empty(torch.library.get_ctx().new_dynamic_size(), 2)
+
+    with pytest.raises(opreg.OpcheckError, match="the fake has 2 dims, the real 1"):
+        opreg.opcheck(positive, sample, devices=["cpu"], checks=["fake_vs_real"])
+
+
+def test_opcheck_checks_a_vmap_fn_op_s_fake_vmap_fn():
+    def define(name, fake_vmap_fn):
+        return opreg.register_vmap_op(
+            lambda x: x * 2,
+            fake_fn=torch.empty_like,
+            vmap_fn=lambda x: x * 2,
+            fake_vmap_fn=fake_vmap_fn,
+            name=name,
+            schema="(Tensor x) -> Tensor",
+        )
+
+    good = define("opcheck17::fake_vmap_good", torch.empty_like)
+    opreg.opcheck(good, [(torch.randn(3),)], devices=["cpu"], checks=["fake_vs_real"])
+    bad = define("opcheck17::fake_vmap_bad", lambda x: x.new_empty(x.shape[0] + 1, *x.shape[1:]))
+    with pytest.raises(opreg.OpcheckError, match=r"fake_vs_real failed.*batch size 2"):
+        opreg.opcheck(bad, [(torch.randn(3),)], devices=["cpu"], checks=["fake_vs_real"])
+    # The op's vmap check runs vmap_fn itself, not its fake: it passes.
+    opreg.opcheck(bad, [(torch.randn(3),)], devices=["cpu"], checks=["vmap"])

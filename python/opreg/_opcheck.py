@@ -1,13 +1,13 @@
 """opreg.opcheck: one call checks everything an op promises, on each sample and device.
 
 Checks: torch.library.opcheck's own tests; every kernel against the fallback (equal when the op
-declares bitwise, else within the C++ core's per-dtype tolerance, opreg::testing::tolerance);
-fake against real (shapes, dtypes, strides, devices; a vmap_fn op's fake_vmap_fn too);
-gradcheck in float64 and the kernel path's gradients against the fallback's; vmap against a
-loop of single calls (each combination of batched arguments, depths 1 to 3);
-torch.compile(fullgraph=True) against eager, with dynamic shapes; on CUDA, a CUDA graph's replay with new input values against eager (cuda_graph), and a
-call on a side stream whose inputs are still being written there (stream). Checks that do not
-apply to an op are reported as skipped, with the reason.
+declares bitwise, else within the C++ core's per-dtype tolerance, opreg::testing::tolerance); fake
+against real (shapes, dtypes, strides, devices; a vmap_fn op's fake_vmap_fn too); gradcheck in
+float64 and the kernel path's gradients against the fallback's; vmap against a loop of single calls
+(each combination of batched arguments, depths 1 to 3); torch.compile(fullgraph=True) against
+eager, with dynamic shapes; on CUDA, a CUDA graph's replay with new input values against eager
+(cuda_graph), and a call on a side stream whose inputs are still being written there (stream).
+Checks that do not apply to an op are reported as skipped, with the reason.
 """
 
 from __future__ import annotations

@@ -10,5 +10,5 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt-get install -y -qq cmake ninja-build g++ libgtest-dev nlohmann-json3-dev >/dev/null
 fi
 python3 -m pip install -q torch==2.13.0 triton==3.6.0 numpy scikit-build-core pytest \
-  ruff clang-format
+  pytest-xdist ruff clang-format
 python3 -m pip install -q --no-build-isolation .

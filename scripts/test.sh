@@ -12,7 +12,9 @@ cmake -S tests -B build/tests -G Ninja -DCMAKE_PREFIX_PATH="$(cd /tmp && python3
 cmake --build build/tests
 ctest --test-dir build/tests --output-on-failure --no-tests=error
 
-OPREG_TEST_OPS="$PWD/build/tests/libopreg_test_ops.so" python3 -m pytest tests/python
+# Two processes, a file each at a time (pytest-xdist): CI's machine has two cores.
+OPREG_TEST_OPS="$PWD/build/tests/libopreg_test_ops.so" python3 -m pytest -n 2 --dist loadfile \
+  tests/python
 # Once more with the JIT launch cache off: ops defined from Python must work through Triton's own
 # launcher (as under a Triton version the cache was not tested on).
 OPREG_JIT_LAUNCH_CACHE=0 OPREG_TEST_OPS="$PWD/build/tests/libopreg_test_ops.so" \

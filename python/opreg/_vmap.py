@@ -215,7 +215,12 @@ def vmap_fn_companion(
                 with torch.no_grad(), _set_fwd_grad_enabled(False):
                     return rule(batch_size, randomness, in_dims, args, _plain=True)
             if autograd == "backward" and reverse:
-                return _per_example(qualname, shape, batch_size, in_dims, args)
+                # Called by name once per example: a replace racing the loop would mix two
+                # definitions in one result.
+                check_pinned()
+                result = _per_example(qualname, shape, batch_size, in_dims, args)
+                check_pinned()
+                return result
         if not companion:
             companion.append(op_overload(companion_name))
         wrapped = wrap(VmapInfo(batch_size, randomness), in_dims, *args)
@@ -233,7 +238,7 @@ def vmap_fn_companion(
         if pinned and _C.definition_serial(companion_name) != pinned[0]:
             raise RuntimeError(
                 f"opreg: op '{qualname}' was replaced (or undefined) while this vmapped call ran, "
-                "and its vmap_fn is another definition now; call it again"
+                "and the call would mix two definitions; call it again"
             )
 
     def pin() -> None:

@@ -32,9 +32,10 @@ c10::KernelFunction make_vmap_kernel(IdentityPtr op, VmapRule rule, const OpFlag
 std::optional<c10::KernelFunction> make_randomness_kernel(IdentityPtr op, const OpFlags& flags);
 VmapSupport vmap_support(const VmapRule& rule, const OpFlags& flags);
 
-// The op's current fallback (checked, bypassing its kernels), callable boxed; throws for unknown
-// ops.
-FallbackPtr fallback_kernel_of(const std::string& op);
+// Calls the op's current fallback (checked, bypassing its kernels) on a boxed stack, after the
+// checks of a call; throws for unknown ops.
+void call_checked_fallback(const std::string& op, const c10::OperatorHandle& handle,
+                           torch::jit::Stack* stack);
 
 // Checks a boxed call's stack against the op's current schema before anything reads it: enough
 // arguments, and a defined tensor for every non-optional Tensor argument.

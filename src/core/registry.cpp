@@ -1289,6 +1289,16 @@ std::optional<torch::jit::Stack> meta_arguments(const Definition& definition,
   return meta;
 }
 
+// Whether a fake's error on meta tensors says it cannot run there, rather than that it is wrong:
+// a data-dependent size (get_ctx() is None outside FakeTensorMode), or an output placed off meta.
+bool cannot_run_on_meta(const std::string& why) {
+  for (const char* sign : {"new_dynamic_size", "DynamicOutputShape", "data-dependent",
+                           "data dependent", ", expected meta"}) {
+    if (why.find(sign) != std::string::npos) return true;
+  }
+  return false;
+}
+
 void compare_with_fake_outputs(const Definition& definition, const c10::OperatorHandle& op,
                                torch::jit::Stack meta, const torch::jit::Stack& stack, size_t base,
                                const std::string& impl) {
@@ -1301,12 +1311,17 @@ void compare_with_fake_outputs(const Definition& definition, const c10::Operator
   // A fake that cannot run on meta copies of the arguments has nothing to compare: one with a
   // data-dependent output size (meta tensors have no ShapeEnv, as with torch's), one that places
   // its output by a Device argument or a factory's default device, a fallback without a fake
-  // that needs data. opcheck's fake_vs_real checks such fakes under FakeTensorMode.
+  // that needs data. opcheck's fake_vs_real checks such fakes under FakeTensorMode. Any other
+  // failure of a fake is the fake's mistake, which torch.compile would meet.
   try {
     c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
     op.callBoxed(&meta);
-  } catch (const std::exception&) {  // c10's errors, and Python's from a Python fake
-    return;
+  } catch (const std::exception& error) {  // c10's errors, and Python's from a Python fake
+    std::string why = error.what();
+    if (definition.fake_source == FakeSource::kFallbackOnMeta || cannot_run_on_meta(why)) return;
+    why = why.substr(0, why.find("\n\nAt:\n"));  // a Python fake's stack is not the point
+    TORCH_CHECK(false, "OPREG_DEBUG: ", definition.name(), ": ", impl,
+                " ran, but the op's fake failed on meta copies of the call's arguments: ", why);
   }
   if (!still_current()) return;
   auto same = [&](const at::Tensor& fake, const at::Tensor& real, const std::string& what) {
@@ -1827,8 +1842,14 @@ void throw_no_fake(const std::string& op, const std::string& reason) {
                               reason);
 }
 
-FallbackPtr fallback_kernel_of(const std::string& op) {
-  return current_definition(op)->checked_fallback;
+void call_checked_fallback(const std::string& op, const c10::OperatorHandle& handle,
+                           torch::jit::Stack* stack) {
+  // Held for the call, as a dispatched call holds its definition: a replace racing it frees the
+  // definition it replaces, which the fallback's kernel reads.
+  const auto definition = current_definition(op);
+  check_arguments(*definition, *stack);
+  definition->checked_fallback->callBoxed(
+      handle, c10::DispatchKeySet(c10::DispatchKey::CompositeExplicitAutograd), stack);
 }
 
 void check_stack(const std::string& op, const torch::jit::Stack& stack) {

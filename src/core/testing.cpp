@@ -114,12 +114,8 @@ Tolerance tolerance(at::ScalarType dtype) {
 }
 
 std::vector<c10::IValue> call_fallback(const std::string& op, std::vector<c10::IValue> args) {
-  auto handle = find_operator(op);
-  auto kernel = detail::fallback_kernel_of(op);
   torch::jit::Stack stack(std::move(args));
-  detail::check_stack(op, stack);
-  kernel->callBoxed(handle, c10::DispatchKeySet(c10::DispatchKey::CompositeExplicitAutograd),
-                    &stack);
+  detail::call_checked_fallback(op, find_operator(op), &stack);
   return stack;
 }
 

@@ -231,13 +231,17 @@ class VmapKernel final : public c10::OperatorKernel {
       trace("vmap:batch-polymorphic", unwrapped);
       // The op is called again: by name, so a replace racing this call would have it run the
       // other definition's fallback, which may not take the batch in front.
-      check_still_current();
+      check_still_current("its definition now may not take the batch in front");
       result = batch_polymorphic(op, std::move(unwrapped), batch_size);
-      check_still_current();
+      check_still_current("its definition now may not take the batch in front");
     } else {
       if (!loop_for_backward) warn_once_about_loop();
       trace("vmap:per-example loop", unwrapped);
+      // Called by name once per example: a replace racing the loop would mix two definitions
+      // in one result.
+      check_still_current("the examples would mix two definitions");
       result = per_example_loop(op, unwrapped, batch_size.guard_int(__FILE__, __LINE__));
+      check_still_current("the examples would mix two definitions");
     }
     // Batch-polymorphic ops promise their outputs keep the batch as dim 0; the checks say so.
     const char* source = rule_              ? "the vmap rule"
@@ -300,10 +304,10 @@ class VmapKernel final : public c10::OperatorKernel {
     }
   }
 
-  void check_still_current() const {
+  void check_still_current(const char* why) const {
     TORCH_CHECK(detail::definition_serial(op_->name) == op_->serial, op_->name,
-                ": the op was replaced (or undefined) while this vmapped call ran, and its "
-                "definition now may not take the batch in front; call it again");
+                ": the op was replaced (or undefined) while this vmapped call ran, and ", why,
+                "; call it again");
   }
 
   void trace(const char* how, const Unwrapped& unwrapped) const {

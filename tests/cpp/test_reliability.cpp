@@ -512,3 +512,34 @@ TEST(Reliability, TheCpuAndMetaAreNoAcceleratedDeviceTypes) {
   const auto types = opreg::accelerated_device_types();
   EXPECT_EQ(std::count(types.begin(), types.end(), "cpu"), 0);
 }
+
+// testing::call_fallback held only the fallback's kernel, whose definition a replace freed under
+// it (a segfault; opreg.opcheck and Python fakes of ops without tensors call it too).
+TEST(Reliability, CallFallbackWhileTheOpIsReplaced) {
+  auto define = [](double value) {
+    opreg::op("opreg_rel::replaced_under_call_fallback(Tensor x) -> Tensor")
+        .fallback([value](const at::Tensor& x) {
+          std::this_thread::yield();  // widen the window in which a replace can happen
+          return x + value;
+        })
+        .replace()
+        .define();
+  };
+  define(1.0);
+  std::atomic<bool> stop{false};
+  std::atomic<int> wrong{0}, calls{0};
+  std::thread caller([&] {
+    while (!stop) {
+      auto outputs = opreg::testing::call_fallback("opreg_rel::replaced_under_call_fallback",
+                                                   {at::zeros({4})});
+      const double value = outputs.at(0).toTensor()[0].item<double>();
+      if (value != 1.0 && value != 2.0) ++wrong;
+      ++calls;
+    }
+  });
+  for (int round = 0; round < 2000; ++round) define(round % 2 ? 1.0 : 2.0);
+  stop = true;
+  caller.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(calls.load(), 0);
+}

@@ -5,11 +5,12 @@ stay in Python (the fake, the decomposition under compile, the kernel status).""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import threading
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -607,14 +608,33 @@ def _checked_fake(declaration: OpDeclaration, serial: int) -> Callable[..., Any]
 # Held by each definition from Python, from the checks that read the Python-side records to
 # their update: two threads defining one name (or an op and its companion) check and define in
 # turn, so neither's checks read records the other is changing (reentrant: a fallback may define).
-definition_lock = threading.RLock()
+_definition_lock = threading.RLock()
+_defining_here = threading.local()  # .active: inside defining(); .forget: a replace was made
+
+
+@contextlib.contextmanager
+def defining() -> Iterator[None]:
+    """Holds the definition lock. torch.compile's code compiled before a replace is dropped once
+    the outermost block releases it: dropping waits for Dynamo's compile lock, which a compile on
+    another thread holds while its fake (say) waits for this lock to define an op."""
+    outermost = not getattr(_defining_here, "active", False)
+    try:
+        with _definition_lock:
+            _defining_here.active = True
+            try:
+                yield
+            finally:
+                _defining_here.active = not outermost
+    finally:
+        if outermost and _defining_here.__dict__.pop("forget", False):
+            forget_compiled_code()
 
 
 def define(*declarations: OpDeclaration) -> list[torch._ops.OpOverload]:
     """Defines the ops together through the C++ core, which validates everything before it
     changes anything: all are defined, or none and the earlier definitions stay. Then the
     Python-side pieces (fakes, the decomposition under compile) replace the earlier ones."""
-    with definition_lock:
+    with defining():
         return _define(declarations)
 
 
@@ -681,5 +701,5 @@ def _define(declarations: Sequence[OpDeclaration]) -> list[torch._ops.OpOverload
         if _C.is_defined(companion):  # C++'s opreg::undefine of its op took it along already
             _C.undefine(companion)
     if any(registered_before[d.qualname] is not None for d in declarations):
-        forget_compiled_code()
+        _defining_here.forget = True  # done by defining() once the lock is released
     return [op_overload(declaration.qualname) for declaration in declarations]

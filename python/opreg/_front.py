@@ -19,7 +19,7 @@ from opreg._declaration import (
     check_positional,
     check_signature,
     define,
-    definition_lock,
+    defining,
     flag_names,
     parse_schema,
 )
@@ -494,7 +494,7 @@ def register_triton_op(
             jit_kernels=_jit_cache.adopt_kernels_reached_by(triton_fn, vmap_fn) if usable else [],
             **op_flags,
         )
-        with definition_lock:
+        with defining():
             defined = define(declaration, *companions)[0]
             if companions:
                 rule.pin()

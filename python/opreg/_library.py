@@ -21,7 +21,7 @@ from opreg._declaration import (
     check_positional,
     check_signature,
     define,
-    definition_lock,
+    defining,
     parse_schema,
     refuse_companion,
     registration_of,
@@ -230,7 +230,7 @@ class CustomOpDef:
 
     def _with(self, **pieces: Any) -> None:
         """Sets pieces and re-defines the op; a refused definition restores them."""
-        with self._lock, definition_lock:  # current when checked, and still when defined
+        with self._lock, defining():  # current when checked, and still when defined
             self._check_current()
             before = {name: getattr(self, name) for name in pieces}
             for name, value in pieces.items():
@@ -400,7 +400,7 @@ def _new_op(
         check_signature(name, "fn", fn, full_schema)
     signature = full_schema[len(name) :]
     refuse_companion(name, f"opreg.{api}")
-    with definition_lock:  # not while another thread defines it: its object is being updated
+    with defining():  # not while another thread defines it: its object is being updated
         _check_name_free(api, name)
     return CustomOpDef(name, signature, triton_fn=triton_fn, origin=caller_origin())
 
@@ -423,7 +423,7 @@ def _check_name_free(api: str, name: str) -> None:
 
 def _publish(api: str, op: CustomOpDef) -> CustomOpDef:
     # Checked again with the definition: another thread may have defined the name meanwhile.
-    with definition_lock:
+    with defining():
         _check_name_free(api, op._qualname)
         previous = _defined.get(op._qualname)
         op._define()

@@ -18,6 +18,7 @@
 
 #include <dlfcn.h>
 #include <elf.h>
+#include <execinfo.h>
 
 #include <atomic>
 #include <fstream>
@@ -152,7 +153,22 @@ void record_loaded_device_type(const std::string& name) {
 
 namespace {
 
+// glibc's backtrace() loads its unwinder (libgcc_s) on its first call, under the dynamic loader's
+// lock, and every c10 error takes a backtrace. The first error of a process raised while opreg's
+// registry lock is held, as another thread's dlopen holds the loader's lock and its library's
+// definitions wait for the registry lock, deadlocked both threads: the unwinder is loaded first,
+// when libopreg loads and again before each library.
+void load_unwinder() {
+  static const bool loaded = [] {
+    void* frame = nullptr;
+    return backtrace(&frame, 1) >= 0;
+  }();
+  (void)loaded;
+}
+const bool unwinder_loaded_with_libopreg = (load_unwinder(), true);
+
 void load_once(const std::string& path) {
+  load_unwinder();
   // dlopen("") opens the program itself.
   TORCH_CHECK_VALUE(!path.empty(),
                     "opreg::load_library: 'path' is empty; pass the path of a library");

@@ -97,3 +97,73 @@ def test_debug_checks_report_a_fake_that_fails_on_meta_tensors():
     lines = result.stdout.splitlines()
     assert len(lines) == 3 and all(line.startswith("refused: OPREG_DEBUG") for line in lines)
     assert "bug in my fake" in lines[0]
+
+
+def test_an_error_while_another_thread_loads_a_library_does_not_deadlock(
+    test_ops_library, tmp_path
+):
+    # The first c10 error of a process loads glibc's unwinder, under the dynamic loader's lock;
+    # raised under the registry's lock while a load held the loader's, it deadlocked both.
+    library = test_ops_library.parent / "libopreg_failing_wait_then_fail.so"
+    go = tmp_path / "go"
+    result = run_probe(
+        f"""
+        import os, threading, time, opreg
+        os.environ["OPREG_REPLACE_NAME"] = "unwinder18::x"
+        os.environ["OPREG_WAIT_FILE"] = {str(go)!r}
+        errors = []
+        def load():
+            try:
+                opreg.load_library({str(library)!r})
+            except ValueError as error:
+                errors.append(str(error))
+        loading = threading.Thread(target=load)
+        loading.start()
+        time.sleep(0.5)  # the library waits in its initializer, holding the loader's lock
+        try:
+            opreg.describe_op("unwinder18::never_defined")
+        except ValueError as error:
+            print("refused:", error)
+        open({str(go)!r}, "w").close()
+        loading.join()
+        print("load:", errors[0].splitlines()[0][:80])
+        """,
+        timeout=60,
+    )
+    assert_survived(result)
+    assert "refused: opreg: no op named 'unwinder18::never_defined'" in result.stdout
+    assert "load:" in result.stdout
+
+
+def test_a_replace_while_another_thread_s_compile_defines_an_op_does_not_deadlock():
+    # The replace held the definition lock while it waited for Dynamo's compile lock, and the
+    # compile's fake waited for the definition lock to define an op.
+    result = run_probe(
+        """
+        import threading, time, torch, opreg
+        def define(name, fallback, fake=torch.empty_like):
+            opreg.register_vmap_op(fallback, fake_fn=fake, name=name, replace=True,
+                                   schema="(Tensor x) -> Tensor")
+        define("compilelock18::x", lambda x: x * 1)
+        torch.compile(lambda t: torch.ops.compilelock18.x(t) + 1)(torch.ones(2))
+        started = threading.Event()
+        def defining_fake(x):
+            started.set()
+            time.sleep(1.0)
+            define("compilelock18::helper", lambda x: x)
+            return torch.empty_like(x)
+        define("compilelock18::p", lambda x: x * 2, defining_fake)
+        compiled = torch.compile(lambda t: torch.ops.compilelock18.p(t) * 3, fullgraph=True)
+        compiling = threading.Thread(target=lambda: print("compiled", compiled(torch.ones(2))))
+        compiling.start()
+        started.wait()
+        time.sleep(0.2)
+        replacing = threading.Thread(target=define, args=("compilelock18::x", lambda x: x * 2))
+        replacing.start()
+        replacing.join(40)
+        compiling.join(40)
+        print("stuck:", replacing.is_alive(), compiling.is_alive(), flush=True)
+        """,
+        timeout=120,
+    )
+    assert "stuck: False False" in result.stdout, result.stdout + result.stderr

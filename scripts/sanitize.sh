@@ -48,7 +48,8 @@ export OPREG_TEST_OPS="$BUILD/tests/libopreg_test_ops.so"
 preload="$(g++ -print-file-name=libasan.so) $(g++ -print-file-name=libubsan.so)"
 LD_PRELOAD="$preload" python3 -c "import opreg; assert opreg.__file__.startswith('$PREFIX/')" ||
   { echo "sanitize.sh: opreg is not imported from $PREFIX" >&2; exit 1; }
-LD_PRELOAD="$preload" python3 -m pytest -q -p no:cacheprovider "${PYTHON_TESTS[@]}" || status=1
+LD_PRELOAD="$preload" python3 -m pytest -q -p no:cacheprovider -n 2 --dist loadfile \
+  "${PYTHON_TESTS[@]}" || status=1
 
 reports=("$REPORTS"/*)
 if [ ${#reports[@]} -gt 0 ]; then

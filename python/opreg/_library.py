@@ -218,9 +218,19 @@ class CustomOpDef:
         self._registration = registration_of(self._qualname)
 
     def _is_current(self) -> bool:
-        return registration_of(self._qualname) is self._registration
+        # The serial too: an undefine or a definition from C++ does not pass through Python.
+        registration = registration_of(self._qualname)
+        return registration is self._registration and _C.definition_serial(
+            self._qualname
+        ) == getattr(registration, "serial", None)
 
     def _check_current(self) -> None:
+        if not self._is_current() and not _C.is_defined(self._qualname):
+            raise RuntimeError(
+                f"opreg: op '{self._qualname}': it was undefined since this object defined it "
+                "(opreg::undefine, or its library's failed load); define it again (custom_op or "
+                "triton_op with its name) to add pieces"
+            )
         if not self._is_current():
             raise RuntimeError(
                 f"opreg: op '{self._qualname}': it was defined again since this object defined "

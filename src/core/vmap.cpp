@@ -113,7 +113,12 @@ Unwrapped unwrap(const std::vector<c10::IValue>& args, int64_t level, const c10:
 // off, and an op with a backward is called once per example, each call recording the op's node
 // (torch.library's default vmap does the same). Forward-mode tangents take the fallback in eager
 // calls too (the autograd kernel's step 2), so they keep the batched fallback. A vmap_fn (the
-// Python front's batched fallback) is held to the same (python/opreg/_vmap.py).
+// Python front's batched fallback) is held to the same (python/opreg/_vmap.py). The loop stacks
+// the examples' outputs into new tensors, so an op whose schema declares an output a view of an
+// input is refused there rather than silently copied, and the loop, running per example, needs
+// the batch size as a number (under tracing, the graph is specialized to it); a batch of no
+// examples takes the fallback, whose empty outputs keep the graph. A replace racing the loop is
+// refused, as for the other paths that call the op again (call it again).
 detail::GradientsBelow detail::gradients_below(const std::vector<c10::IValue>& args) {
   detail::GradientsBelow found;
   // Every layer under this one: an outer vmap's BatchedTensor hides the tensor that requires grad.
@@ -199,10 +204,24 @@ class VmapKernel final : public c10::OperatorKernel {
         return run_fallback(op, keys, stack);
       }
       if (!gradients.reverse) return run_fallback(op, keys, stack);
+      // No example to call the op on: the fallback's outputs, empty, are what keeps the graph
+      // (its gradients are empty too).
+      if (layer->batchSize().maybe_as_int() == std::optional<int64_t>(0)) {
+        return run_fallback(op, keys, stack);
+      }
       TORCH_CHECK(!same_draws, op_->name,
                   ": under vmap with randomness='same', an input requires grad, and the op's "
                   "backward needs it called once per example, which draws different numbers for "
                   "each; give the op a vmap rule, or use randomness='different'");
+      for (size_t i = 0; i < op_->schema.returns().size(); ++i) {
+        TORCH_CHECK(op_->schema.returns()[i].alias_info() == nullptr, op_->name,
+                    ": under vmap, an input requires grad, and the op's backward needs it called "
+                    "once per example, whose outputs are stacked into new tensors; but its schema "
+                    "declares output ",
+                    i,
+                    " a view of an input, which they cannot stay; give "
+                    "the op a vmap rule");
+      }
       loop_for_backward = true;
     }
     // Symbolic under tracing with a dynamic batch: only the per-example loops need a number (and
@@ -394,7 +413,7 @@ class VmapKernel final : public c10::OperatorKernel {
   VmapResult per_example_loop(const c10::OperatorHandle& op, const Unwrapped& unwrapped,
                               int64_t batch_size) const {
     if (batch_size == 0) return empty_batch(op, unwrapped);
-    std::vector<std::vector<at::Tensor>> per_output;
+    std::vector<std::vector<c10::IValue>> per_output;
     for (int64_t b = 0; b < batch_size; ++b) {
       std::vector<c10::IValue> args;
       for (size_t i = 0; i < unwrapped.values.size(); ++i) {
@@ -414,17 +433,50 @@ class VmapKernel final : public c10::OperatorKernel {
       }
       auto outputs = call_below(op, std::move(args));
       per_output.resize(outputs.size());
-      for (size_t o = 0; o < outputs.size(); ++o) {
-        TORCH_CHECK(outputs[o].isTensor(), op_->name,
-                    ": the per-example loop supports tensor outputs only; output ", o, " is ",
-                    outputs[o].tagKind());
-        per_output[o].push_back(outputs[o].toTensor());
-      }
+      for (size_t o = 0; o < outputs.size(); ++o) per_output[o].push_back(std::move(outputs[o]));
     }
+    // Tensors are stacked along a new batch dim; an output that is not a tensor (None for a
+    // Tensor?, a number) is one value for all examples, unbatched.
     VmapResult result;
-    for (auto& tensors : per_output) {
-      result.outputs.emplace_back(at::stack(tensors));
-      result.out_dims.emplace_back(0);
+    for (size_t o = 0; o < per_output.size(); ++o) {
+      const auto& examples = per_output[o];
+      if (examples[0].isTensor()) {
+        std::vector<at::Tensor> tensors;
+        for (const auto& example : examples) {
+          TORCH_CHECK(example.isTensor(), op_->name, ": output ", o,
+                      " is a tensor for some examples and not for others (", example.tagKind(),
+                      "), which vmap cannot batch");
+          tensors.push_back(example.toTensor());
+        }
+        result.outputs.emplace_back(at::stack(tensors));
+        result.out_dims.emplace_back(0);
+        continue;
+      }
+      if (examples[0].isTensorList()) {  // each element stacked on its own
+        std::vector<at::Tensor> stacked;
+        for (size_t e = 0; e < examples[0].toTensorList().size(); ++e) {
+          std::vector<at::Tensor> tensors;
+          for (const auto& example : examples) {
+            TORCH_CHECK(example.isTensorList() &&
+                            example.toTensorList().size() == examples[0].toTensorList().size(),
+                        op_->name, ": output ", o,
+                        " is a list of tensors whose length differs between examples, which "
+                        "vmap cannot batch");
+            tensors.push_back(example.toTensorList().get(e));
+          }
+          stacked.push_back(at::stack(tensors));
+        }
+        result.outputs.emplace_back(c10::List<at::Tensor>(stacked));
+        result.out_dims.emplace_back(0);
+        continue;
+      }
+      for (const auto& example : examples) {
+        TORCH_CHECK(!example.isTensor() && example == examples[0], op_->name, ": output ", o, " (",
+                    examples[0].tagKind(),
+                    ") differs between examples, and vmap batches only tensors");
+      }
+      result.outputs.push_back(examples[0]);
+      result.out_dims.emplace_back(std::nullopt);
     }
     return result;
   }

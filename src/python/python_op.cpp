@@ -30,16 +30,34 @@ namespace {
 
 namespace py = pybind11;
 
-// A Python object shared by kernels; its reference is dropped with the GIL held.
+bool interpreter_finalizing();
+
+// A Python object shared by kernels; its reference is dropped with the GIL held. Once the
+// interpreter is gone it is left: autograd nodes that a failed backward left pending are freed
+// with the engine's thread-local queue after Python finalized, and taking the GIL then segfaults.
 using PyRef = std::shared_ptr<py::object>;
 
 PyRef ref(py::object object) {
   if (object.is_none()) return nullptr;
   return PyRef(new py::object(std::move(object)), [](py::object* pointer) {
-    py::gil_scoped_acquire gil;
+    if (!Py_IsInitialized() || interpreter_finalizing()) {
+      pointer->release();  // the process is exiting: no reference count to keep right
+    } else {
+      py::gil_scoped_acquire gil;
+      pointer->dec_ref();
+      pointer->release();
+    }
     delete pointer;
   });
 }
+
+// The Python ctx of a call's backward, kept in the AutogradContext's saved_data: as a PyRef, not
+// as PyTorch's IValue of a Python object, whose destructor takes the GIL whatever the
+// interpreter's state.
+struct PythonContext final : torch::CustomClassHolder {
+  explicit PythonContext(PyRef object) : object(std::move(object)) {}
+  PyRef object;
+};
 
 // Python pieces do not run once the interpreter finalizes: a call from a __del__ of garbage
 // collected at exit reached a fallback while PyTorch's Python objects were being torn down, and
@@ -463,14 +481,16 @@ void add_autograd(OpBuilder& builder, PyRef backward, PyRef setup_context, PyRef
             (*setup_context)(py_ctx, to_python(inputs, false, schema), to_python(outputs, true));
           });
     }
-    ctx.saved_data[kPythonContext] = torch::jit::toIValue(py_ctx, c10::PyObjectType::get());
+    ctx.saved_data[kPythonContext] =
+        c10::IValue::make_capsule(c10::make_intrusive<PythonContext>(ref(py_ctx)));
   };
   Backward run_backward = [backward, name](AutogradContext& ctx,
                                            const std::vector<at::Tensor>& grads) {
     if (interpreter_finalizing()) refuse_at_exit(name, "its backward");
     py::gil_scoped_acquire gil;
     InsideOp inside;
-    py::object py_ctx = torch::jit::toPyObject(ctx.saved_data.at(kPythonContext));
+    py::object py_ctx =
+        *static_cast<PythonContext*>(ctx.saved_data.at(kPythonContext).toCapsule().get())->object;
     py::tuple py_grads(grads.size());
     for (size_t i = 0; i < grads.size(); ++i) py_grads[i] = py::cast(grads[i]);
     py::object result;

@@ -3,6 +3,8 @@ core are in tests/cpp/test_reliability.cpp)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -11,6 +13,7 @@ import torch
 from test_reliability import assert_survived, run_probe
 
 import opreg
+from opreg import _C
 
 
 @pytest.mark.parametrize("path", ["backward", "vmap_fn_backward", "vmap_loop"])
@@ -167,3 +170,124 @@ def test_a_replace_while_another_thread_s_compile_defines_an_op_does_not_deadloc
         timeout=120,
     )
     assert "stuck: False False" in result.stdout, result.stdout + result.stderr
+
+
+def test_a_custom_op_object_refuses_pieces_after_its_op_was_undefined():
+    # The object did not see an undefine made outside Python and defined the op again.
+    @opreg.custom_op("undefined18::f", mutates_args=())
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    _C.undefine("undefined18::f")
+    with pytest.raises(RuntimeError, match="undefined18::f': it was undefined since"):
+        f.register_fake(torch.empty_like)
+    assert not _C.is_defined("undefined18::f")
+
+    @opreg.custom_op("undefined18::f", mutates_args=())
+    def g(x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+    g.register_fake(torch.empty_like)
+    assert g(torch.ones(1)).item() == 3.0
+
+
+def test_the_command_line_s_reader_going_away_is_no_traceback():
+    result = subprocess.run(  # `true` leaves at once: every write of opreg's meets a closed pipe
+        f"{sys.executable} -m opreg info | true",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("loss", ["torch.vmap(op)(x).sum()", "(op(x) + op(x * 2)).sum()"])
+def test_a_failed_backward_with_other_nodes_pending_exits_cleanly(loss):
+    # The nodes left pending were freed with the engine's thread-local queue after Python
+    # finalized, and the Python ctx they held took the GIL: a segfault at exit.
+    result = run_probe(
+        f"""
+        import torch, opreg
+        def broken(ctx, grad):
+            raise ValueError("my backward broke")
+        op = opreg.register_vmap_op(lambda x: x * 2, fake_fn=torch.empty_like,
+                                    name="exit18::f", backward=broken,
+                                    schema="(Tensor x) -> Tensor")
+        x = torch.ones(2, 3, requires_grad=True)
+        try:
+            torch.autograd.grad({loss}, x)
+        except ValueError as error:
+            print("caught", error)
+        """
+    )
+    assert_survived(result)
+    assert "caught my backward broke" in result.stdout
+
+
+def test_grad_through_vmap_of_an_op_with_a_backward_and_outputs_that_are_not_tensors():
+    # The per-example loop that runs the op's backward refused a None (Tensor?) or a number.
+    def backward(ctx, grad, *others):
+        return grad * 11, None
+
+    optional = opreg.register_vmap_op(
+        lambda x, flag: (x * 2, x * 3 if flag else None),
+        fake_fn=None,
+        backward=backward,
+        name="loop18::optional",
+        schema="(Tensor x, bool flag) -> (Tensor, Tensor?)",
+    )
+    number = opreg.register_vmap_op(
+        lambda x, flag: (x * 2, 7),
+        fake_fn=None,
+        backward=backward,
+        name="loop18::number",
+        schema="(Tensor x, bool flag) -> (Tensor, int)",
+    )
+    listed = opreg.register_vmap_op(  # the loop asked for, with a Tensor[] output
+        lambda x, flag: [x * 2, x * 4],
+        fake_fn=None,
+        vmap_loop=True,
+        name="loop18::listed",
+        schema="(Tensor x, bool flag) -> Tensor[]",
+    )
+    x = torch.randn(4, 3, requires_grad=True)
+    out, none = torch.vmap(optional, in_dims=(0, None), out_dims=(0, None))(x, False)
+    assert none is None
+    torch.testing.assert_close(torch.autograd.grad(out.sum(), x)[0], torch.full((4, 3), 11.0))
+    out, seven = torch.vmap(number, in_dims=(0, None), out_dims=(0, None))(x, False)
+    assert seven == 7
+    torch.testing.assert_close(torch.autograd.grad(out.sum(), x)[0], torch.full((4, 3), 11.0))
+    first, second = torch.vmap(listed, in_dims=(0, None))(x.detach(), False)
+    torch.testing.assert_close([first, second], [x * 2, x * 4])
+
+
+def test_grad_through_vmap_of_a_view_op_with_a_backward_is_refused_not_copied():
+    # The per-example loop stacked the outputs into a new tensor: a declared view became a copy.
+    view = opreg.register_vmap_op(
+        lambda x: x.view(x.shape),
+        fake_fn=lambda x: x.view(x.shape),
+        backward=lambda ctx, g: g * 1,
+        name="loop18::view",
+        schema="(Tensor(a) x) -> Tensor(a)",
+    )
+    x = torch.ones(4, 3, requires_grad=True) * 1
+    with pytest.raises(RuntimeError, match="declares output 0 a view of an input"):
+        torch.vmap(lambda t: view(t).mul_(2))(x)
+    y = torch.ones(4, 3) * 1
+    torch.vmap(lambda t: view(t).mul_(2))(y)  # no gradient: the batched fallback keeps the view
+    assert bool((y == 2).all())
+
+
+def test_vmap_over_no_examples_of_an_op_with_a_backward_keeps_the_graph():
+    op = opreg.register_vmap_op(
+        lambda x: x * 2,
+        fake_fn=torch.empty_like,
+        backward=lambda ctx, g: g * 7,
+        name="loop18::empty",
+        schema="(Tensor x) -> Tensor",
+    )
+    x = torch.randn(0, 3, requires_grad=True)
+    out = torch.vmap(op)(x)
+    assert out.shape == (0, 3) and out.requires_grad
+    assert torch.autograd.grad(out.sum(), x)[0].shape == (0, 3)

@@ -222,8 +222,9 @@ def refresh_handles(qualname: str) -> None:
     """Brings torch.ops' handles of a defined op up to its schema and tags now (Note [One handle
     per op]); handles of an undefined op stay as they are, and their calls raise opreg's error."""
     namespace, name = qualname.split("::")
-    held = vars(torch.ops).get(namespace)
-    packet = vars(held).get(name.split(".")[0]) if held is not None else None
+    held = vars(torch.ops).get(namespace)  # not a namespace for names torch.ops holds itself
+    is_namespace = isinstance(held, torch._ops._OpNamespace)
+    packet = vars(held).get(name.split(".")[0]) if is_namespace else None
     if not isinstance(packet, torch._ops.OpOverloadPacket) or not _C.is_defined(qualname):
         return
     try:

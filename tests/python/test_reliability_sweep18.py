@@ -291,3 +291,12 @@ def test_vmap_over_no_examples_of_an_op_with_a_backward_keeps_the_graph():
     out = torch.vmap(op)(x)
     assert out.shape == (0, 3) and out.requires_grad
     assert torch.autograd.grad(out.sum(), x)[0].shape == (0, 3)
+
+
+@pytest.mark.parametrize("namespace", ["_dir", "__name__", "loaded_libraries"])
+def test_bringing_handles_up_to_date_skips_names_torch_ops_holds_itself(namespace):
+    # A C++ library's op in such a namespace (the C++ core accepts it) made every later
+    # opreg.load_library raise a bare TypeError from this step.
+    from opreg._registry import refresh_handles
+
+    refresh_handles(f"{namespace}::f")

@@ -42,6 +42,7 @@ class RuleShape(NamedTuple):
     keyword_only: tuple[str, ...]
     num_returns: int
     single_list_return: bool  # one return, a list (Tensor[]): the rule's list is that output
+    tensor_lists: tuple[bool, ...] = ()  # per argument: a Tensor[] (an empty one has no tensor)
 
     @classmethod
     def of(cls, schema: torch._C.FunctionSchema) -> RuleShape:
@@ -50,6 +51,7 @@ class RuleShape(NamedTuple):
             keyword_only=tuple(a.name for a in schema.arguments if a.kwarg_only),
             num_returns=len(returns),
             single_list_return=len(returns) == 1 and isinstance(returns[0].type, torch.ListType),
+            tensor_lists=tuple(str(a.type) == "List[Tensor]" for a in schema.arguments),
         )
 
     def split(self, args: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -97,8 +99,8 @@ def explicit_rule(qualname: str, vmap: Callable[..., Any], shape: RuleShape) -> 
         info = VmapInfo(batch_size, randomness)
         # A Tensor[] argument's in_dims entry is one per tensor, as torch gives it.
         nested = tuple(
-            [dim] * len(arg) if _tensor_list(arg) else dim
-            for arg, dim in zip(positional, in_dims, strict=False)
+            [dim] * len(arg) if _tensor_list(arg) or (is_list and arg == []) else dim
+            for arg, dim, is_list in zip(positional, in_dims, shape.tensor_lists, strict=False)
         )
         result = vmap(info, nested, *positional, **keyword_only)
         if not (isinstance(result, (tuple, list)) and len(result) == 2):

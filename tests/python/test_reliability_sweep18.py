@@ -300,3 +300,23 @@ def test_bringing_handles_up_to_date_skips_names_torch_ops_holds_itself(namespac
     from opreg._registry import refresh_handles
 
     refresh_handles(f"{namespace}::f")
+
+
+def test_a_rule_gets_an_empty_list_as_the_in_dims_of_an_empty_tensor_list():
+    # torch gives [] (an entry per tensor); opreg gave None.
+    seen = []
+
+    def rule(info, in_dims, x, ys):
+        seen.append(in_dims)
+        return x.movedim(in_dims[0], 0) + sum(ys, torch.zeros(())), 0
+
+    op = opreg.register_vmap_op(
+        lambda x, ys: x + sum(ys, torch.zeros(())),
+        fake_fn=lambda x, ys: torch.empty_like(x),
+        vmap=rule,
+        name="rule18::empty_list",
+        schema="(Tensor x, Tensor[] ys) -> Tensor",
+    )
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(torch.vmap(op, in_dims=(0, None))(x, []), x)
+    assert seen == [(0, [])]

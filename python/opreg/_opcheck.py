@@ -170,15 +170,15 @@ def _takes_tensors(op: torch._ops.OpOverload) -> bool:
 def _scalar_value(op: torch._ops.OpOverload, arg: Any, ints: int) -> Any:
     """A value for a non-tensor argument: its default, else `ints` for ints, 0.75, True."""
     type_name = str(arg.type)
-    if arg.default_value is not None:
+    if arg.has_default_value():  # None too (`float? eps=None`)
         return arg.default_value
     if type_name in ("int", "SymInt"):
         return ints
     if type_name in ("float", "bool"):
         return 0.75 if type_name == "float" else True
     raise TypeError(
-        f"opreg.opcheck: cannot generate an argument of type {type_name} for "
-        f"{op._schema.name}; pass samples="
+        f"opreg.opcheck: {op._schema.name}: cannot generate a value for argument '{arg.name}' "
+        f"of '{op._schema}'; pass samples= or register_samples()"
     )
 
 

@@ -320,3 +320,23 @@ def test_a_rule_gets_an_empty_list_as_the_in_dims_of_an_empty_tensor_list():
     x = torch.randn(4, 3)
     torch.testing.assert_close(torch.vmap(op, in_dims=(0, None))(x, []), x)
     assert seen == [(0, [])]
+
+
+def test_opcheck_generates_samples_for_ops_with_defaulted_optional_arguments():
+    # Generated samples gave up on `ScalarType? dt=None` (and float?, Layout?, ...) with a message
+    # naming neither the argument nor its schema.
+    op = opreg.register_vmap_op(
+        lambda x, dt=None, eps=None: x * 2,
+        fake_fn=None,
+        name="opcheck18::defaults",
+        schema="(Tensor x, ScalarType? dt=None, float? eps=None) -> Tensor",
+    )
+    opreg.opcheck(op, devices=["cpu"], checks=["kernel_vs_fallback", "fake_vs_real"])
+    needs = opreg.register_vmap_op(
+        lambda x, mode: x * 2,
+        fake_fn=None,
+        name="opcheck18::needs_mode",
+        schema="(Tensor x, str mode) -> Tensor",
+    )
+    with pytest.raises(TypeError, match=r"argument 'mode' of 'opcheck18::needs_mode\(Tensor x"):
+        opreg.opcheck(needs, devices=["cpu"])

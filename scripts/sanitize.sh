@@ -41,6 +41,7 @@ cmake --build "$BUILD/tests"
 
 # 3. Run them. PyTorch is not sanitized, so Python gets the sanitizer runtimes preloaded; leak
 #    checking is off (CPython's and PyTorch's allocations at exit would be reported).
+echo "=== sanitize.sh: tests ($(date +%T))"
 status=0
 ctest --test-dir "$BUILD/tests" --output-on-failure --no-tests=error || status=1
 export PYTHONPATH="$PREFIX${PYTHONPATH:+:$PYTHONPATH}"

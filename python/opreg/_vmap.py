@@ -42,7 +42,7 @@ class RuleShape(NamedTuple):
     keyword_only: tuple[str, ...]
     num_returns: int
     single_list_return: bool  # one return, a list (Tensor[]): the rule's list is that output
-    tensor_lists: tuple[bool, ...] = ()  # per argument: a Tensor[] (an empty one has no tensor)
+    tensor_lists: tuple[bool, ...] = ()  # per argument: whether it is a Tensor[]
 
     @classmethod
     def of(cls, schema: torch._C.FunctionSchema) -> RuleShape:
@@ -76,13 +76,6 @@ def _empty_sequence(value: Any) -> bool:
     return isinstance(value, (tuple, list)) and len(value) == 0
 
 
-def _tensor_list(value: Any) -> bool:
-    """A Tensor[] argument as the core passes it (an int[] is a list too)."""
-    return (
-        isinstance(value, list) and bool(value) and all(isinstance(t, torch.Tensor) for t in value)
-    )
-
-
 def _out_dims(out_dims: int | Sequence[int | None], count: int) -> tuple[int | None, ...]:
     if isinstance(out_dims, int) or out_dims is None:
         return (out_dims,) * count
@@ -99,7 +92,7 @@ def explicit_rule(qualname: str, vmap: Callable[..., Any], shape: RuleShape) -> 
         info = VmapInfo(batch_size, randomness)
         # A Tensor[] argument's in_dims entry is one per tensor, as torch gives it.
         nested = tuple(
-            [dim] * len(arg) if _tensor_list(arg) or (is_list and arg == []) else dim
+            [dim] * len(arg) if is_list else dim
             for arg, dim, is_list in zip(positional, in_dims, shape.tensor_lists, strict=False)
         )
         result = vmap(info, nested, *positional, **keyword_only)

@@ -56,6 +56,7 @@ else  # only the op libraries the Python tests load
     define_all factory_throws device_type_then_fail wait_then_fail; do
     libraries="$libraries opreg_failing_$failure"
   done
+  for name in a b c dep needy; do libraries="$libraries opreg_scripted_$name"; done
   cmake -S tests -B build/gpu-tests -G Ninja -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX" \
     -DOPREG_GTEST_SOURCE_DIR="$PWD/.carry/googletest" > "$WORK/logs/cpp-tests.log" 2>&1 &&
     cmake --build build/gpu-tests --target $libraries >> "$WORK/logs/cpp-tests.log" 2>&1

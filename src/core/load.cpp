@@ -19,14 +19,18 @@
 #include <dlfcn.h>
 #include <elf.h>
 #include <execinfo.h>
+#include <link.h>
+#include <sys/stat.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <cstring>
 #include <fstream>
 #include <functional>
-
-#include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -39,21 +43,40 @@ namespace opreg {
 namespace {
 
 struct LoadContext {
-  std::string path;
+  LoadContext(std::string loaded, LoadContext* enclosing)
+      : id(++last_id), path(std::move(loaded)), outer(enclosing) {}
+
+  static inline std::atomic<uint64_t> last_id{0};
+  const uint64_t id;
+  const std::string path;
   std::vector<std::pair<std::string, std::string>> failures;  // (op, message)
   struct Published {
     std::string qualified;
     std::shared_ptr<const void> definition;  // null: an undefine
     std::shared_ptr<const void> previous;
+    uint64_t sequence;  // of all loads' publications, in the order the registry made them
   };
+  // Under g_loads_mutex: another load's rollback may hand a record an earlier definition.
   std::vector<Published> published;
   // Libraries loaded (successfully) from this load's initializers: they fail with it.
   std::vector<std::pair<void*, std::string>> nested;
-  std::vector<std::string> device_types;  // accelerated device types it registered
-  LoadContext* outer = nullptr;
+  std::vector<std::string> device_types;  // accelerated device types it asked for
+  std::vector<std::function<void()>> on_success;
+  LoadContext* const outer;
 };
 
 thread_local LoadContext* t_load = nullptr;
+
+// Every load in progress (nested ones too), and the outermost ones whose outcome is not final
+// yet (in dlopen, registering what waits for success, or rolling back), by id.
+std::mutex g_loads_mutex;
+std::condition_variable g_load_settled;
+std::vector<LoadContext*> g_active;
+std::set<uint64_t> g_unsettled;
+std::atomic<uint64_t> g_publications{0};
+// One rollback at a time: a rollback may hand an op's earlier definition to another failing
+// load's record, which that load's rollback must then read.
+std::mutex g_rollback_mutex;
 
 // Threads inside load_once's dlopen (all, and this one), and the work that waits for them.
 std::atomic<int> g_dlopens{0};
@@ -75,10 +98,41 @@ void run_deferred() {
 
 // Libraries whose load failed, by dlopen handle, with the error: opening one again does not run
 // its initializers, so a second load_library must raise the same error instead of succeeding.
+// Libraries that other code opened inside a failed load (a library it needs, one its
+// initializers dlopen) are known by their file, as no handle of theirs was returned.
+using FileId = std::pair<dev_t, ino_t>;
 std::mutex g_failed_mutex;
 std::map<void*, std::string>& failed_loads() {
   static auto* failed = new std::map<void*, std::string>();  // leaked: read until exit
   return *failed;
+}
+std::map<FileId, std::string>& failed_files() {
+  static auto* failed = new std::map<FileId, std::string>();  // leaked: read until exit
+  return *failed;
+}
+
+std::optional<FileId> file_id(const char* path) {
+  struct stat status{};
+  if (path == nullptr || *path == '\0' || stat(path, &status) != 0) return std::nullopt;
+  return FileId{status.st_dev, status.st_ino};
+}
+
+// The files of every library mapped now.
+std::set<FileId> loaded_files() {
+  std::set<FileId> files;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* found) {
+        if (auto id = file_id(info->dlpi_name)) static_cast<std::set<FileId>*>(found)->insert(*id);
+        return 0;
+      },
+      &files);
+  return files;
+}
+
+std::optional<FileId> file_of_handle(void* handle) {
+  link_map* map = nullptr;
+  if (dlinfo(handle, RTLD_DI_LINKMAP, &map) != 0 || map == nullptr) return std::nullopt;
+  return file_id(map->l_name);
 }
 
 // Why a 64-bit ELF file cannot be mapped whole, or "" when it can (and for anything else, which
@@ -140,14 +194,22 @@ void record_load_failure(const std::string& op, const std::string& message) {
 
 void record_loaded_definition(const std::string& qualified, std::shared_ptr<const void> published,
                               std::shared_ptr<const void> previous) {
-  if (t_load != nullptr) {
-    t_load->published.push_back({qualified, std::move(published), std::move(previous)});
-  }
+  if (t_load == nullptr) return;
+  std::lock_guard<std::mutex> lock(g_loads_mutex);
+  t_load->published.push_back(
+      {qualified, std::move(published), std::move(previous), ++g_publications});
 }
 
 void record_loaded_device_type(const std::string& name) {
   if (t_load != nullptr) t_load->device_types.push_back(name);
 }
+
+void when_load_succeeds(std::function<void()> commit) {
+  TORCH_INTERNAL_ASSERT(t_load != nullptr, "when_load_succeeds outside a load");
+  t_load->on_success.push_back(std::move(commit));
+}
+
+uint64_t current_load_id() { return t_load != nullptr ? t_load->id : 0; }
 
 }  // namespace detail
 
@@ -167,6 +229,139 @@ void load_unwinder() {
 }
 const bool unwinder_loaded_with_libopreg = (load_unwinder(), true);
 
+// A load in g_active (and, outermost, in g_unsettled) from construction until it is settled.
+class ActiveLoad {
+ public:
+  explicit ActiveLoad(LoadContext& context) : context_(context) {
+    std::lock_guard<std::mutex> lock(g_loads_mutex);
+    g_active.push_back(&context_);
+    if (context_.outer == nullptr) g_unsettled.insert(context_.id);
+  }
+  ActiveLoad(const ActiveLoad&) = delete;
+  ActiveLoad& operator=(const ActiveLoad&) = delete;
+  ~ActiveLoad() {
+    settle();
+    std::lock_guard<std::mutex> lock(g_loads_mutex);
+    g_active.erase(std::find(g_active.begin(), g_active.end(), &context_));
+  }
+
+  // Its outcome is final: loads that wait for it may go on.
+  void settle() {
+    {
+      std::lock_guard<std::mutex> lock(g_loads_mutex);
+      if (g_unsettled.erase(context_.id) == 0) return;
+    }
+    g_load_settled.notify_all();
+  }
+
+  // The other outermost loads not settled now.
+  std::set<uint64_t> unsettled_others() const {
+    std::lock_guard<std::mutex> lock(g_loads_mutex);
+    std::set<uint64_t> others = g_unsettled;
+    others.erase(context_.id);
+    return others;
+  }
+
+ private:
+  LoadContext& context_;
+};
+
+// A library this load found loaded ran its initializers in an earlier load, which answers for
+// its ops; such a load, once it has settled, may still have failed.
+void wait_until_settled(const std::set<uint64_t>& loads) {
+  std::unique_lock<std::mutex> lock(g_loads_mutex);
+  g_load_settled.wait(lock, [&] {
+    return std::none_of(loads.begin(), loads.end(),
+                        [](uint64_t id) { return g_unsettled.count(id) != 0; });
+  });
+}
+
+void check_not_failed(void* handle) {
+  const auto file = file_of_handle(handle);
+  std::lock_guard<std::mutex> lock(g_failed_mutex);
+  auto failed = failed_loads().find(handle);
+  TORCH_CHECK_VALUE(failed == failed_loads().end(), failed->second,
+                    " (the library failed when it was first loaded in this process)");
+  if (!file) return;
+  auto failed_file = failed_files().find(*file);
+  TORCH_CHECK_VALUE(failed_file == failed_files().end(), failed_file->second);
+}
+
+// The op no longer holds what `record` published: a later load's record that replaced it holds
+// it as its earlier definition, and must hold what came before it instead.
+void hand_over(const LoadContext& context, const LoadContext::Published& record) {
+  std::lock_guard<std::mutex> lock(g_loads_mutex);
+  LoadContext::Published* later = nullptr;
+  for (LoadContext* other : g_active) {
+    if (other == &context) continue;
+    for (auto& candidate : other->published) {
+      if (candidate.qualified == record.qualified && candidate.sequence > record.sequence &&
+          detail::same_declaration(candidate.previous, record.definition) &&
+          (later == nullptr || candidate.sequence < later->sequence)) {
+        later = &candidate;
+      }
+    }
+  }
+  if (later != nullptr) later->previous = record.previous;
+}
+
+void roll_back(LoadContext& context) {
+  std::lock_guard<std::mutex> one_at_a_time(g_rollback_mutex);
+  // The rollback may change schemas back; the loader's lock is free unless this load nests.
+  const auto schema_change_lock =
+      detail::loading_library() ? nullptr : detail::take_schema_change_lock();
+  // Types first: the earlier definitions put back are then rebuilt for the types that stay.
+  for (const auto& type : context.device_types) detail::unregister_device_type(type);
+  for (size_t i = context.published.size(); i-- > 0;) {
+    LoadContext::Published record;
+    {
+      std::lock_guard<std::mutex> lock(g_loads_mutex);
+      record = context.published[i];
+    }
+    if (!detail::restore_definition(record.qualified, record.definition, record.previous)) {
+      hand_over(context, record);
+    }
+  }
+}
+
+// Every library whose initializers ran inside the failed load fails with it: loading one again
+// raises the error instead of succeeding with its ops rolled back.
+void mark_failed(const LoadContext& context, void* handle, const std::set<FileId>& files_before,
+                 const std::string& text) {
+  std::set<std::string> origins;
+  {
+    std::lock_guard<std::mutex> lock(g_loads_mutex);
+    for (const auto& record : context.published) {
+      // A rebuild for a new device type keeps the declaration, and its origin is not this load.
+      if (record.definition && !detail::same_declaration(record.definition, record.previous)) {
+        origins.insert(detail::origin_of_definition(record.definition));
+      }
+    }
+  }
+  const auto own_file = file_of_handle(handle);
+  std::map<FileId, std::string> brought_in;
+  for (const auto& origin : origins) {
+    const auto file = file_id(origin.c_str());
+    if (file && file != own_file && files_before.count(*file) == 0) {
+      brought_in.emplace(*file, origin);
+    }
+  }
+  std::lock_guard<std::mutex> lock(g_failed_mutex);
+  failed_loads()[handle] = text;
+  for (const auto& [file, origin] : brought_in) {
+    failed_files()[file] = detail::valid_utf8(
+        "opreg::load_library: '" + origin + "' was loaded with '" + context.path +
+        "' (a library it needs, or one its initializers opened), whose load failed, and its "
+        "ops were rolled back with that library's: " +
+        text);
+  }
+  for (const auto& [nested, nested_path] : context.nested) {
+    failed_loads()[nested] = detail::valid_utf8(
+        "opreg::load_library: '" + nested_path + "' was loaded by '" + context.path +
+        "', whose load failed, and its ops were rolled back with that library's: " + text);
+  }
+}
+
 void load_once(const std::string& path) {
   load_unwinder();
   // dlopen("") opens the program itself.
@@ -176,9 +371,18 @@ void load_once(const std::string& path) {
   TORCH_CHECK_VALUE(truncated.empty(), "opreg::load_library: cannot load '",
                     detail::valid_utf8(path), "': the file is a truncated shared library (",
                     truncated, ")");
-  LoadContext context;
-  context.path = path;
-  context.outer = t_load;
+  LoadContext context(path, t_load);
+  const bool outermost = context.outer == nullptr;
+  // Inside another load this thread holds the dynamic loader's lock, so nothing loads meanwhile.
+  bool loaded_before = false;
+  if (!outermost) {
+    if (void* loaded = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD)) {
+      loaded_before = true;
+      dlclose(loaded);
+    }
+  }
+  const std::set<FileId> files_before = loaded_files();
+  ActiveLoad active(context);
   t_load = &context;
   ++g_dlopens;
   ++t_dlopens;
@@ -186,51 +390,54 @@ void load_once(const std::string& path) {
   --t_dlopens;
   --g_dlopens;
   t_load = context.outer;
+  const std::set<uint64_t> unsettled_then = active.unsettled_others();
   if (!detail::library_loading_elsewhere()) run_deferred();
   if (handle == nullptr) {
     const char* why = dlerror();
     TORCH_CHECK(false, "opreg::load_library: cannot load '", detail::valid_utf8(path),
                 "': ", detail::valid_utf8(why != nullptr ? why : "unknown error"));
   }
-  if (context.failures.empty()) {
-    {
-      std::lock_guard<std::mutex> lock(g_failed_mutex);
-      auto failed = failed_loads().find(handle);
-      TORCH_CHECK_VALUE(failed == failed_loads().end(), failed->second,
-                        " (the library failed when it was first loaded in this process)");
+  if (context.failures.empty() && outermost) {
+    for (auto& commit : context.on_success) {
+      try {
+        commit();
+      } catch (const c10::Error& error) {
+        context.failures.emplace_back("(registering what waits for success)",
+                                      error.what_without_backtrace());
+        break;
+      } catch (const std::exception& error) {
+        context.failures.emplace_back("(registering what waits for success)", error.what());
+        break;
+      }
     }
+  }
+  if (context.failures.empty()) {
+    if (outermost) {
+      active.settle();
+      wait_until_settled(unsettled_then);
+    }
+    check_not_failed(handle);
     // A library loaded from inside another one's initializers belongs to the outer load.
-    if (context.outer != nullptr) {
-      for (auto& published : context.published) context.outer->published.push_back(published);
-      for (auto& type : context.device_types) context.outer->device_types.push_back(type);
-      context.outer->nested.emplace_back(handle, path);
-      for (auto& nested : context.nested) context.outer->nested.push_back(nested);
+    if (!outermost) {
+      auto& outer = *context.outer;
+      {
+        std::lock_guard<std::mutex> lock(g_loads_mutex);
+        for (auto& published : context.published) outer.published.push_back(published);
+      }
+      for (auto& type : context.device_types) outer.device_types.push_back(type);
+      for (auto& commit : context.on_success) outer.on_success.push_back(std::move(commit));
+      if (!loaded_before) outer.nested.emplace_back(handle, path);
+      for (auto& nested : context.nested) outer.nested.push_back(nested);
     }
     return;
   }
-  {  // the rollback may change schemas back; the loader's lock is free unless this load nests
-    const auto schema_change_lock =
-        detail::loading_library() ? nullptr : detail::take_schema_change_lock();
-    for (auto it = context.published.rbegin(); it != context.published.rend(); ++it) {
-      detail::restore_definition(it->qualified, it->definition, it->previous);
-    }
-    for (const auto& type : context.device_types) detail::unregister_device_type(type);
-  }
+  roll_back(context);
   std::ostringstream failures;
   failures << "opreg::load_library: '" << path << "' defines ops that failed ("
            << context.failures.size() << "); none of its ops is defined:";
   for (const auto& [op, message] : context.failures) failures << "\n  " << op << ": " << message;
   const std::string text = detail::valid_utf8(failures.str());  // a name may hold any bytes
-  {
-    std::lock_guard<std::mutex> lock(g_failed_mutex);
-    failed_loads()[handle] = text;
-    // Its ops were rolled back with this library's, and a library loads once per process.
-    for (const auto& [nested, nested_path] : context.nested) {
-      failed_loads()[nested] = detail::valid_utf8(
-          "opreg::load_library: '" + nested_path + "' was loaded by '" + path +
-          "', whose load failed, and its ops were rolled back with that library's: " + text);
-    }
-  }
+  mark_failed(context, handle, files_before, text);
   TORCH_CHECK_VALUE(false, text);
 }
 

@@ -28,16 +28,31 @@ bool library_loading_elsewhere();
 // thread, once that load's dlopen has returned.
 void when_loader_is_free(std::function<void()> task);
 
-// An accelerated device type registered during the load of this thread: a failed load
-// unregisters it, once the ops it added kernels to have their earlier definitions back.
+// An accelerated device type asked for during the load of this thread (registered, or already
+// registered): a failed load takes its request back.
 void record_loaded_device_type(const std::string& name);
+
+// Work that waits for the load of this thread to succeed (registering its embedded Triton
+// kernels): the outermost load runs it once every initializer has run without a failure, and a
+// failed load drops it. An exception from it fails the load.
+void when_load_succeeds(std::function<void()> commit);
+// Names the load of this thread (0: none); a nested load has an id of its own.
+uint64_t current_load_id();
 
 // Puts back an op's earlier definition (null: undefined) where the op still has the definition
 // the load published: one that another thread made since (a define, a replace, an undefine) is
-// that thread's, not the load's, and stays. src/core/registry.cpp.
-void restore_definition(const std::string& qualified, const std::shared_ptr<const void>& published,
+// that thread's, not the load's, and stays. The earlier definition serves the device types
+// registered now. src/core/registry.cpp.
+// False where another thread's definition stays.
+bool restore_definition(const std::string& qualified, const std::shared_ptr<const void>& published,
                         std::shared_ptr<const void> previous);
-// Takes a device type out of the registry of accelerated ones; src/core/registry.cpp.
+// Whether two definitions (null: undefined) are one declaration (a definition rebuilt for a new
+// device type is the one it was rebuilt from). src/core/registry.cpp.
+bool same_declaration(const std::shared_ptr<const void>& a, const std::shared_ptr<const void>& b);
+// The file a definition was declared in (a library's path); src/core/registry.cpp.
+std::string origin_of_definition(const std::shared_ptr<const void>& definition);
+// Takes back a request for a device type (record_loaded_device_type); a type nobody asks for any
+// more leaves the registry, and every op's kernels for it go. src/core/registry.cpp.
 void unregister_device_type(const std::string& name);
 // The lock a change of a registered schema holds (see Note [A schema change and Python's
 // callers] in src/core/registry.cpp); null where none is set or needed.

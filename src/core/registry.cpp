@@ -84,6 +84,9 @@ struct Definition {
   // Names the definition as declared (kept when it is rebuilt for a new device type): what
   // Python's pieces of a definition check that they still belong to the op's current one.
   uint64_t serial = 0;
+  // The accelerated device types it was built for: kernels without device types of their own
+  // serve these.
+  std::vector<std::string> device_types;
   detail::IdentityPtr identity;
   std::string origin;
   std::vector<size_t> required_tensors;  // arguments that must be defined tensors
@@ -215,6 +218,9 @@ struct Registry {
   std::recursive_mutex mutex;  // recursive: a fallback may define ops while a define runs it
   std::map<std::string, OpEntry*> ops;
   std::vector<std::string> device_types{"cuda"};
+  // How many times each registered type was asked for (cuda, built in, is not counted): a failed
+  // load takes back its own requests, and a type goes when none is left.
+  std::map<std::string, int64_t> device_type_requests;
 };
 
 // Whether this thread is inside a definition (define_all, or the rebuild for a new device type),
@@ -667,6 +673,7 @@ DefinitionPtr build(OpBuilder::State spec, const std::vector<std::string>& devic
   static std::atomic<uint64_t> last_serial{0};
   auto definition = std::make_shared<Definition>(std::move(spec));
   definition->serial = serial != 0 ? serial : ++last_serial;
+  definition->device_types = device_types;
   const auto& declared = definition->spec;
   c10::FunctionSchema schema = parse_schema(declared);
   std::ostringstream schema_text;
@@ -1733,6 +1740,31 @@ std::optional<c10::DispatchKey> dispatch_key_for_device_type(const std::string& 
   }
 }
 
+// Whether some kernel of the definition follows the registry of accelerated device types.
+bool follows_device_types(const Definition& definition) {
+  const auto& kernels = definition.spec.kernels;
+  return std::any_of(kernels.begin(), kernels.end(),
+                     [](const auto& kernel) { return !kernel.device_types; });
+}
+
+// Every current definition whose kernels follow the registry, rebuilt for `types` (keeping its
+// serial: it is the same declaration). Under the registry's lock.
+std::vector<std::pair<OpEntry*, DefinitionPtr>> rebuilt_for(Registry& reg,
+                                                            const std::vector<std::string>& types,
+                                                            bool skip_failures = false) {
+  std::vector<std::pair<OpEntry*, DefinitionPtr>> rebuilt;
+  for (auto& [qualified, entry] : reg.ops) {
+    auto current = entry->load();
+    if (!current || !follows_device_types(*current) || current->device_types == types) continue;
+    try {
+      rebuilt.emplace_back(entry, build(current->spec, types, current->serial));
+    } catch (const std::exception&) {
+      if (!skip_failures) throw;
+    }
+  }
+  return rebuilt;
+}
+
 std::vector<std::string> accelerated_device_types() {
   auto& reg = registry();
   std::lock_guard<std::recursive_mutex> lock(reg.mutex);
@@ -1763,37 +1795,47 @@ std::string register_accelerated_device_type(const std::string& name) {
   const auto not_defining = c10::make_scope_exit([nested] { defining = nested; });
   if (std::find(reg.device_types.begin(), reg.device_types.end(), normalized) !=
       reg.device_types.end()) {
+    auto requests = reg.device_type_requests.find(normalized);
+    if (requests != reg.device_type_requests.end()) {
+      ++requests->second;
+      detail::record_loaded_device_type(normalized);
+    }
     return normalized;
   }
-  // Every op whose kernels follow the registry gets a new definition that serves the new type
-  // too; built first, published after, so an error leaves every op and the registry as they were.
   std::vector<std::string> types = reg.device_types;
   types.push_back(normalized);
-  std::vector<std::pair<OpEntry*, DefinitionPtr>> rebuilt;
-  for (auto& [qualified, entry] : reg.ops) {
-    auto current = entry->load();
-    if (!current) continue;
-    const auto& kernels = current->spec.kernels;
-    if (std::none_of(kernels.begin(), kernels.end(),
-                     [](const auto& kernel) { return !kernel.device_types; })) {
-      continue;
-    }
-    rebuilt.emplace_back(entry, build(current->spec, types, current->serial));
-  }
+  // Built first, published after, so an error leaves every op and the registry as they were.
+  auto rebuilt = rebuilt_for(reg, types);
   for (auto& [entry, definition] : rebuilt) {
     detail::record_loaded_definition(entry->qualified, definition,
                                      publish(*entry, definition, &garbage));
   }
   reg.device_types = std::move(types);
+  reg.device_type_requests[normalized] = 1;
   detail::record_loaded_device_type(normalized);
   return normalized;
 }
 
 void detail::unregister_device_type(const std::string& name) {
   auto& reg = registry();
+  std::vector<DefinitionPtr> garbage;  // destroyed after the lock is released
   std::lock_guard<std::recursive_mutex> lock(reg.mutex);
-  reg.device_types.erase(std::remove(reg.device_types.begin(), reg.device_types.end(), name),
-                         reg.device_types.end());
+  const bool nested = defining;
+  defining = true;
+  const auto not_defining = c10::make_scope_exit([nested] { defining = nested; });
+  auto requests = reg.device_type_requests.find(name);
+  TORCH_INTERNAL_ASSERT(requests != reg.device_type_requests.end() && requests->second > 0, name,
+                        ": unregistering a device type not registered");
+  if (--requests->second > 0) return;  // asked for by someone else too: it stays
+  reg.device_type_requests.erase(requests);
+  std::vector<std::string> types = reg.device_types;
+  types.erase(std::remove(types.begin(), types.end(), name), types.end());
+  // Removing a type only drops kernels, so a rebuild that fails (a kernel factory that throws
+  // now) keeps that op as it is rather than leave the registry half changed.
+  for (auto& [entry, definition] : rebuilt_for(reg, types, /*skip_failures=*/true)) {
+    publish(*entry, definition, &garbage);
+  }
+  reg.device_types = std::move(types);
 }
 
 c10::OperatorHandle find_operator(const std::string& qualified) {
@@ -1861,7 +1903,17 @@ void check_stack_dtypes(const std::string& op, const torch::jit::Stack& stack) {
   if (!definition->dtype_rules.empty()) check_dtypes(*definition, stack);
 }
 
-void restore_definition(const std::string& qualified, const std::shared_ptr<const void>& published,
+bool same_declaration(const std::shared_ptr<const void>& a, const std::shared_ptr<const void>& b) {
+  if (!a || !b) return !a && !b;
+  return static_cast<const Definition*>(a.get())->serial ==
+         static_cast<const Definition*>(b.get())->serial;
+}
+
+std::string origin_of_definition(const std::shared_ptr<const void>& definition) {
+  return static_cast<const Definition*>(definition.get())->origin;
+}
+
+bool restore_definition(const std::string& qualified, const std::shared_ptr<const void>& published,
                         std::shared_ptr<const void> previous) {
   auto& reg = registry();
   std::vector<DefinitionPtr> garbage;  // destroyed after the lock is released
@@ -1872,9 +1924,20 @@ void restore_definition(const std::string& qualified, const std::shared_ptr<cons
   // load's.
   const DefinitionPtr current = found->second->load();
   const auto* load_made = static_cast<const Definition*>(published.get());
-  if ((current == nullptr) != (load_made == nullptr)) return;
-  if (current != nullptr && current->serial != load_made->serial) return;
-  publish(*found->second, std::static_pointer_cast<const Definition>(previous), &garbage);
+  if ((current == nullptr) != (load_made == nullptr)) return false;
+  if (current != nullptr && current->serial != load_made->serial) return false;
+  auto restored = std::static_pointer_cast<const Definition>(previous);
+  // Built before a device type was registered (or after one was taken back): it serves the
+  // types registered now, as every other op does.
+  if (restored && follows_device_types(*restored) && restored->device_types != reg.device_types) {
+    try {
+      restored = build(restored->spec, reg.device_types, restored->serial);
+    } catch (const std::exception&) {
+      // A kernel factory that fails now: the earlier definition as it was beats none.
+    }
+  }
+  publish(*found->second, restored, &garbage);
+  return true;
 }
 
 // Note [A schema change and Python's callers]

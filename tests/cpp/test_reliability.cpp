@@ -42,11 +42,12 @@ TEST(Reliability, ReplaceWhileKernelsRun) {
       }
     });
   }
+  // On a loaded machine the replaces could all end before any call began.
+  while (calls.load() == 0) std::this_thread::yield();
   for (int round = 0; round < 300; ++round) define_plus(round % 2 ? 1.0 : 2.0, true);
   stop = true;
   for (auto& caller : callers) caller.join();
   EXPECT_EQ(wrong.load(), 0);
-  EXPECT_GT(calls.load(), 0);
 }
 
 TEST(Reliability, CallingAnUndefinedOpNamesIt) {

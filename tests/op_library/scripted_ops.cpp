@@ -1,0 +1,110 @@
+// tests/op_library/scripted_ops.cpp: an op library whose static initializer follows a script read
+// from the environment variable OPREG_SCRIPT_<OPREG_SCRIPT_NAME>, for the tests of loads that race
+// other threads, nest, or bring in other libraries (tests/python/test_reliability_loads.py).
+// Built several times under other names (scripted_a, scripted_b, ...); opreg_scripted_run runs a
+// script later, outside the load. A script is a list of
+// steps separated by ';':
+//   def:NAME:K      define opreg_script::NAME(Tensor x) -> Tensor as x + K, with a kernel that
+//                   follows the accelerated device types (and one of its own for the CPU)
+//   rep:NAME:K      the same, replacing the op
+//   undef:NAME      undefine opreg_script::NAME
+//   devtype:TYPE    register TYPE as an accelerated device type
+//   wait:FILE       wait (at most 20 s) until FILE exists: other threads act meanwhile
+//   sleep:MS        sleep MS milliseconds
+//   loadlib:PATH    opreg::load_library(PATH)
+//   dlopen:PATH     a plain dlopen(PATH)
+//   touch:FILE      create FILE (tells a test that the script got here)
+//   bad             a definition with a bad schema: the load fails
+#include <ATen/ATen.h>
+#include <dlfcn.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <opreg/opreg.h>
+
+namespace {
+
+std::vector<std::string> split(const std::string& text, char separator) {
+  std::vector<std::string> parts;
+  std::istringstream stream(text);
+  for (std::string part; std::getline(stream, part, separator);) parts.push_back(part);
+  return parts;
+}
+
+void define_plus(const std::string& name, double k, bool replace) {
+  opreg::op("opreg_script::" + name + "(Tensor x) -> Tensor")
+      .fallback([k](const at::Tensor& x) { return x + k; })
+      .kernel([k](const at::Tensor& x) { return x + k; },
+              opreg::KernelOptions<>().name("accelerated"))
+      .kernel([k](const at::Tensor& x) { return x + k; }, opreg::on({"cpu"}).name("on_cpu"))
+      .replace(replace)
+      .define();
+}
+
+void run_step(const std::string& step) {
+  const auto parts = split(step, ':');
+  const std::string& action = parts.at(0);
+  const std::string argument = step.size() > action.size() ? step.substr(action.size() + 1) : "";
+  if (action == "def" || action == "rep") {
+    define_plus(parts.at(1), std::stod(parts.at(2)), action == "rep");
+  } else if (action == "undef") {
+    opreg::undefine("opreg_script::" + argument);
+  } else if (action == "devtype") {
+    opreg::register_accelerated_device_type(argument);
+  } else if (action == "wait") {
+    for (int i = 0; i < 2000 && !std::ifstream(argument).good(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  } else if (action == "sleep") {
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::stoi(argument)));
+  } else if (action == "loadlib") {
+    opreg::load_library(argument);
+  } else if (action == "dlopen") {
+    dlopen(argument.c_str(), RTLD_NOW | RTLD_LOCAL);
+  } else if (action == "touch") {
+    std::ofstream(argument) << "here";
+  } else if (action == "bad") {
+    opreg::op("opreg_script::bad(Tensor x, Tensr y) -> Tensor")
+        .fallback([](const at::Tensor& x) { return x; })
+        .define();
+  }
+}
+
+void run_script(const std::string& script) {
+  for (const auto& step : split(script, ';')) {
+    if (!step.empty()) run_step(step);
+  }
+}
+
+const bool scripted = [] {
+  const char* script = std::getenv("OPREG_SCRIPT_" OPREG_SCRIPT_NAME);
+  if (script != nullptr) run_script(script);
+  return script != nullptr;
+}();
+
+}  // namespace
+
+// Runs a script outside any load (from ctypes): 0, or 1 when a step threw.
+extern "C" __attribute__((visibility("default"))) int opreg_scripted_run(const char* script) {
+  try {
+    run_script(script);
+    return 0;
+  } catch (const std::exception&) {
+    return 1;
+  }
+}
+
+// scripted_needy links scripted_dep and uses this symbol of it, so that the dynamic loader loads
+// scripted_dep (running its script) before scripted_needy.
+#if defined(OPREG_SCRIPT_IS_DEP)
+extern "C" int opreg_scripted_dep_marker() { return 1; }
+#elif defined(OPREG_SCRIPT_NEEDS_DEP)
+extern "C" int opreg_scripted_dep_marker();
+extern "C" int opreg_scripted_needy_marker() { return opreg_scripted_dep_marker(); }
+#endif

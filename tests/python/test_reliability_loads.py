@@ -1,0 +1,220 @@
+"""Failed loads that race other threads, nest, or bring in other libraries leave nothing behind
+(the nineteenth round of fixes, from the eighteenth sweep's B-F1 to B-F6). Each case runs in a
+fresh interpreter: loads are once per process, and a crash must fail the test, not the run."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from test_reliability import assert_survived, run_probe
+
+
+@pytest.fixture
+def scripted(test_ops_library):
+    """The path of the scripted test library `name` (tests/op_library/scripted_ops.cpp)."""
+    return lambda name: str(test_ops_library.parent / f"libopreg_scripted_{name}.so")
+
+
+PRELUDE = """
+import os, threading, time, torch, opreg
+def load(path, errors):
+    try:
+        opreg.load_library(path)
+    except ValueError as error:
+        errors.append(str(error))
+def in_background(path, errors):
+    thread = threading.Thread(target=load, args=(path, errors))
+    thread.start()
+    return thread
+def kernels(name):
+    served = opreg.describe_op(name).kernels
+    return sorted(f"{s.device_type}={s.kind.value}:{s.kernel}" for s in served)
+def defined(name):
+    return name in {report.name for report in opreg.describe_ops()}
+def wait_for(path):
+    for _ in range(2000):
+        if os.path.exists(path):
+            return
+        time.sleep(0.01)
+    raise AssertionError("the script never got to " + path)
+"""
+
+
+def probe(code: str, **scripts: str) -> str:
+    setup = "".join(
+        f"os.environ['OPREG_SCRIPT_{name}'] = {script!r}\n" for name, script in scripts.items()
+    )
+    result = run_probe(PRELUDE + setup + textwrap.dedent(code))
+    assert_survived(result)
+    return result.stdout
+
+
+def test_a_device_type_registered_during_a_failing_load_serves_the_ops_it_rolls_back(
+    scripted, tmp_path
+):
+    # B-F1: the rollback put back the op's definition as built before the type was registered.
+    go, replaced = tmp_path / "go", tmp_path / "replaced"
+    out = probe(
+        f"""
+        opreg.load_library({scripted("a")!r})
+        errors = []
+        thread = in_background({scripted("b")!r}, errors)
+        wait_for({str(replaced)!r})
+        opreg.register_accelerated_device_type("xpu")
+        open({str(go)!r}, "w").close()
+        thread.join()
+        assert errors and "opreg_script::bad" in errors[0], errors
+        print("kernels:", kernels("opreg_script::x"))
+        print("value:", torch.ops.opreg_script.x(torch.zeros(1)).tolist())
+        """,
+        a="def:x:1",
+        b=f"rep:x:10;touch:{replaced};wait:{go};bad",
+    )
+    assert "xpu=kernel:accelerated" in out, out
+    assert "value: [1.0]" in out, out
+
+
+def test_a_device_type_another_thread_asked_for_stays_after_a_failing_load_took_its_own_back(
+    scripted, tmp_path
+):
+    # B-F2: the failing load had registered the type first; its rollback unregistered the type
+    # that the main thread's registration (a no-op then) had been told was registered.
+    go, registered = tmp_path / "go", tmp_path / "registered"
+    out = probe(
+        f"""
+        opreg.load_library({scripted("a")!r})
+        errors = []
+        thread = in_background({scripted("b")!r}, errors)
+        wait_for({str(registered)!r})
+        assert opreg.register_accelerated_device_type("xpu") == "xpu"
+        open({str(go)!r}, "w").close()
+        thread.join()
+        assert errors and "opreg_script::bad" in errors[0], errors
+        print("types:", opreg.accelerated_device_types())
+        print("kernels:", kernels("opreg_script::x"))
+        """,
+        a="def:x:1",
+        b=f"devtype:xpu;touch:{registered};wait:{go};bad",
+    )
+    assert "'xpu'" in out.split("types:")[1].splitlines()[0], out
+    assert "xpu=kernel:accelerated" in out, out
+
+
+def test_a_device_type_only_a_failed_load_asked_for_leaves_every_op(scripted, tmp_path):
+    # B-F2's second form: an op defined while the type was registered kept a kernel for it.
+    go, registered = tmp_path / "go", tmp_path / "registered"
+    out = probe(
+        f"""
+        import ctypes
+        # Loaded (and its symbols resolved) before the load, which holds the dynamic loader.
+        run = ctypes.CDLL({scripted("c")!r}).opreg_scripted_run
+        run.argtypes = [ctypes.c_char_p]
+        errors = []
+        thread = in_background({scripted("b")!r}, errors)
+        wait_for({str(registered)!r})
+        assert run(b"def:y:1") == 0
+        open({str(go)!r}, "w").close()
+        thread.join()
+        assert errors and "opreg_script::bad" in errors[0], errors
+        print("types:", opreg.accelerated_device_types())
+        print("kernels:", kernels("opreg_script::y"))
+        """,
+        b=f"devtype:xpu;touch:{registered};wait:{go};bad",
+    )
+    assert "xpu" not in out, out
+    assert "cuda=kernel:accelerated" in out, out
+
+
+@pytest.mark.parametrize("how", ["needs", "opens with dlopen"])
+def test_a_library_that_a_failing_library_brings_in_fails_with_it(scripted, how):
+    # B-F3: its initializers ran inside the failed load and its ops were rolled back; loading it
+    # again succeeded, with no ops.
+    outer, inner = ("needy", "dep") if how == "needs" else ("a", "c")
+    scripts = {inner: "def:inner:5", outer: "def:outer:1;bad"}
+    if how != "needs":
+        scripts[outer] = f"def:outer:1;dlopen:{scripted(inner)};bad"
+    out = probe(
+        f"""
+        errors = []
+        load({scripted(outer)!r}, errors)
+        assert errors and "opreg_script::bad" in errors[0], errors
+        load({scripted(inner)!r}, errors)
+        print("again:", errors[1:])
+        print("defined:", defined("opreg_script::inner"))
+        """,
+        **scripts,
+    )
+    assert f"libopreg_scripted_{inner}.so' was loaded with" in out, out
+    assert "defined: False" in out, out
+
+
+def test_a_library_loaded_before_stays_loaded_when_a_failing_library_loads_it_again(scripted):
+    # B-F4: it was marked failed, though nothing of it was rolled back.
+    out = probe(
+        f"""
+        opreg.load_library({scripted("b")!r})
+        errors = []
+        load({scripted("a")!r}, errors)
+        assert errors and "opreg_script::bad" in errors[0], errors
+        opreg.load_library({scripted("b")!r})
+        print("inner:", torch.ops.opreg_script.inner(torch.zeros(1)).tolist())
+        """,
+        a=f"def:outer:1;loadlib:{scripted('b')};bad",
+        b="def:inner:5",
+    )
+    assert "inner: [5.0]" in out, out
+
+
+def test_a_load_of_a_library_a_failing_load_is_loading_does_not_succeed_with_no_ops(
+    scripted, tmp_path
+):
+    # B-F5: the second thread's load returned, then the failing load rolled the library's ops
+    # back. Either it raises the library's error, or the library keeps its ops.
+    started = tmp_path / "started"
+    out = probe(
+        f"""
+        first, second = [], []
+        thread = in_background({scripted("a")!r}, first)
+        wait_for({str(started)!r})
+        load({scripted("b")!r}, second)
+        thread.join()
+        assert first and "opreg_script::bad" in first[0], first
+        defined = defined("opreg_script::inner")
+        assert defined or (second and "was loaded by" in second[0]), (defined, second)
+        print("ok")
+        """,
+        a=f"def:outer:1;loadlib:{scripted('b')};bad",
+        b=f"def:inner:5;touch:{started};sleep:600",
+    )
+    assert "ok" in out
+
+
+@pytest.mark.parametrize(
+    ("b", "c"),
+    [
+        ("rep:x:10;sleep:400;bad", "rep:x:20;sleep:900;bad"),
+        ("undef:x;sleep:400;bad", "def:x:20;sleep:900;bad"),
+    ],
+    ids=["two replaces", "an undefine, then a define"],
+)
+def test_two_failing_loads_on_two_threads_leave_the_op_as_it_was(scripted, b, c):
+    # B-F6: the second load's replace recorded the first's definition as the one to put back; the
+    # first's rollback skipped the op (no longer its), and the second's put the first's back.
+    out = probe(
+        f"""
+        opreg.load_library({scripted("a")!r})
+        first, second = [], []
+        one = in_background({scripted("b")!r}, first)
+        time.sleep(0.15)
+        two = in_background({scripted("c")!r}, second)
+        one.join()
+        two.join()
+        assert first and second, (first, second)
+        print("value:", torch.ops.opreg_script.x(torch.zeros(1)).tolist())
+        """,
+        a="def:x:1",
+        b=b,
+        c=c,
+    )
+    assert "value: [1.0]" in out, out

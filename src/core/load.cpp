@@ -13,6 +13,13 @@
 // protection: a failing definition there throws out of its static initializer. A load_library
 // called from a library's static initializers (a library that loads another) records its
 // failure in the outer load instead of throwing.
+//
+// Loads on other threads: dlopen runs one library's initializers at a time, but a load's
+// rollback runs after its dlopen returned, while the next library's initializers may already
+// run. So rollbacks run one at a time; a rollback that finds an op changed by a later load still
+// in progress hands its own earlier definition to that load's record; and a load whose dlopen
+// found its library loaded (by a load not settled yet) waits for that load's outcome, which may
+// be that the library failed with it.
 #include "opreg/detail/text.h"
 #include "opreg/registry.h"
 

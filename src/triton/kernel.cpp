@@ -602,30 +602,77 @@ std::string difference(const KernelImpl& registered, const KernelImpl& loaded) {
          "launch takes";
 }
 
+// Refuses `kernel` where a registered kernel, or one of `others`, has its name and differs.
+void check_no_clash(const Registry& reg, const KernelImpl& kernel, const std::string& origin,
+                    const std::vector<std::unique_ptr<KernelImpl>>& others,
+                    const std::vector<std::string>& other_origins) {
+  auto found = reg.kernels.find(kernel.name);
+  TORCH_CHECK_VALUE(found == reg.kernels.end() || same_kernel(*found->second, kernel),
+                    "opreg: ", origin, ": a Triton kernel named '", kernel.name,
+                    "' is already registered, and this one differs: ",
+                    found != reg.kernels.end() ? difference(*found->second, kernel) : "",
+                    "; a registered kernel cannot be replaced in a running process: give the "
+                    "rebuilt kernel another name, or load it in a new process");
+  for (size_t j = 0; j < others.size(); ++j) {
+    TORCH_CHECK_VALUE(others[j]->name != kernel.name || same_kernel(*others[j], kernel),
+                      "opreg: ", origin, " and ", other_origins[j],
+                      " define two different Triton kernels named '", kernel.name, "'");
+  }
+}
+
 // Registers every kernel or, when one clashes with a registered kernel or another of the batch,
 // none. `origins[i]` says where kernels[i] was read, for the error.
 void add_kernels(std::vector<std::unique_ptr<KernelImpl>> kernels,
                  const std::vector<std::string>& origins) {
   auto& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mutex);
+  std::vector<std::unique_ptr<KernelImpl>> checked;
+  std::vector<std::string> checked_origins;
   for (size_t i = 0; i < kernels.size(); ++i) {
-    const auto& kernel = *kernels[i];
-    auto found = reg.kernels.find(kernel.name);
-    TORCH_CHECK_VALUE(
-        found == reg.kernels.end() || same_kernel(*found->second, kernel), "opreg: ", origins[i],
-        ": a Triton kernel named '", kernel.name,
-        "' is already registered, and this one differs: ", difference(*found->second, kernel),
-        "; a registered kernel cannot be replaced in a running process: give the "
-        "rebuilt kernel another name, or load it in a new process");
-    for (size_t j = 0; j < i; ++j) {
-      TORCH_CHECK_VALUE(kernels[j]->name != kernel.name || same_kernel(*kernels[j], kernel),
-                        "opreg: ", origins[i], " and ", origins[j],
-                        " define two different Triton kernels named '", kernel.name, "'");
-    }
+    check_no_clash(reg, *kernels[i], origins[i], checked, checked_origins);
+    checked.push_back(std::move(kernels[i]));
+    checked_origins.push_back(origins[i]);
   }
-  for (auto& kernel : kernels) {
+  for (auto& kernel : checked) {
     if (reg.kernels.count(kernel->name) == 0) reg.kernels.emplace(kernel->name, std::move(kernel));
   }
+}
+
+// Embedded kernels of a library that opreg::load_library loads wait for its load to succeed: a
+// failed load registers none, and its kernels' names stay free. One batch per load.
+struct StagedKernels {
+  uint64_t load = 0;
+  std::vector<std::unique_ptr<KernelImpl>> kernels;
+  std::vector<std::string> origins;
+};
+thread_local std::shared_ptr<StagedKernels> t_staged;
+
+void stage_kernel(std::unique_ptr<KernelImpl> kernel, const std::string& origin) {
+  const uint64_t load = detail::current_load_id();
+  if (!t_staged || t_staged->load != load) {
+    t_staged = std::make_shared<StagedKernels>();
+    t_staged->load = load;
+    detail::when_load_succeeds([staged = t_staged] {
+      add_kernels(std::move(staged->kernels), staged->origins);
+      staged->kernels.clear();
+    });
+  }
+  {
+    auto& reg = registry();
+    std::lock_guard<std::mutex> lock(reg.mutex);
+    check_no_clash(reg, *kernel, origin, t_staged->kernels, t_staged->origins);
+  }
+  t_staged->kernels.push_back(std::move(kernel));
+  t_staged->origins.push_back(origin);
+}
+
+// A kernel this thread's load has staged, or null.
+KernelImpl* staged_kernel(const std::string& name) {
+  if (!t_staged || t_staged->load != detail::current_load_id()) return nullptr;
+  for (auto& kernel : t_staged->kernels) {
+    if (kernel && kernel->name == name) return kernel.get();
+  }
+  return nullptr;
 }
 
 int compute_capability(int device) {
@@ -904,7 +951,9 @@ bool Kernel::available_on(int device, std::string* why_not) const {
 }
 
 std::optional<std::vector<Parameter>> Kernel::parameters() const {
+  // A library's own ops check their launches against its kernels while it loads.
   KernelImpl* kernel = find();
+  if (kernel == nullptr && detail::loading_library()) kernel = staged_kernel(name_);
   if (kernel == nullptr) return std::nullopt;
   std::vector<Parameter> params;
   for (const auto& param : kernel->params) params.push_back({param.name, param.type_name});
@@ -1026,7 +1075,11 @@ bool register_embedded_bundle(const char* manifest, size_t manifest_size, const 
       }
       TORCH_CHECK_VALUE(false, "opreg: embedded Triton bundle lacks the binary '", name, "'");
     }));
-    add_kernels(std::move(kernels), {"embedded Triton bundle"});
+    if (detail::loading_library()) {
+      stage_kernel(std::move(kernels.front()), "embedded Triton bundle");
+    } else {
+      add_kernels(std::move(kernels), {"embedded Triton bundle"});
+    }
     return true;
   } catch (const std::exception& error) {
     std::string name;
@@ -1045,6 +1098,7 @@ bool register_embedded_bundle(const char* manifest, size_t manifest_size, const 
       reg.failures.emplace(name, message);
       another_of_the_name = reg.kernels.count(name) != 0;
     }
+    another_of_the_name = another_of_the_name || staged_kernel(name) != nullptr;
     // Kernels are found by name: the library's ops would launch the other kernel, built for other
     // launches. Inside opreg::load_library the library fails (and its ops are rolled back).
     if (another_of_the_name && detail::loading_library()) {

@@ -14,19 +14,25 @@
 //   loadlib:PATH    opreg::load_library(PATH)
 //   dlopen:PATH     a plain dlopen(PATH)
 //   touch:FILE      create FILE (tells a test that the script got here)
+//   bundle:DIR,MANIFEST,FILE...
+//                   register an embedded Triton bundle, as generated sources do: the manifest
+//                   and binaries read from the folder DIR
 //   bad             a definition with a bad schema: the load fails
 #include <ATen/ATen.h>
 #include <dlfcn.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <opreg/opreg.h>
+#include <opreg/triton.h>
 
 namespace {
 
@@ -45,6 +51,27 @@ void define_plus(const std::string& name, double k, bool replace) {
       .kernel([k](const at::Tensor& x) { return x + k; }, opreg::on({"cpu"}).name("on_cpu"))
       .replace(replace)
       .define();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
+}
+
+// register_embedded_bundle copies what it registers (a generated source's arrays are static).
+void register_bundle(const std::vector<std::string>& parts) {
+  const std::string& folder = parts.at(0);
+  const std::string manifest = read_file(folder + "/" + parts.at(1));
+  std::vector<std::string> binaries;
+  for (size_t i = 2; i < parts.size(); ++i) binaries.push_back(read_file(folder + "/" + parts[i]));
+  std::vector<opreg::triton::EmbeddedFile> files;
+  for (size_t i = 2; i < parts.size(); ++i) {
+    const std::string& binary = binaries[i - 2];
+    files.push_back(
+        {parts[i].c_str(), reinterpret_cast<const unsigned char*>(binary.data()), binary.size()});
+  }
+  opreg::triton::register_embedded_bundle(manifest.data(), manifest.size(), files.data(),
+                                          files.size());
 }
 
 void run_step(const std::string& step) {
@@ -67,12 +94,17 @@ void run_step(const std::string& step) {
     opreg::load_library(argument);
   } else if (action == "dlopen") {
     dlopen(argument.c_str(), RTLD_NOW | RTLD_LOCAL);
+  } else if (action == "bundle") {
+    register_bundle(split(argument, ','));
   } else if (action == "touch") {
     std::ofstream(argument) << "here";
   } else if (action == "bad") {
     opreg::op("opreg_script::bad(Tensor x, Tensr y) -> Tensor")
         .fallback([](const at::Tensor& x) { return x; })
         .define();
+  } else {  // a mistake in a test's script: the test must fail, not pass without the step
+    std::fprintf(stderr, "scripted_ops: unknown step '%s'\n", step.c_str());
+    std::abort();
   }
 }
 

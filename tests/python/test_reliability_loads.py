@@ -4,6 +4,7 @@ fresh interpreter: loads are once per process, and a crash must fail the test, n
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -218,3 +219,47 @@ def test_two_failing_loads_on_two_threads_leave_the_op_as_it_was(scripted, b, c)
         c=c,
     )
     assert "value: [1.0]" in out, out
+
+
+def test_a_failed_load_registers_none_of_its_embedded_triton_kernels(
+    scripted, aot_bundle, tmp_path
+):
+    # B-F7: the kernels embedded before the one that clashed stayed registered, and refused the
+    # same names in every later library or bundle.
+    from test_reliability_aot import renamed_manifest
+
+    def more_warps(m):
+        m["variants"][0]["num_warps"] *= 2
+
+    folders = {name: tmp_path / name for name in ("registered", "library", "later")}
+    for folder in folders.values():
+        folder.mkdir()
+    renamed_manifest(aot_bundle, folders["registered"], "opreg_loads_clash")
+    (folders["registered"] / "index.txt").write_text("opreg_loads_clash.json\n")
+    renamed_manifest(aot_bundle, folders["later"], "opreg_loads_other", more_warps)
+    (folders["later"] / "index.txt").write_text("opreg_loads_other.json\n")
+    library = folders["library"]
+    clash = renamed_manifest(aot_bundle, library, "opreg_loads_clash", more_warps)
+    binaries = ",".join(v["file"] for v in json.loads((library / clash).read_text())["variants"])
+
+    def bundle(name, change=lambda m: None):
+        return f"bundle:{library},{renamed_manifest(aot_bundle, library, name, change)},{binaries}"
+
+    out = probe(
+        f"""
+        kernels = lambda: {{kernel["name"] for kernel in opreg.triton_kernels()}}
+        opreg.load_triton_bundle({str(folders["registered"])!r})
+        errors = []
+        load({scripted("a")!r}, errors)
+        assert errors and "Triton kernel 'opreg_loads_clash'" in errors[0], errors
+        print("after the failed load:", sorted(k for k in kernels() if "loads_o" in k))
+        print("later:", opreg.load_triton_bundle({str(folders["later"])!r}))
+        opreg.load_library({scripted("b")!r})
+        print("after a load:", "opreg_loads_fine" in kernels())
+        """,
+        a=f"def:x:1;{bundle('opreg_loads_other')};{bundle('opreg_loads_clash', more_warps)}",
+        b=f"def:y:1;{bundle('opreg_loads_fine')}",
+    )
+    assert "after the failed load: []" in out, out
+    assert "later: ['opreg_loads_other']" in out, out
+    assert "after a load: True" in out, out

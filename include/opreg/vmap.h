@@ -38,8 +38,9 @@ struct VmapResult {
 };
 
 // rule(info, in_dims, args): args are unwrapped (plain tensors), in_dims[i] is the batch dim of
-// argument i or nullopt. A Tensor[] argument is batched as a whole: when any of its tensors is,
-// each has the batch at dim 0 (unbatched ones expanded) and in_dims[i] is 0. Calls to ops inside
+// argument i or nullopt. A Tensor[] (or Tensor?[]) argument is batched as a whole: when any of
+// its tensors is, each has the batch at dim 0 (unbatched ones expanded; None stays None) and
+// in_dims[i] is 0. Calls to ops inside
 // the rule run below this vmap level.
 using VmapRule = std::function<VmapResult(const VmapInfo& info,
                                           const std::vector<std::optional<int64_t>>& in_dims,

@@ -633,8 +633,19 @@ def _batch(value: Any, size: int) -> Any:
     return torch.stack([value + i for i in range(size)])
 
 
+def _tensor_list(value: Any) -> bool:
+    """A Tensor[] or Tensor?[] argument holding a tensor: vmap batches it as a whole."""
+    return (
+        isinstance(value, (list, tuple))
+        and any(isinstance(t, torch.Tensor) for t in value)
+        and all(t is None or isinstance(t, torch.Tensor) for t in value)
+    )
+
+
 def _check_vmap(op, sample, device, depths=(1, 2, 3)):
-    positions = [i for i, a in enumerate(sample.args) if isinstance(a, torch.Tensor)]
+    positions = [
+        i for i, a in enumerate(sample.args) if isinstance(a, torch.Tensor) or _tensor_list(a)
+    ]
     if not positions:
         raise _Skipped("no tensor arguments")
     if not op._schema.returns:
@@ -662,7 +673,11 @@ def _check_vmap(op, sample, device, depths=(1, 2, 3)):
             for pos, batched in zip(positions, mask, strict=True):
                 if batched:
                     for _ in range(depth):
-                        args[pos] = _batch(args[pos], 2).movedim(0, batch_dim)
+                        args[pos] = pytree.tree_map_only(
+                            torch.Tensor,
+                            lambda t, b=batch_dim: _batch(t, 2).movedim(0, b),
+                            args[pos],
+                        )
                     in_dims[pos] = batch_dim
             fn = lambda *a: op(*a, **sample.kwargs)  # noqa: E731
             randomness = "error" if _values_comparable(op) else "different"
@@ -678,7 +693,11 @@ def _check_vmap(op, sample, device, depths=(1, 2, 3)):
                 outs = [
                     loop(
                         [
-                            a.select(d, i) if d is not None else a
+                            a
+                            if d is None
+                            else pytree.tree_map_only(
+                                torch.Tensor, lambda t, d=d, i=i: t.select(d, i), a
+                            )
                             for a, d in zip(level_args, in_dims, strict=True)
                         ],
                         level - 1,

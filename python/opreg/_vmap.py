@@ -42,7 +42,8 @@ class RuleShape(NamedTuple):
     keyword_only: tuple[str, ...]
     num_returns: int
     single_list_return: bool  # one return, a list (Tensor[]): the rule's list is that output
-    tensor_lists: tuple[bool, ...] = ()  # per argument: whether it is a Tensor[]
+    tensor_lists: tuple[bool, ...] = ()  # per argument: whether it is a Tensor[] or Tensor?[]
+    list_returns: tuple[bool, ...] = ()  # per return: whether it is a Tensor[]
 
     @classmethod
     def of(cls, schema: torch._C.FunctionSchema) -> RuleShape:
@@ -51,7 +52,10 @@ class RuleShape(NamedTuple):
             keyword_only=tuple(a.name for a in schema.arguments if a.kwarg_only),
             num_returns=len(returns),
             single_list_return=len(returns) == 1 and isinstance(returns[0].type, torch.ListType),
-            tensor_lists=tuple(str(a.type) == "List[Tensor]" for a in schema.arguments),
+            tensor_lists=tuple(
+                str(a.type) in ("List[Tensor]", "List[Optional[Tensor]]") for a in schema.arguments
+            ),
+            list_returns=tuple(str(r.type) == "List[Tensor]" for r in returns),
         )
 
     def split(self, args: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -90,9 +94,10 @@ def explicit_rule(qualname: str, vmap: Callable[..., Any], shape: RuleShape) -> 
     def rule(batch_size: int, randomness: str, in_dims: list[int | None], args: tuple):
         positional, keyword_only = shape.split(args)
         info = VmapInfo(batch_size, randomness)
-        # A Tensor[] argument's in_dims entry is one per tensor, as torch gives it.
+        # A Tensor[] argument's in_dims entry is one per tensor (None for a None), as torch
+        # gives it.
         nested = tuple(
-            [dim] * len(arg) if is_list else dim
+            [None if t is None else dim for t in arg] if is_list else dim
             for arg, dim, is_list in zip(positional, in_dims, shape.tensor_lists, strict=False)
         )
         result = vmap(info, nested, *positional, **keyword_only)
@@ -103,24 +108,73 @@ def explicit_rule(qualname: str, vmap: Callable[..., Any], shape: RuleShape) -> 
             )
         outputs, out_dims = result
         outputs = shape.outputs(outputs)
+        for index, (value, is_list) in enumerate(zip(outputs, shape.list_returns, strict=False)):
+            if is_list and not isinstance(value, (tuple, list)):
+                raise TypeError(
+                    f"opreg: op '{qualname}': its vmap rule returned a {type(value).__name__} "
+                    f"for output {index}, declared Tensor[] in the schema; expected a list of "
+                    "tensors"
+                )
         if not (out_dims is None or isinstance(out_dims, (int, tuple, list))):
             raise TypeError(
                 f"opreg: op '{qualname}': its vmap rule returned out_dims {out_dims!r}; expected "
                 "an int, None or one of them per output"
             )
-        if shape.num_returns == 1 and isinstance(out_dims, (tuple, list)) and len(out_dims) == 1:
-            out_dims = out_dims[0]
-        elif shape.single_list_return and isinstance(out_dims, (tuple, list)):
-            # torch's form for a Tensor[] output: a dim per tensor; the core takes one for all.
-            if len(set(out_dims)) > 1:
-                raise TypeError(
-                    f"opreg: op '{qualname}': its vmap rule returned out_dims {out_dims!r} for "
-                    "its Tensor[] output; give every tensor of it the batch at one dim"
-                )
-            out_dims = out_dims[0] if out_dims else 0
-        return outputs, _out_dims(out_dims, len(outputs))
+        if shape.num_returns == 1 and isinstance(out_dims, (tuple, list)):
+            if len(out_dims) == 1:  # one output's out_dims may come in a sequence of one
+                out_dims = out_dims[0]
+            if shape.single_list_return and isinstance(out_dims, (tuple, list)):
+                out_dims = (out_dims,)  # a dim per tensor of the one output
+        out_dims = _out_dims(out_dims, len(outputs))
+        if not any(isinstance(dims, (tuple, list)) for dims in out_dims):
+            return outputs, out_dims
+        per_output = [
+            _one_dim(qualname, index, value, dims, batch_size)
+            if is_list and isinstance(dims, (tuple, list))
+            else (value, dims)
+            for index, (value, dims, is_list) in enumerate(
+                zip(outputs, out_dims, shape.list_returns, strict=False)
+            )
+        ]
+        return tuple(value for value, _ in per_output), tuple(dim for _, dim in per_output)
 
     return rule
+
+
+def _one_dim(
+    qualname: str, index: int, tensors: Sequence[Any], dims: Sequence[Any], batch_size: Any
+) -> tuple[Sequence[Any], int | None]:
+    """torch's out_dims for a Tensor[] output may give each tensor its own dim (None: unbatched);
+    the core takes one dim for the whole list, so when they differ, each tensor gets the batch at
+    dim 0 (an unbatched one expanded, a view), which is what torch.vmap gives the caller."""
+    if len(dims) != len(tensors) or not all(
+        d is None or (isinstance(d, int) and not isinstance(d, bool)) for d in dims
+    ):
+        raise TypeError(
+            f"opreg: op '{qualname}': its vmap rule returned out_dims {dims!r} for output {index}, "
+            f"a list of {len(tensors)} tensors; expected an int, None or one of them per tensor"
+        )
+    if len(set(dims)) <= 1:
+        return tensors, dims[0] if dims else 0
+    # Checked here, with the dims as the rule gave them: the core sees only dim 0.
+    for position, (t, d) in enumerate(zip(tensors, dims, strict=True)):
+        if not (isinstance(t, torch.Tensor) and d is not None):
+            continue
+        if not -t.dim() <= d < t.dim() or t.shape[d] != batch_size:
+            raise TypeError(
+                f"opreg: op '{qualname}': its vmap rule returned out_dims {dims!r} for output "
+                f"{index}, but its tensor {position} of shape {tuple(t.shape)} has no dim {d} "
+                f"of the batch size {batch_size}"
+            )
+    # Anything but a tensor is left for the core to refuse, naming it.
+    return [
+        t
+        if not isinstance(t, torch.Tensor)
+        else t.unsqueeze(0).expand(batch_size, *t.shape)
+        if d is None
+        else t.movedim(d, 0)
+        for t, d in zip(tensors, dims, strict=True)
+    ], 0
 
 
 def check_rule_arguments(qualname: str, keyword: str, schema: torch._C.FunctionSchema) -> None:

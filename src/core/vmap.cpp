@@ -27,6 +27,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 
 #include "op_internal.h"
@@ -37,6 +38,15 @@ namespace opreg {
 namespace {
 
 namespace functorch = at::functorch;
+
+// OPREG_DEBUG=1: as registry.cpp reads it, once.
+bool debug_checks() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("OPREG_DEBUG");
+    return value != nullptr && std::string(value) == "1";
+  }();
+  return enabled;
+}
 
 Randomness randomness_of(const functorch::DynamicLayer& layer) {
   switch (layer.randomness()) {
@@ -62,10 +72,34 @@ std::vector<c10::SymInt> with_batch(const at::Tensor& value, const c10::SymInt& 
   return sizes;
 }
 
-// A Tensor[] argument is batched as a whole: when any of its tensors is batched, each gets the
-// batch at dim 0 (unbatched ones expanded, a view) and its in_dim is 0.
-Unwrapped unwrap(const std::vector<c10::IValue>& args, int64_t level, const c10::SymInt& batch_size,
-                 const std::string& op) {
+// A Tensor[] or Tensor?[] argument with `fn` applied to each of its tensors (None kept).
+template <class Fn>
+c10::IValue map_tensor_list(const c10::IValue& list, Fn&& fn) {
+  if (list.isTensorList()) {
+    c10::List<at::Tensor> mapped;
+    for (const at::Tensor& element : list.toTensorList()) mapped.push_back(fn(element));
+    return mapped;
+  }
+  c10::List<std::optional<at::Tensor>> mapped;
+  for (const c10::IValue& element : list.toListRef()) {
+    if (element.isTensor() && element.toTensor().defined()) {
+      mapped.push_back(fn(element.toTensor()));
+    } else {
+      mapped.push_back(std::nullopt);
+    }
+  }
+  return mapped;
+}
+
+bool is_tensor_list(const c10::IValue& value) {
+  return value.isTensorList() || value.isOptionalTensorList();
+}
+
+// A Tensor[] (or Tensor?[]) argument is batched as a whole: when any of its tensors is batched,
+// each gets the batch at dim 0 (unbatched ones expanded, a view; None stays None) and its in_dim
+// is 0.
+Unwrapped unwrap(const std::vector<c10::IValue>& args, int64_t level,
+                 const c10::SymInt& batch_size) {
   Unwrapped unwrapped;
   for (const auto& arg : args) {
     if (arg.isTensor() && arg.toTensor().defined()) {
@@ -73,28 +107,21 @@ Unwrapped unwrap(const std::vector<c10::IValue>& args, int64_t level, const c10:
       unwrapped.any_batched = unwrapped.any_batched || bdim.has_value();
       unwrapped.values.emplace_back(std::move(value));
       unwrapped.in_dims.push_back(bdim);
-    } else if (arg.isTensorList()) {
-      std::vector<std::tuple<at::Tensor, std::optional<int64_t>>> elements;
+    } else if (is_tensor_list(arg)) {
       bool any_batched = false;
-      for (const at::Tensor& element : arg.toTensorList()) {
-        elements.push_back(functorch::unwrapTensorAtLevel(element, level));
-        any_batched = any_batched || std::get<1>(elements.back()).has_value();
+      for (const c10::IValue& element : arg.toListRef()) {
+        any_batched = any_batched || (element.isTensor() &&
+                                      functorch::isBatchedAtLevel(element.toTensor(), level));
       }
-      c10::List<at::Tensor> values;
-      for (auto& [value, bdim] : elements) {
-        if (any_batched) {
-          value = bdim ? value.movedim(*bdim, 0)
-                       : value.unsqueeze(0).expand_symint(with_batch(value, batch_size));
-        }
-        values.push_back(std::move(value));
-      }
+      unwrapped.values.push_back(map_tensor_list(arg, [&](const at::Tensor& element) {
+        auto [value, bdim] = functorch::unwrapTensorAtLevel(element, level);
+        if (!any_batched) return value;
+        return bdim ? value.movedim(*bdim, 0)
+                    : value.unsqueeze(0).expand_symint(with_batch(value, batch_size));
+      }));
       unwrapped.any_batched = unwrapped.any_batched || any_batched;
-      unwrapped.values.emplace_back(std::move(values));
       unwrapped.in_dims.push_back(any_batched ? std::optional<int64_t>(0) : std::nullopt);
     } else {
-      TORCH_CHECK(!arg.isOptionalTensorList(), op,
-                  ": a vmap rule, batch_polymorphic or the per-example loop cannot take its "
-                  "Tensor?[] arguments yet; without them, vmap runs the op's fallback");
       unwrapped.values.push_back(arg);
       unwrapped.in_dims.push_back(std::nullopt);
     }
@@ -227,7 +254,7 @@ class VmapKernel final : public c10::OperatorKernel {
     // Symbolic under tracing with a dynamic batch: only the per-example loops need a number (and
     // so specialize it).
     const c10::SymInt batch_size = layer->batchSize();
-    auto unwrapped = unwrap(args, level, batch_size, op_->name);
+    auto unwrapped = unwrap(args, level, batch_size);
     torch::jit::drop(*stack, num_args);
     const bool expand_all = random_ && randomness == Randomness::kDifferent;
     if (!unwrapped.any_batched && !expand_all) {
@@ -276,6 +303,7 @@ class VmapKernel final : public c10::OperatorKernel {
                 result.out_dims.size(), " out_dims, expected ", num_returns, " (one per output)");
     for (size_t i = 0; i < num_returns; ++i) {
       auto& output = result.outputs[i];
+      if (rule_) check_rule_output(output, i);
       auto batched = [&](const at::Tensor& tensor) {
         const int64_t dim = *result.out_dims[i];
         TORCH_CHECK(dim >= -tensor.dim() && dim < tensor.dim(), op_->name, ": ", source,
@@ -307,6 +335,27 @@ class VmapKernel final : public c10::OperatorKernel {
   }
 
  private:
+  // A rule's output of a tensor type must be of its kind: passed on as it came, a tensor for a
+  // Tensor[] would reach the caller where the op's eager calls give a list.
+  void check_rule_output(const c10::IValue& output, size_t index) const {
+    const auto& type = op_->schema.returns()[index].type();
+    const char* expected = nullptr;
+    if (type->kind() == c10::TypeKind::ListType && !output.isTensorList() &&
+        type->cast<c10::ListType>()->getElementType()->kind() == c10::TypeKind::TensorType) {
+      expected = "a list of tensors";
+    } else if (type->kind() == c10::TypeKind::TensorType && !output.isTensor()) {
+      expected = "a tensor";
+    } else if (type->kind() == c10::TypeKind::OptionalType && !output.isTensor() &&
+               !output.isNone() &&
+               type->cast<c10::OptionalType>()->getElementType()->kind() ==
+                   c10::TypeKind::TensorType) {
+      expected = "a tensor or None";
+    }
+    TORCH_CHECK_TYPE(expected == nullptr, op_->name, ": the vmap rule returned a ",
+                     output.isTensorList() ? "list of tensors" : output.tagKind(), " for output ",
+                     index, ", declared ", type->str(), " in the schema; expected ", expected);
+  }
+
   // A rule's output may not share memory with an input unless the schema declares the alias:
   // the caller would see a later write to one in the other.
   void check_no_alias(const at::Tensor& output, const std::vector<c10::IValue>& inputs,
@@ -351,6 +400,8 @@ class VmapKernel final : public c10::OperatorKernel {
     if (random_) c10::impl::tls_set_dispatch_key_excluded(kVmapMode, false);
     const auto restore = c10::make_scope_exit(
         [hidden] { c10::impl::tls_set_dispatch_key_excluded(kVmapMode, hidden); });
+    std::optional<torch::jit::Stack> meta;
+    if (debug_checks()) meta = one_example_on_meta(*stack);
     try {
       fallback_->callBoxed(op, keys, stack);
     } catch (const c10::Error& error) {
@@ -361,6 +412,94 @@ class VmapKernel final : public c10::OperatorKernel {
                   ": its fallback cannot run under vmap; give the op a vmap rule, declare it "
                   "batch-polymorphic, or ask for the per-example loop. The fallback said: ",
                   error.what_without_backtrace());
+    }
+    if (meta) compare_with_fake(op, std::move(*meta), *stack);
+  }
+
+  // OPREG_DEBUG=1 (registry.cpp compares eager calls): the arguments of one example, as meta
+  // tensors of the batched tensors' sizes (which are one example's); nullopt when there is
+  // nothing to compare: no tensor, or tensors without plain data (meta, fake, symbolic sizes),
+  // or a Python dispatch mode, which would see (and a tracer record) the fake's call.
+  std::optional<torch::jit::Stack> one_example_on_meta(const torch::jit::Stack& stack) const {
+    if (c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Python)) return std::nullopt;
+    const size_t num_args = op_->schema.arguments().size();
+    bool any_tensor = false, comparable = true;
+    auto to_meta = [&](const at::Tensor& tensor) {
+      any_tensor = true;
+      at::Tensor data = tensor;
+      while (true) {
+        if (const auto* batched = functorch::maybeGetBatchedImpl(data)) {
+          data = batched->value();
+        } else if (const auto* wrapper = functorch::maybeGetTensorWrapper(data)) {
+          data = wrapper->value();
+        } else {
+          break;
+        }
+      }
+      comparable = comparable && !data.is_meta() && data.layout() == at::kStrided &&
+                   !data.key_set().has(c10::DispatchKey::Python) &&
+                   !data.key_set().has(c10::DispatchKey::Functionalize) &&
+                   !data.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+      return comparable ? at::empty(tensor.sizes(), tensor.options().device(at::kMeta)) : tensor;
+    };
+    torch::jit::Stack meta;
+    for (auto it = stack.end() - num_args; it != stack.end(); ++it) {
+      if (it->isTensor() && it->toTensor().defined()) {
+        meta.emplace_back(to_meta(it->toTensor()));
+      } else if (is_tensor_list(*it)) {
+        meta.push_back(map_tensor_list(*it, to_meta));
+      } else {
+        meta.push_back(*it);
+      }
+    }
+    if (!any_tensor || !comparable) return std::nullopt;
+    return meta;
+  }
+
+  // The fake's outputs for one example against the fallback's, per example: shapes and dtypes.
+  // A fake that fails is left to the eager calls' comparison, which tells failures apart.
+  void compare_with_fake(const c10::OperatorHandle& op, torch::jit::Stack meta,
+                         const torch::jit::Stack& stack) const {
+    auto still_current = [&] { return detail::definition_serial(op_->name) == op_->serial; };
+    if (!still_current()) return;
+    try {
+      c10::impl::ExcludeDispatchKeyGuard below(
+          c10::autograd_dispatch_keyset |
+          c10::DispatchKeySet(
+              {c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchVmapMode}));
+      op.callBoxed(&meta);
+    } catch (const std::exception&) {
+      return;
+    }
+    if (!still_current()) return;
+    const size_t num_returns = op_->schema.returns().size();
+    const std::string impl = "OPREG_DEBUG: " + op_->name + ": the fallback under vmap returned ";
+    auto same = [&](const at::Tensor& fake, const at::Tensor& real, const std::string& what) {
+      TORCH_CHECK(fake.defined() == real.defined(), impl, what,
+                  real.defined() ? " defined" : " None", ", but the op's fake gives ",
+                  fake.defined() ? "a tensor" : "None");
+      if (!real.defined()) return;
+      TORCH_CHECK(fake.sizes() == real.sizes() && fake.scalar_type() == real.scalar_type(), impl,
+                  what, " of shape ", real.sizes(), " per example and dtype ", real.scalar_type(),
+                  ", but the op's fake gives shape ", fake.sizes(), " and dtype ",
+                  fake.scalar_type());
+    };
+    for (size_t index = 0; index < num_returns && index < meta.size(); ++index) {
+      const c10::IValue& fake = meta[index];
+      const c10::IValue& real = stack[stack.size() - num_returns + index];
+      const std::string what = "output " + std::to_string(index);
+      if (fake.isTensorList() && real.isTensorList()) {
+        const auto fakes = fake.toTensorList();
+        const auto reals = real.toTensorList();
+        TORCH_CHECK(fakes.size() == reals.size(), impl, what, " with ", reals.size(),
+                    " tensors, but the op's fake gives ", fakes.size());
+        for (size_t i = 0; i < reals.size(); ++i) {
+          same(fakes.get(i), reals.get(i), what + " element " + std::to_string(i));
+        }
+      } else if ((fake.isTensor() || fake.isNone()) && (real.isTensor() || real.isNone())) {
+        same(fake.isTensor() ? fake.toTensor() : at::Tensor(),
+             real.isTensor() ? real.toTensor() : at::Tensor(), what);
+      }
     }
   }
 
@@ -391,14 +530,12 @@ class VmapKernel final : public c10::OperatorKernel {
     };
     for (size_t i = 0; i < unwrapped.values.size(); ++i) {
       auto& value = unwrapped.values[i];
+      const auto in_dim = unwrapped.in_dims[i];
       if (value.isTensor()) {
-        value = batch_in_front(value.toTensor(), unwrapped.in_dims[i]);
-      } else if (value.isTensorList()) {
-        c10::List<at::Tensor> elements;
-        for (const at::Tensor& element : value.toTensorList()) {
-          elements.push_back(batch_in_front(element, unwrapped.in_dims[i]));
-        }
-        value = std::move(elements);
+        value = batch_in_front(value.toTensor(), in_dim);
+      } else if (is_tensor_list(value)) {
+        value = map_tensor_list(
+            value, [&](const at::Tensor& element) { return batch_in_front(element, in_dim); });
       }
     }
     VmapResult result;
@@ -421,12 +558,9 @@ class VmapKernel final : public c10::OperatorKernel {
         const auto& in_dim = unwrapped.in_dims[i];
         if (!in_dim) {
           args.push_back(value);
-        } else if (value.isTensorList()) {
-          c10::List<at::Tensor> examples;
-          for (const at::Tensor& element : value.toTensorList()) {
-            examples.push_back(element.select(*in_dim, b));
-          }
-          args.emplace_back(std::move(examples));
+        } else if (is_tensor_list(value)) {
+          args.push_back(map_tensor_list(
+              value, [&](const at::Tensor& element) { return element.select(*in_dim, b); }));
         } else {
           args.emplace_back(value.toTensor().select(*in_dim, b));
         }
@@ -497,12 +631,10 @@ class VmapKernel final : public c10::OperatorKernel {
     };
     for (size_t i = 0; i < unwrapped.values.size(); ++i) {
       const auto& value = unwrapped.values[i];
-      if (value.isTensorList()) {
-        c10::List<at::Tensor> examples;
-        for (const at::Tensor& element : value.toTensorList()) {
-          examples.push_back(one_example(element, unwrapped.in_dims[i]));
-        }
-        args.emplace_back(std::move(examples));
+      if (is_tensor_list(value)) {
+        args.push_back(map_tensor_list(value, [&](const at::Tensor& element) {
+          return one_example(element, unwrapped.in_dims[i]);
+        }));
       } else if (value.isTensor() && value.toTensor().defined()) {
         args.emplace_back(one_example(value.toTensor(), unwrapped.in_dims[i]));
       } else {

@@ -603,6 +603,8 @@ def test_a_vmap_rule_returns_a_tensor_list_output_as_one_output():
         doubled, tripled = torch.vmap(pair)(x)
         torch.testing.assert_close(doubled, 2 * x)
         torch.testing.assert_close(tripled, 3 * x)
+    # Per-tensor dims may differ (eighteenth sweep A-F3), but each must be a dim of the batch's
+    # size: the second tensor's dim 1 has 3, the batch 4.
     pair.register_vmap(lambda info, in_dims, x: (pair(x.movedim(in_dims[0], 0)), [0, 1]))
     with pytest.raises(TypeError, match="list17::pair': its vmap rule returned out_dims"):
         torch.vmap(pair)(x)

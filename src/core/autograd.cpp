@@ -27,7 +27,9 @@
 namespace opreg {
 
 AutogradContext::AutogradContext() = default;
-AutogradContext::~AutogradContext() = default;
+// saved_data first: what it holds may link to this context (Python's ctx), and cuts the link as
+// it goes, before anything it could reach is freed.
+AutogradContext::~AutogradContext() { saved_data.clear(); }
 
 void AutogradContext::save_for_backward(std::vector<at::Tensor> tensors) {
   TORCH_CHECK(!in_backward_, "opreg: save_for_backward() belongs in setup_context, not backward");
@@ -79,8 +81,8 @@ class OpregBackward : public torch::autograd::Node {
   // Set when values saved for the backward were freed (after a backward without retain_graph).
   void release_variables() override {
     released_ = released_ || !ctx.saved_.empty() || !ctx.saved_data.empty();
+    ctx.saved_data.clear();  // first: what holds a link to the context cuts it (Python's ctx)
     ctx.saved_.clear();
-    ctx.saved_data.clear();
   }
   bool released_ = false;
 

@@ -253,18 +253,24 @@ std::string mapped_file_of(const void* address) {
   return "unknown";
 }
 
+// Under the registry's lock (`defining`), dladdr could wait for the dynamic loader's lock held by
+// a thread whose library's initializer waits for the registry's lock (a plain dlopen, which
+// opreg does not see): a deadlock. define_all asks before it takes the lock.
 std::string origin_of(const void* address) {
   if (address == nullptr) {  // a raw OpBuilder: the library being loaded, if any
     const std::string loading = detail::loading_library_path();
     return loading.empty() ? "unknown" : loading;
   }
-  if (detail::library_loading_elsewhere()) return mapped_file_of(address);
+  if (defining || detail::library_loading_elsewhere()) return mapped_file_of(address);
   Dl_info info;
   if (dladdr(address, &info) != 0 && info.dli_fname != nullptr) return info.dli_fname;
   return "unknown";
 }
 
-// A library that defined ops stays loaded: its code is what the definitions call.
+// A library that defined ops stays loaded: its code is what the definitions call. Not under the
+// registry's lock (see origin_of): define_all pins once it has released it, the outermost
+// definition for those nested in it.
+thread_local std::vector<const void*> t_libraries_to_pin;
 void pin_library_of(const void* address) {
   if (address == nullptr) return;
   detail::when_loader_is_free([address] {
@@ -2000,6 +2006,11 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
               ": its library was built against opreg ", abi.major, ".", abi.minor, ".", abi.patch,
               " headers, but the loaded libopreg is opreg ", OPREG_VERSION_STRING,
               "; rebuild the library against this opreg");
+  for (auto& builder : builders) {
+    if (builder.state_ != nullptr && builder.state_->origin.empty()) {
+      builder.state_->origin = origin_of(builder.state_->caller);
+    }
+  }
   auto& reg = registry();
   std::vector<DefinitionPtr> garbage;        // destroyed after the locks are released
   std::shared_ptr<void> schema_change_lock;  // released after the registry's lock
@@ -2046,10 +2057,16 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
   }
   std::vector<std::string> qualified;
   for (size_t i = 0; i < definitions.size(); ++i) {
-    pin_library_of(definitions[i]->spec.caller);
+    t_libraries_to_pin.push_back(definitions[i]->spec.caller);
     detail::record_loaded_definition(published[i].first->qualified, definitions[i],
                                      published[i].second);
     qualified.push_back(definitions[i]->name());
+  }
+  if (!nested) {
+    lock.unlock();
+    std::vector<const void*> callers;
+    callers.swap(t_libraries_to_pin);
+    for (const void* caller : callers) pin_library_of(caller);
   }
   return qualified;
 }

@@ -264,14 +264,6 @@ PYBIND11_MODULE(_C, m) {
   });
 
   // Ops defined from Python, through the same core.
-  py::class_<opreg::AutogradContext>(m, "AutogradContext")
-      .def("save_for_backward",
-           [](opreg::AutogradContext& ctx, const std::vector<at::Tensor>& tensors) {
-             ctx.save_for_backward(tensors);
-           })
-      .def_property_readonly("saved_tensors", &opreg::AutogradContext::saved_tensors)
-      .def("needs_input_grad", &opreg::AutogradContext::needs_input_grad)
-      .def_property_readonly("num_inputs", &opreg::AutogradContext::num_inputs);
   py::class_<opreg::AotLaunch>(m, "AotLaunch")
       .def(py::init([](const py::handle& kernel, const py::handle& grid,
                        const py::handle& arguments, const py::handle& outputs) {

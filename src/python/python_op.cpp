@@ -51,11 +51,37 @@ PyRef ref(py::object object) {
   });
 }
 
+// What a Python ctx (opreg.AutogradContext's _cpp) reaches its call's AutogradContext through.
+// The autograd node that owns that context may be freed while Python keeps the ctx (in a list,
+// a closure): then every use raises instead of reading freed memory. Read and cleared under the
+// GIL.
+struct ContextLink {
+  AutogradContext* ctx = nullptr;
+  std::string op;
+
+  AutogradContext& get() const {
+    TORCH_CHECK(ctx != nullptr, op,
+                ": this ctx belongs to a call whose autograd graph was freed (its outputs are "
+                "gone, or its backward ran); it holds nothing now");
+    return *ctx;
+  }
+};
+
 // The Python ctx of a call's backward, kept in the AutogradContext's saved_data: as a PyRef, not
 // as PyTorch's IValue of a Python object, whose destructor takes the GIL whatever the
-// interpreter's state.
+// interpreter's state. The context clears saved_data first when it goes, so the link is cut
+// before anything the ctx could reach is freed.
 struct PythonContext final : torch::CustomClassHolder {
-  explicit PythonContext(PyRef object) : object(std::move(object)) {}
+  explicit PythonContext(std::shared_ptr<ContextLink> link) : link(std::move(link)) {}
+  ~PythonContext() override {
+    if (!Py_IsInitialized() || interpreter_finalizing()) {
+      link->ctx = nullptr;
+    } else {
+      py::gil_scoped_acquire gil;
+      link->ctx = nullptr;
+    }
+  }
+  std::shared_ptr<ContextLink> link;
   PyRef object;
 };
 
@@ -473,7 +499,12 @@ void add_autograd(OpBuilder& builder, PyRef backward, PyRef setup_context, PyRef
     if (interpreter_finalizing()) refuse_at_exit(name, "its setup_context");
     py::gil_scoped_acquire gil;
     InsideOp inside;
-    py::object py_ctx = (*make_context)(py::cast(&ctx, py::return_value_policy::reference));
+    // Held by the context before Python sees it: a setup_context that keeps the ctx and raises
+    // leaves it linked to a context that goes now.
+    auto link = std::make_shared<ContextLink>(ContextLink{&ctx, name});
+    auto held = c10::make_intrusive<PythonContext>(link);
+    ctx.saved_data[kPythonContext] = c10::IValue::make_capsule(held);
+    py::object py_ctx = (*make_context)(py::cast(link));
     if (setup_context) {
       noted(
           name, [] { return "the setup_context"; },
@@ -481,8 +512,7 @@ void add_autograd(OpBuilder& builder, PyRef backward, PyRef setup_context, PyRef
             (*setup_context)(py_ctx, to_python(inputs, false, schema), to_python(outputs, true));
           });
     }
-    ctx.saved_data[kPythonContext] =
-        c10::IValue::make_capsule(c10::make_intrusive<PythonContext>(ref(py_ctx)));
+    held->object = ref(py_ctx);
   };
   Backward run_backward = [backward, name](AutogradContext& ctx,
                                            const std::vector<at::Tensor>& grads) {
@@ -623,6 +653,17 @@ void require_callable(const OpBuilder& builder, const std::string& what, const p
 }
 
 void bind_op_builder(py::module& m) {
+  py::class_<ContextLink, std::shared_ptr<ContextLink>>(m, "AutogradContext")
+      .def("save_for_backward",
+           [](const ContextLink& link, const std::vector<at::Tensor>& tensors) {
+             link.get().save_for_backward(tensors);
+           })
+      .def_property_readonly("saved_tensors",
+                             [](const ContextLink& link) { return link.get().saved_tensors(); })
+      .def("needs_input_grad",
+           [](const ContextLink& link, size_t index) { return link.get().needs_input_grad(index); })
+      .def_property_readonly("num_inputs",
+                             [](const ContextLink& link) { return link.get().num_inputs(); });
   py::class_<KernelFactory>(m, "KernelFactory",
                             "A kernel made when the op is defined (e.g. _C.triton_aot(launch))");
   m.def(

@@ -42,11 +42,11 @@ def wait_for(path):
 """
 
 
-def probe(code: str, **scripts: str) -> str:
+def probe(code: str, timeout: float = 120, **scripts: str) -> str:
     setup = "".join(
         f"os.environ['OPREG_SCRIPT_{name}'] = {script!r}\n" for name, script in scripts.items()
     )
-    result = run_probe(PRELUDE + setup + textwrap.dedent(code))
+    result = run_probe(PRELUDE + setup + textwrap.dedent(code), timeout=timeout)
     assert_survived(result)
     return result.stdout
 
@@ -263,3 +263,30 @@ def test_a_failed_load_registers_none_of_its_embedded_triton_kernels(
     assert "after the failed load: []" in out, out
     assert "later: ['opreg_loads_other']" in out, out
     assert "after a load: True" in out, out
+
+
+def test_a_definition_while_another_thread_opens_a_library_with_a_plain_dlopen(scripted, tmp_path):
+    # The nineteenth sweep's B-F7: the definition asked dladdr for its origin under opreg's
+    # registry lock, while the other thread held the dynamic loader's lock and its library's
+    # initializer waited for the registry's: both threads waited forever.
+    started = tmp_path / "started"
+    out = probe(
+        f"""
+        import ctypes
+        run = ctypes.CDLL({scripted("c")!r}).opreg_scripted_run
+        run.argtypes = [ctypes.c_char_p]
+        libc = ctypes.CDLL(None)
+        libc.dlopen.restype = ctypes.c_void_p
+        libc.dlopen.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        opening = threading.Thread(target=libc.dlopen, args=({scripted("b")!r}.encode(), 2))
+        opening.start()
+        wait_for({str(started)!r})
+        assert run(b"def:defined_meanwhile:3") == 0
+        opening.join()
+        print("meanwhile:", torch.ops.opreg_script.defined_meanwhile(torch.zeros(1)).tolist())
+        print("opened:", torch.ops.opreg_script.opened(torch.zeros(1)).tolist())
+        """,
+        timeout=60,
+        b=f"touch:{started};sleep:1500;def:opened:7",
+    )
+    assert "meanwhile: [3.0]" in out and "opened: [7.0]" in out, out

@@ -51,3 +51,48 @@ def test_a_ctx_kept_after_its_graph_is_freed_raises_instead_of_reading_freed_mem
     for use in ("saved_tensors", "save_for_backward", "needs_input_grad"):
         assert f"{use} refused" in result.stdout, result.stdout
     assert "backward ran" in result.stdout
+
+
+def test_debug_checks_skip_fakes_that_cannot_run_on_meta_and_compare_calls_under_autograd():
+    # A-F1 and B-F1: a correct fake with a data-dependent size made by ATen (nonzero, boolean
+    # masks, unique, masked_select) or combining its inputs with CPU constants was refused under
+    # OPREG_DEBUG=1 (torch's texts for these on meta were not known as "cannot run there").
+    # A-F18: a call whose fallback ran under autograd (an input requiring grad, jvp) was not
+    # compared at all.
+    result = run_probe(
+        """
+        import os
+        os.environ["OPREG_DEBUG"] = "1"
+        import torch, opreg
+        fakes = {
+            "mask": lambda x: x[x > 0],
+            "nonzero": torch.nonzero,
+            "unique": torch.unique,
+            "masked_select": lambda x: torch.masked_select(x, x > 0),
+            "cpu_constant": lambda x: x + torch.zeros(x.shape[-1]),
+        }
+        x = torch.tensor([1.0, -1.0, 2.0])
+        for name, fake in fakes.items():
+            op = opreg.register_vmap_op(fake_fn=fake, name=f"debug19::{name}",
+                                        schema="(Tensor x) -> Tensor")(fake)
+            torch.testing.assert_close(op(x), fake(x))
+        wrong = opreg.register_vmap_op(fake_fn=lambda x: x.new_empty(x.shape[0] + 1),
+                                       name="debug19::wrong",
+                                       schema="(Tensor x) -> Tensor")(lambda x: x * 2)
+        calls = {
+            "plain": lambda: wrong(torch.ones(3)),
+            "requires_grad": lambda: wrong(torch.ones(3, requires_grad=True)),
+            "jvp": lambda: torch.func.jvp(wrong, (torch.ones(3),), (torch.ones(3),)),
+        }
+        for name, call in calls.items():
+            try:
+                call()
+                print(name, "not compared")
+            except RuntimeError as error:
+                assert "fake gives shape [4]" in str(error), error
+                print(name, "compared")
+        """
+    )
+    assert_survived(result)
+    for name in ("plain", "requires_grad", "jvp"):
+        assert f"{name} compared" in result.stdout, result.stdout

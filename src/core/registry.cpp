@@ -269,8 +269,9 @@ std::string origin_of(const void* address) {
 
 // A library that defined ops stays loaded: its code is what the definitions call. Not under the
 // registry's lock (see origin_of): define_all pins once it has released it, the outermost
-// definition for those nested in it.
-thread_local std::vector<const void*> t_libraries_to_pin;
+// definition for those nested in it, which owns the list. A pointer: the first use of a
+// thread-local with a destructor takes the dynamic loader's lock (see Guarantees).
+thread_local std::vector<const void*>* t_libraries_to_pin = nullptr;
 void pin_library_of(const void* address) {
   if (address == nullptr) return;
   detail::when_loader_is_free([address] {
@@ -743,6 +744,22 @@ DefinitionPtr build(OpBuilder::State spec, const std::vector<std::string>& devic
     }
     definition->return_aliases.push_back(ret.alias_info() != nullptr);
     definition->return_alias_arguments.push_back(alias_arguments_of(op.schema, ret));
+    // An alias of a set no argument is in would read as a wildcard: any input could come back.
+    const auto sets = alias_sets_of(ret.alias_info());
+    if (sets && !sets->empty() && definition->return_alias_arguments.back().empty()) {
+      const auto& arguments = op.schema.arguments();
+      const bool wildcard_argument = std::any_of(arguments.begin(), arguments.end(), [](auto& a) {
+        return !alias_sets_of(a.alias_info()).has_value();
+      });
+      std::string names;
+      for (const auto& set : *sets)
+        names += (names.empty() ? "'" : ", '") + std::string(set.toUnqualString()) + "'";
+      TORCH_CHECK_VALUE(wildcard_argument, qualified, ": output ", i,
+                        " is declared an alias of the alias set ", names,
+                        ", which no argument is in; name the argument it returns a view of with "
+                        "the same set (Tensor(a) x -> Tensor(a)), or drop the annotation if it "
+                        "aliases no input");
+    }
   }
 
   definition->fallback = make_piece(*definition, declared.fallback, "fallback", nullptr);
@@ -2029,7 +2046,12 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
   std::unique_lock<std::recursive_mutex> lock(reg.mutex);
   const bool nested = defining;
   defining = true;
-  const auto not_defining = c10::make_scope_exit([nested] { defining = nested; });
+  std::vector<const void*> libraries_to_pin;
+  if (!nested) t_libraries_to_pin = &libraries_to_pin;
+  const auto not_defining = c10::make_scope_exit([nested] {
+    defining = nested;
+    if (!nested) t_libraries_to_pin = nullptr;
+  });
   // 1. Build and validate every definition; nothing is published yet.
   std::vector<DefinitionPtr> definitions;
   std::set<std::string> names;
@@ -2069,16 +2091,15 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
   }
   std::vector<std::string> qualified;
   for (size_t i = 0; i < definitions.size(); ++i) {
-    t_libraries_to_pin.push_back(definitions[i]->spec.caller);
+    t_libraries_to_pin->push_back(definitions[i]->spec.caller);
     detail::record_loaded_definition(published[i].first->qualified, definitions[i],
                                      published[i].second);
     qualified.push_back(definitions[i]->name());
   }
   if (!nested) {
     lock.unlock();
-    std::vector<const void*> callers;
-    callers.swap(t_libraries_to_pin);
-    for (const void* caller : callers) pin_library_of(caller);
+    t_libraries_to_pin = nullptr;
+    for (const void* caller : libraries_to_pin) pin_library_of(caller);
   }
   return qualified;
 }

@@ -645,17 +645,23 @@ struct StagedKernels {
   std::vector<std::unique_ptr<KernelImpl>> kernels;
   std::vector<std::string> origins;
 };
-thread_local std::shared_ptr<StagedKernels> t_staged;
+// The batch of the load t_staged_load names, owned by that load's work for success: read only
+// while that load runs. Plain values: the first use of a thread-local with a destructor takes
+// the dynamic loader's lock.
+thread_local uint64_t t_staged_load = 0;
+thread_local StagedKernels* t_staged = nullptr;
 
 void stage_kernel(std::unique_ptr<KernelImpl> kernel, const std::string& origin) {
   const uint64_t load = detail::current_load_id();
-  if (!t_staged || t_staged->load != load) {
-    t_staged = std::make_shared<StagedKernels>();
-    t_staged->load = load;
-    detail::when_load_succeeds([staged = t_staged] {
+  if (t_staged_load != load) {
+    auto staged = std::make_shared<StagedKernels>();
+    staged->load = load;
+    detail::when_load_succeeds([staged] {
       add_kernels(std::move(staged->kernels), staged->origins);
       staged->kernels.clear();
     });
+    t_staged = staged.get();
+    t_staged_load = load;
   }
   {
     auto& reg = registry();
@@ -668,7 +674,7 @@ void stage_kernel(std::unique_ptr<KernelImpl> kernel, const std::string& origin)
 
 // A kernel this thread's load has staged, or null.
 KernelImpl* staged_kernel(const std::string& name) {
-  if (!t_staged || t_staged->load != detail::current_load_id()) return nullptr;
+  if (t_staged_load == 0 || t_staged_load != detail::current_load_id()) return nullptr;
   for (auto& kernel : t_staged->kernels) {
     if (kernel && kernel->name == name) return kernel.get();
   }

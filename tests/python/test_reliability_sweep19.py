@@ -3,7 +3,11 @@ repository), beside the earlier sweeps' files."""
 
 from __future__ import annotations
 
+import pytest
+import torch
 from test_reliability import assert_survived, run_probe
+
+import opreg
 
 
 def test_a_ctx_kept_after_its_graph_is_freed_raises_instead_of_reading_freed_memory():
@@ -96,3 +100,15 @@ def test_debug_checks_skip_fakes_that_cannot_run_on_meta_and_compare_calls_under
     assert_survived(result)
     for name in ("plain", "requires_grad", "jvp"):
         assert f"{name} compared" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("schema", ["(Tensor x) -> Tensor(b)", "(Tensor(a) x) -> Tensor(b)"])
+def test_an_output_aliasing_a_set_no_argument_is_in_is_refused(schema):
+    # A-F10: such an output read as a wildcard, so the op could return its input itself.
+    with pytest.raises(ValueError, match="output 0 is declared an alias of the alias set 'b', "):
+        opreg.register_vmap_op(fake_fn=lambda x: x, name="alias19::b", schema=schema)(lambda x: x)
+    view = opreg.register_vmap_op(
+        fake_fn=lambda x: x, name=f"alias19::a{len(schema)}", schema="(Tensor(a) x) -> Tensor(a)"
+    )(lambda x: x)
+    x = torch.ones(2)
+    assert view(x) is x

@@ -2091,7 +2091,11 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
   }
   std::vector<std::string> qualified;
   for (size_t i = 0; i < definitions.size(); ++i) {
-    t_libraries_to_pin->push_back(definitions[i]->spec.caller);
+    if (t_libraries_to_pin != nullptr) {
+      t_libraries_to_pin->push_back(definitions[i]->spec.caller);
+    } else {  // nested in a device type's registration (a kernel factory that defines ops)
+      pin_library_of(definitions[i]->spec.caller);
+    }
     detail::record_loaded_definition(published[i].first->qualified, definitions[i],
                                      published[i].second);
     qualified.push_back(definitions[i]->name());

@@ -3,6 +3,7 @@ at any depth through one companion op (``<name>_vmap``) defined together with th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -42,8 +43,10 @@ class RuleShape(NamedTuple):
     keyword_only: tuple[str, ...]
     num_returns: int
     single_list_return: bool  # one return, a list (Tensor[]): the rule's list is that output
-    tensor_lists: tuple[bool, ...] = ()  # per argument: whether it is a Tensor[] or Tensor?[]
+    tensor_lists: tuple[bool, ...] = ()  # per argument: a Tensor[], Tensor?[] or Tensor[]?
     list_returns: tuple[bool, ...] = ()  # per return: whether it is a Tensor[]
+    tensor_list_returns: tuple[bool, ...] = ()  # per return: whether it is a Tensor[] or Tensor?[]
+    view_returns: tuple[bool, ...] = ()  # per return: whether the schema declares it an alias
 
     @classmethod
     def of(cls, schema: torch._C.FunctionSchema) -> RuleShape:
@@ -53,9 +56,14 @@ class RuleShape(NamedTuple):
             num_returns=len(returns),
             single_list_return=len(returns) == 1 and isinstance(returns[0].type, torch.ListType),
             tensor_lists=tuple(
-                str(a.type) in ("List[Tensor]", "List[Optional[Tensor]]") for a in schema.arguments
+                str(a.type) in ("List[Tensor]", "List[Optional[Tensor]]", "Optional[List[Tensor]]")
+                for a in schema.arguments
             ),
             list_returns=tuple(str(r.type) == "List[Tensor]" for r in returns),
+            tensor_list_returns=tuple(
+                str(r.type) in ("List[Tensor]", "List[Optional[Tensor]]") for r in returns
+            ),
+            view_returns=tuple(r.alias_info is not None for r in returns),
         )
 
     def split(self, args: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -95,9 +103,9 @@ def explicit_rule(qualname: str, vmap: Callable[..., Any], shape: RuleShape) -> 
         positional, keyword_only = shape.split(args)
         info = VmapInfo(batch_size, randomness)
         # A Tensor[] argument's in_dims entry is one per tensor (None for a None), as torch
-        # gives it.
+        # gives it; a Tensor[]? given None has one entry, None.
         nested = tuple(
-            [None if t is None else dim for t in arg] if is_list else dim
+            [None if t is None else dim for t in arg] if is_list and arg is not None else dim
             for arg, dim, is_list in zip(positional, in_dims, shape.tensor_lists, strict=False)
         )
         result = vmap(info, nested, *positional, **keyword_only)
@@ -206,14 +214,64 @@ def _per_example(
         positional, keyword_only = shape.split(example)
         per_example.append(shape.outputs(op(*positional, **keyword_only)))
     outputs = tuple(
-        [torch.stack(list(items)) for items in zip(*lists, strict=True)]
-        if isinstance(first, list)
-        else torch.stack(list(lists))
-        if isinstance(first, torch.Tensor)
-        else first
-        for first, lists in zip(per_example[0], zip(*per_example, strict=True), strict=True)
+        _stack_examples(qualname, f"output {index}", list(values), is_list)
+        for index, (values, is_list) in enumerate(
+            zip(zip(*per_example, strict=True), shape.tensor_list_returns, strict=True)
+        )
     )
-    return outputs, tuple(0 if isinstance(o, (torch.Tensor, list)) else None for o in outputs)
+    return outputs, tuple(
+        0 if isinstance(o, torch.Tensor) or is_list else None
+        for o, is_list in zip(outputs, shape.tensor_list_returns, strict=True)
+    )
+
+
+def _stack_examples(qualname: str, what: str, values: list[Any], is_list: bool) -> Any:
+    """As the C++ loop does (src/core/vmap.cpp): tensors stacked, a list's tensors each on its
+    own (None where every example gives None), any other value kept when every example gives
+    it and refused otherwise."""
+    first = values[0]
+    if is_list:
+        for index, value in enumerate(values):
+            if len(value) != len(first):
+                raise RuntimeError(
+                    f"{qualname}: {what} holds {len(first)} tensors for example 0 and "
+                    f"{len(value)} for example {index}, which vmap cannot batch"
+                )
+        return [
+            _stack_examples(qualname, f"{what} element {e}", [v[e] for v in values], False)
+            for e in range(len(first))
+        ]
+    if isinstance(first, torch.Tensor):
+        for index, value in enumerate(values):
+            if not isinstance(value, torch.Tensor):
+                raise RuntimeError(
+                    f"{qualname}: {what} is a tensor for some examples and not for others "
+                    f"({_kind(value)}), which vmap cannot batch"
+                )
+            if value.shape != first.shape:
+                raise RuntimeError(
+                    f"{qualname}: {what} has shape {list(first.shape)} for example 0 and "
+                    f"{list(value.shape)} for example {index}, which vmap cannot batch (it "
+                    "stacks the examples' outputs)"
+                )
+        return torch.stack(values)
+    for value in values:
+        if isinstance(value, torch.Tensor) or not (
+            value == first or (_is_nan(value) and _is_nan(first))
+        ):
+            raise RuntimeError(
+                f"{qualname}: {what} ({_kind(first)}) differs between examples, and vmap "
+                "batches only tensors"
+            )
+    return first
+
+
+def _kind(value: Any) -> str:
+    return "None" if value is None else type(value).__name__
+
+
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, float) and math.isnan(value)
 
 
 def vmap_fn_companion(
@@ -264,6 +322,14 @@ def vmap_fn_companion(
                 with torch.no_grad(), _set_fwd_grad_enabled(False):
                     return rule(batch_size, randomness, in_dims, args, _plain=True)
             if autograd == "backward" and reverse:
+                if any(shape.view_returns):
+                    output = shape.view_returns.index(True)
+                    raise RuntimeError(
+                        f"{qualname}: under vmap, an input requires grad, and the op's backward "
+                        "needs it called once per example, whose outputs are stacked into new "
+                        f"tensors; but its schema declares output {output} a view of an input, "
+                        "which they cannot stay; give the op a vmap rule"
+                    )
                 # Called by name once per example: a replace racing the loop would mix two
                 # definitions in one result.
                 check_pinned()

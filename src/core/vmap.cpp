@@ -27,6 +27,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <mutex>
 
@@ -240,15 +241,9 @@ class VmapKernel final : public c10::OperatorKernel {
                   ": under vmap with randomness='same', an input requires grad, and the op's "
                   "backward needs it called once per example, which draws different numbers for "
                   "each; give the op a vmap rule, or use randomness='different'");
-      for (size_t i = 0; i < op_->schema.returns().size(); ++i) {
-        TORCH_CHECK(op_->schema.returns()[i].alias_info() == nullptr, op_->name,
-                    ": under vmap, an input requires grad, and the op's backward needs it called "
-                    "once per example, whose outputs are stacked into new tensors; but its schema "
-                    "declares output ",
-                    i,
-                    " a view of an input, which they cannot stay; give "
-                    "the op a vmap rule");
-      }
+      refuse_view_outputs(
+          "an input requires grad, and the op's backward needs it called once per "
+          "example");
       loop_for_backward = true;
     }
     // Symbolic under tracing with a dynamic batch: only the per-example loops need a number (and
@@ -281,7 +276,10 @@ class VmapKernel final : public c10::OperatorKernel {
       result = batch_polymorphic(op, std::move(unwrapped), batch_size);
       check_still_current("its definition now may not take the batch in front");
     } else {
-      if (!loop_for_backward) warn_once_about_loop();
+      if (!loop_for_backward) {
+        refuse_view_outputs("the op asked to be called once per example (vmap_per_example_loop)");
+        warn_once_about_loop();
+      }
       trace("vmap:per-example loop", unwrapped);
       // Called by name once per example: a replace racing the loop would mix two definitions
       // in one result.
@@ -321,13 +319,10 @@ class VmapKernel final : public c10::OperatorKernel {
       };
       if (output.isTensor() && result.out_dims[i].has_value()) {
         stack->push_back(batched(output.toTensor()));
-      } else if (output.isTensorList() && result.out_dims[i].has_value()) {
+      } else if (is_tensor_list(output) && result.out_dims[i].has_value()) {
         // Every element carries the batch at out_dim (left as it was, the elements would be
-        // taken for unbatched ones and given the batch a second time).
-        std::vector<at::Tensor> elements;
-        for (const at::Tensor& element : output.toTensorList())
-          elements.push_back(batched(element));
-        stack->emplace_back(c10::List<at::Tensor>(elements));
+        // taken for unbatched ones and given the batch a second time); None stays None.
+        stack->push_back(map_tensor_list(output, batched));
       } else {
         stack->push_back(std::move(output));
       }
@@ -369,6 +364,17 @@ class VmapKernel final : public c10::OperatorKernel {
                   ": the vmap rule returned output ", index,
                   " sharing memory with an input, but the schema '", op_->schema_text,
                   "' declares no alias; return a new tensor (e.g. x.clone())");
+    }
+  }
+
+  // The per-example loops stack the examples' outputs into new tensors: a view the schema
+  // declares would silently become a copy, so such calls are refused.
+  void refuse_view_outputs(const char* why) const {
+    for (size_t i = 0; i < op_->schema.returns().size(); ++i) {
+      TORCH_CHECK(op_->schema.returns()[i].alias_info() == nullptr, op_->name, ": under vmap, ",
+                  why, ", whose outputs are stacked into new tensors; but its schema declares ",
+                  "output ", i, " a view of an input, which they cannot stay; give the op a ",
+                  "vmap rule");
     }
   }
 
@@ -569,50 +575,90 @@ class VmapKernel final : public c10::OperatorKernel {
       per_output.resize(outputs.size());
       for (size_t o = 0; o < outputs.size(); ++o) per_output[o].push_back(std::move(outputs[o]));
     }
-    // Tensors are stacked along a new batch dim; an output that is not a tensor (None for a
-    // Tensor?, a number) is one value for all examples, unbatched.
+    // Tensors are stacked along a new batch dim (a list's elements each on its own, None kept
+    // where every example gives None); an output that is not a tensor (None for a Tensor?, a
+    // number) is one value for all examples, unbatched.
     VmapResult result;
     for (size_t o = 0; o < per_output.size(); ++o) {
       const auto& examples = per_output[o];
+      const std::string what = "output " + std::to_string(o);
       if (examples[0].isTensor()) {
         std::vector<at::Tensor> tensors;
         for (const auto& example : examples) {
-          TORCH_CHECK(example.isTensor(), op_->name, ": output ", o,
+          TORCH_CHECK(example.isTensor(), op_->name, ": ", what,
                       " is a tensor for some examples and not for others (", example.tagKind(),
                       "), which vmap cannot batch");
           tensors.push_back(example.toTensor());
         }
-        result.outputs.emplace_back(at::stack(tensors));
+        result.outputs.emplace_back(stack_examples(tensors, what));
         result.out_dims.emplace_back(0);
         continue;
       }
-      if (examples[0].isTensorList()) {  // each element stacked on its own
-        std::vector<at::Tensor> stacked;
-        for (size_t e = 0; e < examples[0].toTensorList().size(); ++e) {
-          std::vector<at::Tensor> tensors;
-          for (const auto& example : examples) {
-            TORCH_CHECK(example.isTensorList() &&
-                            example.toTensorList().size() == examples[0].toTensorList().size(),
-                        op_->name, ": output ", o,
-                        " is a list of tensors whose length differs between examples, which "
-                        "vmap cannot batch");
-            tensors.push_back(example.toTensorList().get(e));
-          }
-          stacked.push_back(at::stack(tensors));
-        }
-        result.outputs.emplace_back(c10::List<at::Tensor>(stacked));
+      if (is_tensor_list(examples[0])) {
+        result.outputs.push_back(stack_lists(examples, what));
         result.out_dims.emplace_back(0);
         continue;
       }
       for (const auto& example : examples) {
-        TORCH_CHECK(!example.isTensor() && example == examples[0], op_->name, ": output ", o, " (",
-                    examples[0].tagKind(),
+        TORCH_CHECK(!example.isTensor() && same_value(example, examples[0]), op_->name, ": ", what,
+                    " (", examples[0].tagKind(),
                     ") differs between examples, and vmap batches only tensors");
       }
       result.outputs.push_back(examples[0]);
       result.out_dims.emplace_back(std::nullopt);
     }
     return result;
+  }
+
+  // NaN equals NaN here: the examples agree on it.
+  static bool same_value(const c10::IValue& a, const c10::IValue& b) {
+    if (a.isDouble() && b.isDouble() && std::isnan(a.toDouble()) && std::isnan(b.toDouble())) {
+      return true;
+    }
+    return a == b;
+  }
+
+  at::Tensor stack_examples(const std::vector<at::Tensor>& tensors, const std::string& what) const {
+    for (size_t b = 1; b < tensors.size(); ++b) {
+      TORCH_CHECK(tensors[b].sym_sizes() == tensors[0].sym_sizes(), op_->name, ": ", what,
+                  " has shape ", tensors[0].sym_sizes(), " for example 0 and ",
+                  tensors[b].sym_sizes(), " for example ", b,
+                  ", which vmap cannot batch (it stacks the examples' outputs)");
+    }
+    return at::stack(tensors);
+  }
+
+  // A Tensor[] or Tensor?[] output: every example's list of one length, each element stacked
+  // on its own (None where every example gives None).
+  c10::IValue stack_lists(const std::vector<c10::IValue>& examples, const std::string& what) const {
+    const size_t length = examples[0].toListRef().size();
+    for (size_t b = 1; b < examples.size(); ++b) {
+      TORCH_CHECK(is_tensor_list(examples[b]), op_->name, ": ", what,
+                  " is a list of tensors for example 0 and ", examples[b].tagKind(),
+                  " for example ", b, ", which vmap cannot batch");
+      const size_t other = examples[b].toListRef().size();
+      TORCH_CHECK(other == length, op_->name, ": ", what, " holds ", length,
+                  " tensors for example 0 and ", other, " for example ", b,
+                  ", which vmap cannot batch");
+    }
+    c10::List<std::optional<at::Tensor>> stacked;
+    for (size_t e = 0; e < length; ++e) {
+      const std::string element = what + " element " + std::to_string(e);
+      std::vector<at::Tensor> tensors;
+      for (const auto& example : examples) {
+        const c10::IValue& value = example.toListRef()[e];
+        if (value.isTensor() && value.toTensor().defined()) tensors.push_back(value.toTensor());
+      }
+      TORCH_CHECK(tensors.empty() || tensors.size() == examples.size(), op_->name, ": ", element,
+                  " is a tensor for some examples and None for others, which vmap cannot batch");
+      stacked.push_back(tensors.empty()
+                            ? std::nullopt
+                            : std::optional<at::Tensor>(stack_examples(tensors, element)));
+    }
+    if (!examples[0].isTensorList()) return stacked;
+    c10::List<at::Tensor> tensors;
+    for (size_t e = 0; e < length; ++e) tensors.push_back(stacked.get(e).value());
+    return tensors;
   }
 
   // A batch of no examples has no example to call the op on: the op's fake, on meta tensors of
@@ -642,6 +688,23 @@ class VmapKernel final : public c10::OperatorKernel {
       }
     }
     TORCH_INTERNAL_ASSERT(device.has_value(), "an empty batch with no batched tensor");
+    // No example recorded the op's autograd: each floating output is tied to the inputs that
+    // require grad (through a zero), so the graph holds as when examples were there.
+    at::Tensor tie;
+    if (autograd_ != AutogradSupport::kNone && c10::GradMode::is_enabled()) {
+      auto add = [&](const c10::IValue& value) {
+        if (!value.isTensor() || !value.toTensor().requires_grad()) return;
+        const auto zero = at::real(value.toTensor().sum()).mul(0);
+        tie = tie.defined() ? tie + zero : zero;
+      };
+      for (const auto& value : unwrapped.values) {
+        if (!is_tensor_list(value)) {
+          add(value);
+        } else {
+          for (const auto& element : value.toListRef()) add(element);
+        }
+      }
+    }
     VmapResult result;
     for (auto& output : call_below(op, std::move(args))) {
       TORCH_CHECK(output.isTensor(), op_->name,
@@ -650,7 +713,11 @@ class VmapKernel final : public c10::OperatorKernel {
       const auto& example = output.toTensor();
       auto sizes = example.sizes().vec();
       sizes.insert(sizes.begin(), 0);
-      result.outputs.emplace_back(at::empty(sizes, example.options().device(*device)));
+      auto empty = at::empty(sizes, example.options().device(*device));
+      if (tie.defined() && (empty.is_floating_point() || empty.is_complex())) {
+        empty = empty + tie.to(empty.scalar_type());
+      }
+      result.outputs.emplace_back(std::move(empty));
       result.out_dims.emplace_back(0);
     }
     return result;

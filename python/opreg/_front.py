@@ -528,7 +528,16 @@ def register_vmap_op(
 ) -> Any:
     """EvoX's register_vmap_op: an op with a fallback, a fake and optionally a vmap_fn; usable as
     ``@register_vmap_op(fake_fn=...)`` or ``register_vmap_op(fn, fake_fn=...)``. Accepts the
-    same additions as :func:`register_triton_op`."""
+    same additions as :func:`register_triton_op`, except ``triton_fn``."""
+    if "triton_fn" in opreg_options:
+        # EvoX's register_vmap_op has no kernel: refused rather than clash with the None below.
+        def refuse(fn: Callable[..., Any]) -> Any:
+            raise TypeError(
+                f"opreg: op '{_qualified_name(name, fn)}': register_vmap_op takes no triton_fn "
+                "(EvoX's has none); give the kernel to register_triton_op(triton_fn=...) instead"
+            )
+
+        return refuse if fn is None else refuse(fn)
     decorator = register_triton_op(
         fake_fn=fake_fn,
         triton_fn=None,

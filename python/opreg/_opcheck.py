@@ -195,12 +195,14 @@ def _scalar_samples(op: torch._ops.OpOverload) -> list[Sample]:
 
 
 def _overload(api: str, op: Any) -> torch._ops.OpOverload:
+    if isinstance(op, torch._library.custom_ops.CustomOpDef):  # torch.library.custom_op's
+        op = op._opoverload
     if isinstance(op, torch._ops.OpOverloadPacket):
         op = op.default
     if not isinstance(op, torch._ops.OpOverload):
         raise TypeError(
             f"{api}: op must be an op (torch.ops.<namespace>.<name>, or what "
-            f"register_triton_op returns), got {type(op).__name__}"
+            f"register_triton_op or custom_op returns), got {type(op).__name__}"
         )
     return op
 
@@ -422,7 +424,29 @@ def _unbacked(value: Any) -> bool:
     return isinstance(value, torch.SymInt) and bool(free_unbacked_symbols(value))
 
 
-def _compare_fake(fake: Any, real: Any, what: str) -> tuple[bool, float, str]:
+def _kind(value: Any) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, torch.Tensor):
+        return "a tensor"
+    if isinstance(value, list | tuple):
+        return f"a list of {len(value)}"
+    return "a number" if isinstance(value, int | float | torch.SymInt | torch.SymFloat) else "other"
+
+
+def _compare_fake(op, fake: Any, real: Any, what: str) -> tuple[bool, float, str]:
+    # Each declared output's kind first: a Tensor? the fake leaves None (or a Tensor[] of another
+    # length) would otherwise shift the flat comparison below onto other outputs.
+    count = len(op._schema.returns)
+    fakes, reals = ((fake,), (real,)) if count == 1 else (fake or (), real or ())
+    for index, (f, r) in enumerate(zip(fakes, reals, strict=False)):
+        if _kind(f) != _kind(r):
+            return (
+                False,
+                0.0,
+                f"{what}output {index} ({op._schema.returns[index].type}): the fake gives "
+                f"{_kind(f)}, the real op {_kind(r)}",
+            )
     for index, (f, r) in enumerate(zip(_outputs(fake), _outputs(real), strict=False)):
         if not isinstance(r, torch.Tensor) and not _unbacked(f) and f != r:
             return False, 0.0, f"{what}output {index}: the fake gives {f!r}, the real op {r!r}"
@@ -466,23 +490,38 @@ def _run_fake(fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
 def _check_fake_vs_real(op, sample, device):
     real = op(*_clone(sample).args, **_clone(sample).kwargs)
     cloned = _clone(sample)
-    result = _compare_fake(_run_fake(op, cloned.args, cloned.kwargs), real, "")
+    result = _compare_fake(op, _run_fake(op, cloned.args, cloned.kwargs), real, "")
     registration = registration_of(_qualified(op))
     if not result[0] or getattr(registration, "companion", None) is None:
         return result
     # A vmap_fn op's batched calls reach its fake_vmap_fn under tracing: compared as the op's
-    # fake is, on the sample with every tensor batched.
+    # fake is, on the sample with every positional tensor batched, once and nested (one
+    # fake_vmap_fn serves every depth, seeing all batch dims in front).
     if not op._schema.returns or _non_tensor_returns(op):
         return result  # torch.vmap maps only functions returning tensors
     if not any(isinstance(a, torch.Tensor) for a in sample.args):
         return result
     in_dims = tuple(0 if isinstance(a, torch.Tensor) else None for a in sample.args)
-    batched = [_batch(a, 2) for a in _clone(sample).args]
-    vmapped = torch.vmap(
-        lambda *a: op(*a, **sample.kwargs), in_dims=in_dims, randomness="different"
-    )
-    real = vmapped(*pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, batched))
-    return _compare_fake(_run_fake(vmapped, batched, {}), real, "under vmap (fake_vmap_fn), ")
+    for depth in (1, 2):
+        batched = list(_clone(sample).args)
+        vmapped = lambda *a, **k: op(*a, **k)  # noqa: E731
+        for _ in range(depth):
+            batched = [_batch(a, 2) for a in batched]
+            vmapped = torch.vmap(
+                vmapped, in_dims=in_dims, out_dims=_out_dims(real), randomness="different"
+            )
+        cloned = _clone(Sample(tuple(batched), sample.kwargs))
+        real_batched = vmapped(*cloned.args, **cloned.kwargs)
+        cloned = _clone(Sample(tuple(batched), sample.kwargs))
+        what = f"under {'nested ' * (depth - 1)}vmap (fake_vmap_fn), "
+        try:
+            fake = _run_fake(vmapped, cloned.args, cloned.kwargs)
+        except Exception as error:
+            return False, 0.0, f"{what}the fake run failed: {type(error).__name__}: {error}"
+        result = _compare_fake(op, fake, real_batched, what)
+        if not result[0]:
+            return result
+    return result
 
 
 def _differentiable(op) -> bool:
@@ -653,6 +692,7 @@ def _check_vmap(op, sample, device, depths=(1, 2, 3)):
     other = _non_tensor_returns(op)
     if other:
         raise _Skipped(f"returns {', '.join(other)}: torch.vmap maps only functions of tensors")
+    out_dims = _out_dims(op(*_clone(sample).args, **_clone(sample).kwargs))
     error = 0.0
     # An argument the op writes must be batched whenever another is: vmap cannot write a batch
     # into one example's tensor (torch refuses it for its own in-place ops too).
@@ -682,7 +722,9 @@ def _check_vmap(op, sample, device, depths=(1, 2, 3)):
             fn = lambda *a: op(*a, **sample.kwargs)  # noqa: E731
             randomness = "error" if _values_comparable(op) else "different"
             for _ in range(depth):
-                fn = torch.vmap(fn, in_dims=tuple(in_dims), randomness=randomness)
+                fn = torch.vmap(
+                    fn, in_dims=tuple(in_dims), out_dims=out_dims, randomness=randomness
+                )
             # The op may write its arguments: each run gets its own.
             looped_args = pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, args)
             got = fn(*args)
@@ -704,7 +746,9 @@ def _check_vmap(op, sample, device, depths=(1, 2, 3)):
                     )
                     for i in range(2)
                 ]
-                return pytree.tree_map(lambda *xs: torch.stack(xs), *outs)
+                return pytree.tree_map(
+                    lambda *xs: None if xs[0] is None else torch.stack(xs), *outs
+                )
 
             want = loop(looped_args, depth)
             # What the op wrote is compared too, as its outputs are.
@@ -730,12 +774,24 @@ def _check_vmap(op, sample, device, depths=(1, 2, 3)):
 
 
 def _non_tensor_returns(op) -> list[str]:
-    return [str(r.type) for r in op._schema.returns if not str(r.type).startswith("Tensor")]
+    """The op's outputs that are not a Tensor, a Tensor? or a Tensor[] (which vmap maps)."""
+    tensor_like = ("Tensor", "Optional[Tensor]", "List[Tensor]")
+    return [str(r.type) for r in op._schema.returns if str(r.type) not in tensor_like]
+
+
+def _out_dims(outputs: Any) -> Any:
+    """torch.vmap's out_dims for an op whose call gave `outputs`: 0 for each, None for a Tensor?
+    output that is None (vmap refuses a batch dim for it)."""
+    if isinstance(outputs, tuple):
+        return tuple(None if o is None else 0 for o in outputs)
+    return None if outputs is None else 0
 
 
 def _check_compile(op, sample, device, backend="aot_eager"):
     other = _non_tensor_returns(op)
-    if other:
+    # Dynamo refuses an op whose one output is an int (ScalarType too), a bool or a str ("torch.*
+    # op returned non-Tensor"); a float, an int[], or any of them beside a tensor, it traces.
+    if len(op._schema.returns) == 1 and other and other[0] in ("int", "SymInt", "bool", "str"):
         raise _Skipped(
             f"returns {', '.join(other)}: Dynamo cannot put a custom op's non-tensor outputs in "
             "a full graph"
@@ -759,6 +815,16 @@ def _check_compile(op, sample, device, backend="aot_eager"):
                     error,
                     (f"torch.compile(fullgraph=True, dynamic={dynamic}) output differs from eager"),
                 )
+        numbers = [
+            [v for v in _outputs(out) if not isinstance(v, torch.Tensor)] for out in (got, eager)
+        ]
+        if _values_comparable(op) and numbers[0] != numbers[1]:
+            return (
+                False,
+                error,
+                f"torch.compile(fullgraph=True, dynamic={dynamic}) gives the non-tensor outputs "
+                f"{numbers[0]}, eager {numbers[1]}",
+            )
     return True, error, ""
 
 

@@ -74,3 +74,7 @@ if __name__ == "__main__":
     except BrokenPipeError:  # the reader went away (`python -m opreg info | head`): no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor one at exit's flush
         sys.exit(1)
+    except OSError as error:  # the output cannot be written (a full disk, /dev/full)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"python -m opreg: cannot write the output: {error}", file=sys.stderr)
+        sys.exit(1)

@@ -28,7 +28,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbol
 from opreg import _C
 from opreg._declaration import check_positional, registration_of
 from opreg._public import public
-from opreg._registry import AutogradSupport, describe_op
+from opreg._registry import AutogradSupport, describe_op, op_namespace
 
 CHECKS = (
     "torch_opcheck",
@@ -1150,7 +1150,13 @@ def _resolve(name: str, opreg_ops: set[str]) -> torch._ops.OpOverload:
         raise ValueError(
             f"no opreg op named '{namespace}::{base}' (python -m opreg info lists them)"
         )
-    packet = getattr(getattr(torch.ops, namespace), base)
+    if not isinstance(getattr(torch.ops, namespace, torch.ops.aten), torch._ops._OpNamespace):
+        raise ValueError(
+            f"'{namespace}::{base}' is in a namespace that torch.ops holds an attribute of its own "
+            f"for (torch.ops.{namespace}), so PyTorch's tools (opcheck, FakeTensorMode, "
+            "torch.compile) cannot reach the op: define it in another namespace"
+        )
+    packet = getattr(op_namespace(namespace), base)
     try:
         return getattr(packet, overload or "default")
     except AttributeError:

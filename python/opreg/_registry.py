@@ -266,10 +266,17 @@ def refresh_handles(qualname: str) -> None:
             getattr(getattr(sys.modules.get(module), cache, None), "cache_clear", lambda: None)()
 
 
+def op_namespace(namespace: str) -> torch._ops._OpNamespace:
+    """torch.ops.<namespace>, also where torch.ops holds an attribute of that name (``_dir``,
+    ``__name__``: a C++ library may define ops there)."""
+    held = getattr(torch.ops, namespace, None)
+    return held if isinstance(held, torch._ops._OpNamespace) else torch._ops._OpNamespace(namespace)
+
+
 def op_overload(qualname: str) -> torch._ops.OpOverload:
     """torch.ops' handle of a defined op, 'ns::name' or 'ns::name.overload'."""
     namespace, name = qualname.split("::")
-    packet = getattr(getattr(torch.ops, namespace), name.split(".")[0])
+    packet = getattr(op_namespace(namespace), name.split(".")[0])
     return getattr(packet, name.split(".")[1] if "." in name else "default")
 
 

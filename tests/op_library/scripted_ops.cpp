@@ -7,6 +7,7 @@
 //   def:NAME:K      define opreg_script::NAME(Tensor x) -> Tensor as x + K, with a kernel that
 //                   follows the accelerated device types (and one of its own for the CPU)
 //   rep:NAME:K      the same, replacing the op
+//   defin:NS:NAME:K the same in the namespace NS (NS::NAME)
 //   undef:NAME      undefine opreg_script::NAME
 //   devtype:TYPE    register TYPE as an accelerated device type
 //   wait:FILE       wait (at most 20 s) until FILE exists: other threads act meanwhile
@@ -43,8 +44,8 @@ std::vector<std::string> split(const std::string& text, char separator) {
   return parts;
 }
 
-void define_plus(const std::string& name, double k, bool replace) {
-  opreg::op("opreg_script::" + name + "(Tensor x) -> Tensor")
+void define_plus(const std::string& qualified, double k, bool replace) {
+  opreg::op(qualified + "(Tensor x) -> Tensor")
       .fallback([k](const at::Tensor& x) { return x + k; })
       .kernel([k](const at::Tensor& x) { return x + k; },
               opreg::KernelOptions<>().name("accelerated"))
@@ -79,7 +80,9 @@ void run_step(const std::string& step) {
   const std::string& action = parts.at(0);
   const std::string argument = step.size() > action.size() ? step.substr(action.size() + 1) : "";
   if (action == "def" || action == "rep") {
-    define_plus(parts.at(1), std::stod(parts.at(2)), action == "rep");
+    define_plus("opreg_script::" + parts.at(1), std::stod(parts.at(2)), action == "rep");
+  } else if (action == "defin") {
+    define_plus(parts.at(1) + "::" + parts.at(2), std::stod(parts.at(3)), false);
   } else if (action == "undef") {
     opreg::undefine("opreg_script::" + argument);
   } else if (action == "devtype") {

@@ -5,6 +5,9 @@ fresh interpreter: loads are once per process, and a crash must fail the test, n
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -290,3 +293,21 @@ def test_a_definition_while_another_thread_opens_a_library_with_a_plain_dlopen(s
         b=f"touch:{started};sleep:1500;def:opened:7",
     )
     assert "meanwhile: [3.0]" in out and "opened: [7.0]" in out, out
+
+
+def test_the_cli_checks_an_op_in_a_namespace_torch_ops_holds_an_attribute_of(scripted):
+    # The nineteenth sweep's B-F9: `python -m opreg check` reached torch.ops._dir, which is
+    # dir(), and ended in a bare AttributeError.
+    result = subprocess.run(
+        [sys.executable, "-m", "opreg", "check", "--load", scripted("a"), "_dir::f"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OPREG_SCRIPT_a": "defin:_dir:f:1"},
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "python -m opreg check: '_dir::f' is in a namespace that torch.ops holds an attribute of "
+        "its own for (torch.ops._dir), so PyTorch's tools (opcheck, FakeTensorMode, "
+        "torch.compile) cannot reach the op: define it in another namespace"
+    ], result.stderr

@@ -3,6 +3,10 @@ repository), beside the earlier sweeps' files."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from test_reliability import assert_survived, run_probe
@@ -112,3 +116,20 @@ def test_an_output_aliasing_a_set_no_argument_is_in_is_refused(schema):
     )(lambda x: x)
     x = torch.ones(2)
     assert view(x) is x
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_the_cli_says_in_one_line_that_it_cannot_write_its_output():
+    # B-F10: `python -m opreg info > /dev/full` ended in an OSError traceback.
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [sys.executable, "-m", "opreg", "info"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+        )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "python -m opreg: cannot write the output: [Errno 28] No space left on device"
+    ], result.stderr

@@ -3,6 +3,7 @@ repository), beside the earlier sweeps' files."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -133,3 +134,20 @@ def test_the_cli_says_in_one_line_that_it_cannot_write_its_output():
     assert result.stderr.strip().splitlines() == [
         "python -m opreg: cannot write the output: [Errno 28] No space left on device"
     ], result.stderr
+
+
+@pytest.mark.parametrize("type_name", ["fp16", "bf16"])
+def test_half_precision_scalar_parameters_compile(tmp_path, type_name):
+    # The eighteenth sweep's B-F10: PTX declares such a parameter as a byte array
+    # (`.param .align 2 .b8 name[2]`), which the size reader skipped, so every such kernel was
+    # refused ("the binary expects parameters of sizes [8, 8, 8, 8, 8]").
+    from test_reliability_aot import run_aot, scale_spec
+
+    name = f"opreg_rel_scale_{type_name}"
+    signature = f'{{ x_ptr = "*fp32", out_ptr = "*fp32", n = "i64", factor = "{type_name}" }}'
+    spec = scale_spec(name, signature=signature)
+    result = run_aot(spec, tmp_path, "--cache", str(tmp_path / "cache"))
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((tmp_path / "out" / f"{name}.json").read_text())
+    assert {tuple(v["param_sizes"]) for v in manifest["variants"]} == {(8, 8, 8, 2, 8, 8)}
+    assert opreg.load_triton_bundle(tmp_path / "out") == [name]

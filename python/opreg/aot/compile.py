@@ -600,15 +600,26 @@ def cubin_problem(data: bytes) -> str:
     return ""
 
 
-PTX_PARAM = re.compile(r"\.param\s+\.([a-z]+)(\d+)")
+# One parameter's declaration: `.param .u32 name`, `.param .u64 .ptr .global .align 16 name`,
+# or a byte array for types PTX has no parameter type of (fp16, bf16): `.param .align 2 .b8
+# name[2]`.
+PTX_PARAM_TYPE = re.compile(r"\.[bsuf](\d+)\b")
+PTX_PARAM_COUNT = re.compile(r"\[(\d+)\]\s*$")
 
 
 def ptx_param_sizes(ptx: str, entry: str) -> list[int]:
     """Byte size of each parameter of the entry, read from the PTX: the layout the launcher must
     pack (checked by the C++ runtime when it loads the manifest)."""
     start = ptx.index(f".entry {entry}(")
-    header = ptx[start : ptx.index(")", start)]
-    return [int(bits) // 8 for _, bits in PTX_PARAM.findall(header)]
+    header = ptx[start + len(f".entry {entry}(") : ptx.index(")", start)]
+    sizes = []
+    for declaration in header.split(","):
+        if ".param" not in declaration:
+            continue
+        bits = PTX_PARAM_TYPE.search(declaration)
+        count = PTX_PARAM_COUNT.search(declaration)
+        sizes.append(int(bits.group(1)) // 8 * (int(count.group(1)) if count else 1))
+    return sizes
 
 
 def describe(variant: Variant) -> str:

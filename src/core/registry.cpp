@@ -1925,6 +1925,7 @@ void call_checked_fallback(const std::string& op, const c10::OperatorHandle& han
   // definition it replaces, which the fallback's kernel reads.
   const auto definition = current_definition(op);
   check_arguments(*definition, *stack);
+  if (!definition->optional_tensors.empty()) undefined_as_none(*definition, *stack);
   definition->checked_fallback->callBoxed(
       handle, c10::DispatchKeySet(c10::DispatchKey::CompositeExplicitAutograd), stack);
 }

@@ -544,3 +544,16 @@ TEST(Reliability, CallFallbackWhileTheOpIsReplaced) {
   EXPECT_EQ(wrong.load(), 0);
   EXPECT_GT(calls.load(), 0);
 }
+
+// Nineteenth sweep B-F4: call_fallback (and testing::check through it) handed an undefined tensor
+// given for a Tensor? to the fallback as an engaged optional; dispatched calls give None.
+TEST(Reliability, CallFallbackGivesAnUndefinedOptionalTensorAsNone) {
+  opreg::op("opreg_rel::optional_none(Tensor x, Tensor? y) -> Tensor")
+      .fallback([](const at::Tensor& x, const std::optional<at::Tensor>& y) {
+        return y.has_value() ? x + 1 : x * 1;
+      })
+      .define();
+  auto outputs =
+      opreg::testing::call_fallback("opreg_rel::optional_none", {at::zeros({1}), at::Tensor()});
+  EXPECT_TRUE(at::equal(outputs.at(0).toTensor(), at::zeros({1})));
+}

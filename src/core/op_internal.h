@@ -18,6 +18,10 @@ namespace opreg::detail {
 using IdentityPtr = std::shared_ptr<const OpIdentity>;
 using FallbackPtr = std::shared_ptr<const c10::KernelFunction>;
 
+// OPREG_DEBUG=1: calls are also run through the op's fake, and must agree with it
+// (src/core/registry.cpp; read once).
+bool debug_checks();
+
 // Validates the autograd declaration against the schema; throws naming the op. `fallback` is the
 // op's checked fallback, run under autograd when gradients are needed and there is no backward.
 c10::KernelFunction make_autograd_kernel(IdentityPtr op, const AutogradDeclaration& autograd,

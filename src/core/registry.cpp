@@ -1268,15 +1268,19 @@ void check_outputs(const Definition& definition, const torch::jit::Stack& stack,
   }
 }
 
+}  // namespace
+
 // OPREG_DEBUG=1: every call of the fallback or a kernel is also run through the op's fake on meta
 // tensors, and the shapes and dtypes must agree (opcheck does the same on samples).
-bool debug_checks() {
+bool detail::debug_checks() {
   static const bool enabled = [] {
     const char* value = std::getenv("OPREG_DEBUG");
     return value != nullptr && std::string(value) == "1";
   }();
   return enabled;
 }
+
+namespace {
 
 // The call's arguments with meta tensors in place of real ones, in lists too; nullopt when a
 // tensor is already meta or belongs to a tensor subclass or mode (fake tensors) or to vmap, or when
@@ -1410,7 +1414,7 @@ void run_checked(const Definition& d, const c10::KernelFunction& function, const
   check_dtypes(d, *stack);
   const size_t base = stack->size() - d.schema().arguments().size();
   std::optional<torch::jit::Stack> meta;
-  if (compare_with_fake && debug_checks()) meta = meta_arguments(d, *stack);
+  if (compare_with_fake && detail::debug_checks()) meta = meta_arguments(d, *stack);
   try {
     function.callBoxed(op, keys, stack);
   } catch (c10::Error& error) {

@@ -28,7 +28,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <mutex>
 
 #include "op_internal.h"
@@ -39,15 +38,6 @@ namespace opreg {
 namespace {
 
 namespace functorch = at::functorch;
-
-// OPREG_DEBUG=1: as registry.cpp reads it, once.
-bool debug_checks() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("OPREG_DEBUG");
-    return value != nullptr && std::string(value) == "1";
-  }();
-  return enabled;
-}
 
 Randomness randomness_of(const functorch::DynamicLayer& layer) {
   switch (layer.randomness()) {
@@ -407,7 +397,7 @@ class VmapKernel final : public c10::OperatorKernel {
     const auto restore = c10::make_scope_exit(
         [hidden] { c10::impl::tls_set_dispatch_key_excluded(kVmapMode, hidden); });
     std::optional<torch::jit::Stack> meta;
-    if (debug_checks()) meta = one_example_on_meta(*stack);
+    if (detail::debug_checks()) meta = one_example_on_meta(*stack);
     try {
       fallback_->callBoxed(op, keys, stack);
     } catch (const c10::Error& error) {

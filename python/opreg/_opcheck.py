@@ -23,7 +23,6 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
 
 from opreg import _C
 from opreg._declaration import check_positional, registration_of
@@ -421,7 +420,11 @@ def _check_kernel_vs_fallback(op, sample, device):
 
 def _unbacked(value: Any) -> bool:
     """A size the fake made data-dependent (get_ctx().new_dynamic_size()): any real one fits."""
-    return isinstance(value, torch.SymInt) and bool(free_unbacked_symbols(value))
+    if not isinstance(value, torch.SymInt):
+        return False
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    return bool(free_unbacked_symbols(value))
 
 
 def _kind(value: Any) -> str:
@@ -480,7 +483,10 @@ def _compare_fake(op, fake: Any, real: Any, what: str) -> tuple[bool, float, str
 
 
 def _run_fake(fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-    # A ShapeEnv lets a data-dependent fake make its sizes; the inputs' sizes stay static.
+    # A ShapeEnv lets a data-dependent fake make its sizes; the inputs' sizes stay static. Imported
+    # here: it brings in sympy, a second of `import opreg` that only opcheck needs.
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
     mode = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True)
     fake_args, fake_kwargs = pytree.tree_map_only(torch.Tensor, mode.from_tensor, (args, kwargs))
     with mode:

@@ -1,6 +1,7 @@
 // src/core/testing.cpp: opreg::testing::check, the C++ half of opcheck (include/opreg/testing.h).
 #include "opreg/testing.h"
 
+#include <cmath>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -14,6 +15,14 @@
 namespace opreg::testing {
 namespace {
 
+// A dispatched call's stack may hold more than its arguments; a sample is its arguments alone
+// (seen: extra values were passed over and came back as outputs).
+void check_count(const std::string& op, const c10::OperatorHandle& handle, size_t given) {
+  const auto& schema = handle.schema();
+  TORCH_CHECK(given == schema.arguments().size(), op, ": called with ", given,
+              " arguments, expected ", schema.arguments().size(), " (schema '", schema, "')");
+}
+
 std::string device_of(const std::vector<c10::IValue>& args) {
   for (const auto& arg : args) {
     if (arg.isTensor() && arg.toTensor().defined()) return arg.toTensor().device().str();
@@ -21,78 +30,218 @@ std::string device_of(const std::vector<c10::IValue>& args) {
   return "-";
 }
 
+// `value` with each tensor in it (alone, or in a Tensor[] / Tensor?[] list) replaced by
+// change(tensor); everything else as it is.
+template <typename Change>
+c10::IValue map_tensors(const c10::IValue& value, const Change& change) {
+  if (value.isTensor()) {
+    const auto& tensor = value.toTensor();
+    return tensor.defined() ? c10::IValue(change(tensor)) : value;
+  }
+  if (value.isTensorList()) {
+    c10::List<at::Tensor> mapped;
+    for (const at::Tensor& tensor : value.toTensorList()) {
+      mapped.push_back(tensor.defined() ? change(tensor) : tensor);
+    }
+    return mapped;
+  }
+  if (value.isList()) {  // Tensor?[] and lists of numbers
+    const auto list = value.toList();
+    c10::impl::GenericList mapped(list.elementType());
+    for (const c10::IValue& element : list) mapped.push_back(map_tensors(element, change));
+    return mapped;
+  }
+  return value;
+}
+
 std::vector<c10::IValue> to_meta(const std::vector<c10::IValue>& args) {
   std::vector<c10::IValue> meta;
   for (const auto& arg : args) {
-    if (arg.isTensor() && arg.toTensor().defined()) {
-      const auto& t = arg.toTensor();
-      meta.emplace_back(at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta)));
-    } else {
-      meta.push_back(arg);
-    }
+    meta.push_back(map_tensors(arg, [](const at::Tensor& t) {
+      return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
+    }));
   }
   return meta;
 }
 
+// Each run gets its own copies, so that an op that writes its arguments changes neither the
+// caller's samples nor another run's.
 std::vector<c10::IValue> clone_tensors(const std::vector<c10::IValue>& args) {
   std::vector<c10::IValue> cloned;
   for (const auto& arg : args) {
-    cloned.push_back(
-        arg.isTensor() && arg.toTensor().defined() ? c10::IValue(arg.toTensor().clone()) : arg);
+    cloned.push_back(map_tensors(arg, [](const at::Tensor& t) { return t.clone(); }));
   }
   return cloned;
 }
 
-// Largest |a - b| over outputs, or a message when they differ in kind, shape, dtype or by more
-// than the tolerance.
-std::string compare(const std::vector<c10::IValue>& got, const std::vector<c10::IValue>& want,
-                    bool bitwise, double* max_error) {
-  *max_error = 0;
-  if (got.size() != want.size()) return "output counts differ";
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!got[i].isTensor() || !want[i].isTensor()) {
-      if (!(got[i] == want[i])) return "output " + std::to_string(i) + " differs";
-      continue;
-    }
-    const auto& a = got[i].toTensor();
-    const auto& b = want[i].toTensor();
-    std::ostringstream why;
-    if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) {
-      why << "output " << i << " is " << a.scalar_type() << a.sizes() << ", the fallback's "
-          << b.scalar_type() << b.sizes();
-      return why.str();
-    }
-    if (a.numel() == 0) continue;
-    const auto allowed = bitwise ? Tolerance{} : tolerance(a.scalar_type());
-    const bool is_bool = a.scalar_type() == at::kBool;
-    const auto a_values = is_bool ? a.to(at::kByte) : a;
-    const auto b_values = is_bool ? b.to(at::kByte) : b.to(a.device());
-    auto diff = a.is_complex() ? (a - b).abs().to(at::kDouble)
-                               : (a_values.to(at::kDouble) - b_values.to(at::kDouble)).abs();
-    const double error = diff.nan_to_num(0).max().item<double>();
-    *max_error = std::max(*max_error, error);
-    if ((a.is_floating_point() || a.is_complex()) && !at::equal(a.isnan(), b.isnan())) {
-      return "output " + std::to_string(i) + " has NaN at other positions than the fallback's";
-    }
-    if (at::isclose(a_values, b_values, allowed.rtol, allowed.atol, /*equal_nan=*/true)
-            .all()
-            .item<bool>()) {
-      continue;
-    }
-    if (bitwise) {
-      why << "output " << i << " is not bitwise equal to the fallback's (max |diff| " << error
-          << "); the op declares its kernels bitwise";
-    } else if (allowed.atol == 0 && allowed.rtol == 0) {
-      why << "output " << i << " (" << a.scalar_type() << ") is not equal to the fallback's (max "
-          << "|diff| " << error << ")";
-    } else {
-      why << "output " << i << " differs from the fallback's by up to " << error
-          << ", more than atol " << allowed.atol << " + rtol " << allowed.rtol << " * |fallback| ("
-          << a.scalar_type() << ")";
-    }
+std::string compare_tensors(const std::string& what, const at::Tensor& a, const at::Tensor& b,
+                            bool bitwise, double* max_error) {
+  std::ostringstream why;
+  if (!a.defined() || !b.defined()) {
+    if (a.defined() == b.defined()) return "";
+    why << what << " is " << (a.defined() ? "a tensor" : "undefined") << ", the fallback's "
+        << (b.defined() ? "a tensor" : "undefined");
     return why.str();
   }
-  return "";
+  if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) {
+    why << what << " is " << a.scalar_type() << a.sizes() << ", the fallback's " << b.scalar_type()
+        << b.sizes();
+    return why.str();
+  }
+  if (a.numel() == 0) return "";
+  const auto allowed = bitwise ? Tolerance{} : tolerance(a.scalar_type());
+  const bool is_bool = a.scalar_type() == at::kBool;
+  const auto a_values = is_bool ? a.to(at::kByte) : a;
+  const auto b_values = is_bool ? b.to(at::kByte) : b.to(a.device());
+  auto diff = a.is_complex() ? (a - b.to(a.device())).abs().to(at::kDouble)
+                             : (a_values.to(at::kDouble) - b_values.to(at::kDouble)).abs();
+  const double error = diff.nan_to_num(0).max().item<double>();
+  *max_error = std::max(*max_error, error);
+  if ((a.is_floating_point() || a.is_complex()) &&
+      !at::equal(a.isnan(), b.isnan().to(a.device()))) {
+    return what + " has NaN at other positions than the fallback's";
+  }
+  if (at::isclose(a_values, b_values, allowed.rtol, allowed.atol, /*equal_nan=*/true)
+          .all()
+          .item<bool>()) {
+    return "";
+  }
+  if (bitwise) {
+    why << what << " is not bitwise equal to the fallback's (max |diff| " << error
+        << "); the op declares its kernels bitwise";
+  } else if (allowed.atol == 0 && allowed.rtol == 0) {
+    why << what << " (" << a.scalar_type() << ") is not equal to the fallback's (max |diff| "
+        << error << ")";
+  } else {
+    why << what << " differs from the fallback's by up to " << error << ", more than atol "
+        << allowed.atol << " + rtol " << allowed.rtol << " * |fallback| (" << a.scalar_type()
+        << ")";
+  }
+  return why.str();
+}
+
+// "" when the kernel's value `got` matches the fallback's `want`, else why. `what` names the
+// value ("output 0", "output 1[2]", "argument 'x', which the op writes"); lists are compared
+// element by element, with the tolerance of each tensor's dtype.
+std::string compare_values(const std::string& what, const c10::IValue& got, const c10::IValue& want,
+                           bool bitwise, double* max_error) {
+  if (got.isTensor() && want.isTensor()) {
+    return compare_tensors(what, got.toTensor(), want.toTensor(), bitwise, max_error);
+  }
+  if (got.isList() && want.isList()) {
+    const auto a = got.toListRef();
+    const auto b = want.toListRef();
+    if (a.size() != b.size()) {
+      return what + " has " + std::to_string(a.size()) + " elements, the fallback's " +
+             std::to_string(b.size());
+    }
+    for (size_t j = 0; j < a.size(); ++j) {
+      auto why =
+          compare_values(what + "[" + std::to_string(j) + "]", a[j], b[j], bitwise, max_error);
+      if (!why.empty()) return why;
+    }
+    return "";
+  }
+  if (got.isTensor() || want.isTensor() || got.isList() || want.isList()) {
+    return what + " is a " + got.tagKind() + ", the fallback's a " + want.tagKind();
+  }
+  if (got.isDouble() && want.isDouble() && !bitwise) {
+    const double a = got.toDouble(), b = want.toDouble();
+    const auto allowed = tolerance(at::kDouble);
+    if ((std::isnan(a) && std::isnan(b)) ||
+        std::abs(a - b) <= allowed.atol + allowed.rtol * std::abs(b)) {
+      return "";
+    }
+  }
+  if (got == want) return "";
+  std::ostringstream why;
+  why << what << " is " << got << ", the fallback's " << want;
+  return why.str();
+}
+
+// "" when the fake's `meta` has the real value's shapes, dtypes and strides, else why.
+std::string compare_fake(const std::string& what, const c10::IValue& meta,
+                         const c10::IValue& real) {
+  if (meta.isList() && real.isList()) {
+    const auto m = meta.toListRef();
+    const auto r = real.toListRef();
+    if (m.size() != r.size()) {
+      return what + ": the fake has " + std::to_string(m.size()) + " elements, the real one " +
+             std::to_string(r.size());
+    }
+    for (size_t j = 0; j < m.size(); ++j) {
+      auto why = compare_fake(what + "[" + std::to_string(j) + "]", m[j], r[j]);
+      if (!why.empty()) return why;
+    }
+    return "";
+  }
+  if (!meta.isTensor() || !real.isTensor()) return "";
+  const auto& m = meta.toTensor();
+  const auto& r = real.toTensor();
+  if (!m.defined() || !r.defined()) {
+    return m.defined() == r.defined() ? "" : what + ": one of the fake and the real is undefined";
+  }
+  std::ostringstream why;
+  if (m.sizes() != r.sizes()) {
+    why << what << ": the fake's shape is " << m.sizes() << ", the real one " << r.sizes();
+  } else if (m.scalar_type() != r.scalar_type()) {
+    why << what << ": the fake's dtype is " << m.scalar_type() << ", the real one "
+        << r.scalar_type();
+  } else if (r.numel() > 1 && m.strides() != r.strides()) {
+    why << what << ": the fake's strides are " << m.strides() << ", the real ones " << r.strides();
+  }
+  return why.str();
+}
+
+// One sample's two results, from one definition of the op: false when a replace changed the
+// definition while the sample ran (the kernel's call and the fallback's may then belong to two).
+bool check_sample(const std::string& op, const std::vector<c10::IValue>& sample, size_t index,
+                  std::vector<CheckResult>* results) {
+  const uint64_t serial = detail::definition_serial(op);
+  auto handle = find_operator(op);
+  const auto report = describe_op(op);
+  const auto& arguments = handle.schema().arguments();
+  check_count(op, handle, sample.size());
+  const std::string device = device_of(sample);
+
+  CheckResult kernel{"kernel_vs_fallback", op, device, index};
+  const auto kernel_args = clone_tensors(sample);  // shares its tensors with the call's stack
+  torch::jit::Stack stack = kernel_args;
+  detail::check_stack(op, stack);
+  handle.callBoxed(&stack);
+  const auto fallback_args = clone_tensors(sample);
+  const auto fallback = call_fallback(op, fallback_args);
+  const bool bitwise = report.flags.bitwise;
+  if (stack.size() != fallback.size()) {
+    kernel.message = "the kernel gave " + std::to_string(stack.size()) + " outputs, the fallback " +
+                     std::to_string(fallback.size());
+  }
+  for (size_t i = 0; kernel.message.empty() && i < stack.size(); ++i) {
+    kernel.message = compare_values("output " + std::to_string(i), stack[i], fallback[i], bitwise,
+                                    &kernel.max_error);
+  }
+  // What the op writes is its result as much as what it returns (an in-place kernel that writes
+  // nothing returns nothing to compare).
+  for (size_t i = 0; kernel.message.empty() && i < arguments.size() && i < sample.size(); ++i) {
+    const auto* alias = arguments[i].alias_info();
+    if (alias == nullptr || !alias->isWrite()) continue;
+    kernel.message = compare_values("argument '" + arguments[i].name() + "', which the op writes,",
+                                    kernel_args[i], fallback_args[i], bitwise, &kernel.max_error);
+  }
+  kernel.passed = kernel.message.empty();
+
+  CheckResult fake{"fake_vs_real", op, device, index};
+  torch::jit::Stack meta = to_meta(sample);
+  handle.callBoxed(&meta);
+  for (size_t i = 0; fake.message.empty() && i < meta.size() && i < stack.size(); ++i) {
+    fake.message = compare_fake("output " + std::to_string(i), meta[i], stack[i]);
+  }
+  fake.passed = fake.message.empty();
+
+  if (detail::definition_serial(op) != serial) return false;
+  results->push_back(kernel);
+  results->push_back(fake);
+  return true;
 }
 
 }  // namespace
@@ -114,51 +263,24 @@ Tolerance tolerance(at::ScalarType dtype) {
 }
 
 std::vector<c10::IValue> call_fallback(const std::string& op, std::vector<c10::IValue> args) {
+  const auto handle = find_operator(op);
+  check_count(op, handle, args.size());
   torch::jit::Stack stack(std::move(args));
-  detail::call_checked_fallback(op, find_operator(op), &stack);
+  detail::call_checked_fallback(op, handle, &stack);
   return stack;
 }
 
 std::vector<CheckResult> check(const std::string& op,
                                const std::vector<std::vector<c10::IValue>>& samples) {
-  auto handle = find_operator(op);
-  auto report = describe_op(op);
+  constexpr int kAttempts = 3;
   std::vector<CheckResult> results;
   for (size_t index = 0; index < samples.size(); ++index) {
-    const auto& sample = samples[index];
-    const std::string device = device_of(sample);
-
-    CheckResult kernel{"kernel_vs_fallback", op, device, index};
-    torch::jit::Stack stack = clone_tensors(sample);
-    detail::check_stack(op, stack);
-    handle.callBoxed(&stack);
-    auto fallback = call_fallback(op, clone_tensors(sample));
-    kernel.message = compare(stack, fallback, report.flags.bitwise, &kernel.max_error);
-    kernel.passed = kernel.message.empty();
-    results.push_back(kernel);
-
-    CheckResult fake{"fake_vs_real", op, device, index};
-    torch::jit::Stack meta = to_meta(sample);
-    handle.callBoxed(&meta);
-    for (size_t i = 0; i < meta.size() && fake.passed && i < stack.size(); ++i) {
-      if (!meta[i].isTensor()) continue;
-      const auto& m = meta[i].toTensor();
-      const auto& r = stack[i].toTensor();
-      std::ostringstream why;
-      if (m.sizes() != r.sizes()) {
-        why << "output " << i << ": the fake's shape is " << m.sizes() << ", the real one "
-            << r.sizes();
-      } else if (m.scalar_type() != r.scalar_type()) {
-        why << "output " << i << ": the fake's dtype is " << m.scalar_type() << ", the real one "
-            << r.scalar_type();
-      } else if (r.numel() > 1 && m.strides() != r.strides()) {
-        why << "output " << i << ": the fake's strides are " << m.strides() << ", the real ones "
-            << r.strides();
-      }
-      fake.message = why.str();
-      fake.passed = fake.message.empty();
+    int attempt = 1;
+    while (!check_sample(op, samples[index], index, &results)) {
+      TORCH_CHECK(++attempt <= kAttempts, "opreg::testing::check: ", op,
+                  " was replaced while sample ", index, " ran, ", kAttempts,
+                  " times in a row; check it while no other thread replaces it");
     }
-    results.push_back(fake);
   }
   return results;
 }

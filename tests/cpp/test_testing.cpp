@@ -2,6 +2,9 @@
 // that differs from the fallback (beyond the per-dtype tolerance, or at all for integers and
 // bitwise ops), and a fake with the wrong shape, are each reported with the check, the op, the
 // device and the sample.
+#include <atomic>
+#include <thread>
+
 #include "test_util.h"
 
 using opreg_test::error_of;
@@ -100,6 +103,120 @@ TEST(Testing, WrongFakeIsReported) {
   EXPECT_EQ(results[1].check, "fake_vs_real");
   EXPECT_EQ(results[1].device, "cpu");
   EXPECT_CONTAINS(results[1].message, "the fake's shape is [3], the real one [5, 7]");
+}
+
+// Nineteenth sweep B-F6: a Tensor[] output threw "Boolean value of Tensor with more than one value
+// is ambiguous", one-element tensors in a list were compared exactly, and a list's fake was never
+// compared.
+TEST(Testing, TensorListOutputsAreComparedElementByElement) {
+  auto pair = [](const at::Tensor& x) { return std::vector<at::Tensor>{x + 1, x.sum() * 3}; };
+  opreg::op("opreg_check::list_out(Tensor x) -> Tensor[]")
+      .fallback(pair)
+      .kernel(
+          [](const at::Tensor& x) {  // within float32's tolerance of the fallback's
+            return std::vector<at::Tensor>{x + 1, x.sum() * 3 * (1 + 1e-7)};
+          },
+          opreg::on({"cpu"}))
+      .define();
+  opreg::testing::check_or_throw("opreg_check::list_out", samples());
+
+  opreg::op("opreg_check::list_out_differs(Tensor x) -> Tensor[]")
+      .fallback(pair)
+      .kernel([](const at::Tensor& x) { return std::vector<at::Tensor>{x + 1, x.sum() * 4}; },
+              opreg::on({"cpu"}))
+      .define();
+  auto results = opreg::testing::check("opreg_check::list_out_differs", {{at::ones({4})}});
+  ASSERT_FALSE(results[0].passed);
+  EXPECT_CONTAINS(results[0].message, "output 0[1] differs from the fallback's by up to 4");
+
+  opreg::op("opreg_check::list_out_short(Tensor x) -> Tensor[]")
+      .fallback(pair)
+      .kernel([](const at::Tensor& x) { return std::vector<at::Tensor>{x + 1}; },
+              opreg::on({"cpu"}))
+      .define();
+  results = opreg::testing::check("opreg_check::list_out_short", {{at::ones({4})}});
+  ASSERT_FALSE(results[0].passed);
+  EXPECT_CONTAINS(results[0].message, "output 0 has 1 elements, the fallback's 2");
+
+  opreg::op("opreg_check::list_fake(Tensor x) -> Tensor[]")
+      .fallback(pair)
+      .fake([](const at::Tensor& x) {
+        return std::vector<at::Tensor>{at::empty_like(x), at::empty({2}, x.options())};
+      })
+      .define();
+  results = opreg::testing::check("opreg_check::list_fake", {{at::ones({4})}});
+  ASSERT_FALSE(results[1].passed);
+  EXPECT_CONTAINS(results[1].message, "output 0[1]: the fake's shape is [2], the real one []");
+}
+
+// Nineteenth sweep B-F6: the caller's Tensor(a!)[] sample was written by every run of one check,
+// and an in-place kernel that writes nothing passed (it returns nothing to compare).
+TEST(Testing, WhatTheOpWritesIsComparedAndTheSamplesStayAsTheyWere) {
+  opreg::op("opreg_check::add_one_each(Tensor(a!)[] xs) -> ()")
+      .fallback([](const std::vector<at::Tensor>& xs) {
+        for (const auto& x : xs) x.add_(1);
+      })
+      .define();
+  const std::vector<at::Tensor> xs{at::zeros({3}), at::zeros({2})};
+  opreg::testing::check_or_throw("opreg_check::add_one_each", {{c10::List<at::Tensor>(xs)}});
+  EXPECT_TRUE(at::equal(xs[0], at::zeros({3})));
+  EXPECT_TRUE(at::equal(xs[1], at::zeros({2})));
+
+  opreg::op("opreg_check::lazy_add_one(Tensor(a!) x) -> ()")
+      .fallback([](const at::Tensor& x) { x.add_(1); })
+      .kernel([](const at::Tensor&) {}, opreg::on({"cpu"}))
+      .define();
+  const auto x = at::zeros({3});
+  auto message =
+      error_of([&] { opreg::testing::check_or_throw("opreg_check::lazy_add_one", {{x}}); });
+  EXPECT_CONTAINS(message,
+                  "argument 'x', which the op writes, differs from the fallback's by up to 1");
+  EXPECT_TRUE(at::equal(x, at::zeros({3})));
+}
+
+// Nineteenth sweep B-F5: a check racing a replace compared one definition's kernel with the next
+// one's fallback and reported differences that no definition has.
+TEST(Testing, ACheckRacingAReplaceComparesOneDefinition) {
+  auto define = [](double c, bool replace) {
+    opreg::op("opreg_check::raced(Tensor x) -> Tensor")
+        .fallback([c](const at::Tensor& x) { return x + c; })
+        .kernel([c](const at::Tensor& x) { return x + c; }, opreg::on({"cpu"}))
+        .replace(replace)
+        .define();
+  };
+  define(0, false);
+  std::atomic<bool> stop{false};
+  std::thread replacer([&] {
+    for (int i = 1; !stop; ++i) define(i, true);
+  });
+  int checked = 0, refused = 0;
+  for (int i = 0; i < 300; ++i) {
+    try {
+      for (const auto& result : opreg::testing::check("opreg_check::raced", {{at::ones({3})}})) {
+        EXPECT_TRUE(result.passed) << result.message;
+      }
+      ++checked;
+    } catch (const c10::Error& error) {
+      EXPECT_CONTAINS(error.what(), "opreg_check::raced was replaced while sample 0 ran");
+      ++refused;
+    }
+  }
+  stop = true;
+  replacer.join();
+  EXPECT_EQ(checked + refused, 300);
+}
+
+// Twentieth sweep B-F5: more values than the op has arguments ran the fallback on the last ones
+// and handed the extra values back as outputs.
+TEST(Testing, ASampleWithMoreValuesThanArgumentsIsRefused) {
+  opreg::op("opreg_check::one_argument(Tensor x) -> Tensor").fallback(twice).define();
+  auto message = error_of([] {
+    opreg::testing::call_fallback("opreg_check::one_argument", {at::ones({1}), at::ones({1})});
+  });
+  EXPECT_CONTAINS(message, "opreg_check::one_argument: called with 2 arguments, expected 1");
+  message = error_of(
+      [] { opreg::testing::check("opreg_check::one_argument", {{at::ones({1}), at::ones({1})}}); });
+  EXPECT_CONTAINS(message, "opreg_check::one_argument: called with 2 arguments, expected 1");
 }
 
 }  // namespace

@@ -16,7 +16,8 @@ namespace opreg {
 OPREG_API std::vector<std::string> accelerated_device_types();
 
 // Adds `name` (stripped, lower-cased) to the registry. Ops defined earlier whose kernels follow the
-// registry are registered for the new type at once. Returns the normalised name.
+// registry are registered for the new type at once. Returns the normalised name. Inside
+// opreg::load_library a refused name fails the load (and "" is returned), as a definition's error.
 OPREG_API std::string register_accelerated_device_type(const std::string& name);
 
 // The dense dispatch key of a device type ("cuda" -> CUDA), or nullopt with `why_not` set when the

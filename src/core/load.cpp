@@ -62,13 +62,18 @@ struct LoadContext {
     std::shared_ptr<const void> definition;  // null: an undefine
     std::shared_ptr<const void> previous;
     uint64_t sequence;  // of all loads' publications, in the order the registry made them
+    detail::ChangeCount changes;
   };
   // Under g_loads_mutex: another load's rollback may hand a record an earlier definition.
   std::vector<Published> published;
   // Libraries loaded (successfully) from this load's initializers: they fail with it.
   std::vector<std::pair<void*, std::string>> nested;
   std::vector<std::string> device_types;  // accelerated device types it asked for
-  std::vector<std::function<void()>> on_success;
+  std::vector<const void*> callers;       // record_load_caller
+  struct Commit {
+    std::function<void()> run, undo;
+  };
+  std::vector<Commit> on_success;
   LoadContext* const outer;
 };
 
@@ -200,20 +205,24 @@ void record_load_failure(const std::string& op, const std::string& message) {
 }
 
 void record_loaded_definition(const std::string& qualified, std::shared_ptr<const void> published,
-                              std::shared_ptr<const void> previous) {
+                              std::shared_ptr<const void> previous, ChangeCount changes) {
   if (t_load == nullptr) return;
   std::lock_guard<std::mutex> lock(g_loads_mutex);
   t_load->published.push_back(
-      {qualified, std::move(published), std::move(previous), ++g_publications});
+      {qualified, std::move(published), std::move(previous), ++g_publications, changes});
 }
 
 void record_loaded_device_type(const std::string& name) {
   if (t_load != nullptr) t_load->device_types.push_back(name);
 }
 
-void when_load_succeeds(std::function<void()> commit) {
+void record_load_caller(const void* address) {
+  if (t_load != nullptr) t_load->callers.push_back(address);
+}
+
+void when_load_succeeds(std::function<void()> commit, std::function<void()> undo) {
   TORCH_INTERNAL_ASSERT(t_load != nullptr, "when_load_succeeds outside a load");
-  t_load->on_success.push_back(std::move(commit));
+  t_load->on_success.push_back({std::move(commit), std::move(undo)});
 }
 
 uint64_t current_load_id() { return t_load != nullptr ? t_load->id : 0; }
@@ -309,7 +318,10 @@ void hand_over(const LoadContext& context, const LoadContext::Published& record)
       }
     }
   }
-  if (later != nullptr) later->previous = record.previous;
+  if (later != nullptr) {
+    later->previous = record.previous;
+    later->changes.before = record.changes.before;  // its rollback undoes both publications
+  }
 }
 
 void roll_back(LoadContext& context) {
@@ -325,7 +337,8 @@ void roll_back(LoadContext& context) {
       std::lock_guard<std::mutex> lock(g_loads_mutex);
       record = context.published[i];
     }
-    if (!detail::restore_definition(record.qualified, record.definition, record.previous)) {
+    if (!detail::restore_definition(record.qualified, record.definition, record.previous,
+                                    record.changes)) {
       hand_over(context, record);
     }
   }
@@ -344,6 +357,12 @@ void mark_failed(const LoadContext& context, void* handle, const std::set<FileId
         origins.insert(detail::origin_of_definition(record.definition));
       }
     }
+  }
+  // A library that defined nothing, but asked for a device type or undefined an op (seen: one
+  // loaded as another's DT_NEEDED loaded again later without error, with its effect gone).
+  for (const void* caller : context.callers) {
+    Dl_info info;
+    if (dladdr(caller, &info) != 0 && info.dli_fname != nullptr) origins.insert(info.dli_fname);
   }
   const auto own_file = file_of_handle(handle);
   std::map<FileId, std::string> brought_in;
@@ -405,9 +424,10 @@ void load_once(const std::string& path) {
                 "': ", detail::valid_utf8(why != nullptr ? why : "unknown error"));
   }
   if (context.failures.empty() && outermost) {
-    for (auto& commit : context.on_success) {
+    size_t committed = 0;
+    for (; committed < context.on_success.size(); ++committed) {
       try {
-        commit();
+        context.on_success[committed].run();
       } catch (const c10::Error& error) {
         context.failures.emplace_back("(registering what waits for success)",
                                       error.what_without_backtrace());
@@ -416,6 +436,9 @@ void load_once(const std::string& path) {
         context.failures.emplace_back("(registering what waits for success)", error.what());
         break;
       }
+    }
+    if (!context.failures.empty()) {
+      while (committed > 0) context.on_success[--committed].undo();
     }
   }
   if (context.failures.empty()) {
@@ -432,6 +455,7 @@ void load_once(const std::string& path) {
         for (auto& published : context.published) outer.published.push_back(published);
       }
       for (auto& type : context.device_types) outer.device_types.push_back(type);
+      for (const void* caller : context.callers) outer.callers.push_back(caller);
       for (auto& commit : context.on_success) outer.on_success.push_back(std::move(commit));
       if (!loaded_before) outer.nested.emplace_back(handle, path);
       for (auto& nested : context.nested) outer.nested.push_back(nested);

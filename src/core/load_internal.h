@@ -15,10 +15,16 @@ bool loading_library();
 // whose builder names no caller (a raw OpBuilder, define_all).
 std::string loading_library_path();
 void record_load_failure(const std::string& op, const std::string& message);
+// An op's count of published definitions before and after one publish (src/core/registry.cpp's
+// OpEntry::changes).
+struct ChangeCount {
+  uint64_t before = 0;
+  uint64_t after = 0;
+};
 // A definition published during the load of this thread (null: an undefine), and the one it
 // replaced (or null).
 void record_loaded_definition(const std::string& qualified, std::shared_ptr<const void> published,
-                              std::shared_ptr<const void> previous);
+                              std::shared_ptr<const void> previous, ChangeCount changes);
 
 // Whether another thread is inside opreg::load_library's dlopen. It holds the dynamic loader's
 // lock, which dladdr and dlopen wait for: a define() on a thread that a library's initializer
@@ -31,11 +37,15 @@ void when_loader_is_free(std::function<void()> task);
 // An accelerated device type asked for during the load of this thread (registered, or already
 // registered): a failed load takes its request back.
 void record_loaded_device_type(const std::string& name);
+// Code that acted during the load of this thread other than by defining ops (asked for a device
+// type, undefined an op, registered Triton kernels): the library it is in fails with the load.
+void record_load_caller(const void* address);
 
 // Work that waits for the load of this thread to succeed (registering its embedded Triton
 // kernels): the outermost load runs it once every initializer has run without a failure, and a
-// failed load drops it. An exception from it fails the load.
-void when_load_succeeds(std::function<void()> commit);
+// failed load drops it. An exception from it fails the load, and the `undo` of each commit that
+// ran before it runs, latest first.
+void when_load_succeeds(std::function<void()> commit, std::function<void()> undo);
 // Names the load of this thread (0: none); a nested load has an id of its own.
 uint64_t current_load_id();
 
@@ -45,7 +55,7 @@ uint64_t current_load_id();
 // registered now. src/core/registry.cpp.
 // False where another thread's definition stays.
 bool restore_definition(const std::string& qualified, const std::shared_ptr<const void>& published,
-                        std::shared_ptr<const void> previous);
+                        std::shared_ptr<const void> previous, ChangeCount changes);
 // Whether two definitions (null: undefined) are one declaration (a definition rebuilt for a new
 // device type is the one it was rebuilt from). src/core/registry.cpp.
 bool same_declaration(const std::shared_ptr<const void>& a, const std::shared_ptr<const void>& b);

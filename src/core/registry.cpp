@@ -142,6 +142,11 @@ struct OpEntry {
   std::atomic<uint64_t> schema_generation{0};
   DefinitionPtr owner;  // read and written under the registry lock
   std::vector<DefinitionPtr> retired;
+  // Definitions published (a define, replace, undefine or rollback; not a rebuild for a device
+  // type), and the count before and after the latest publish: under the registry lock. A failed
+  // load's rollback puts back only what still follows its own publication.
+  uint64_t changes = 0;
+  detail::ChangeCount last_change;
   // The registered schema, with what else its registration carries.
   struct Registered {
     std::string text;  // the schema as text: what tells two schemas apart
@@ -1334,7 +1339,8 @@ bool cannot_run_on_meta(const std::string& why) {
   for (const char* sign :
        {"new_dynamic_size", "DynamicOutputShape", "data-dependent", "data dependent",
         "data-independent", "NotImplementedError", "with Meta tensors", "on meta tensors",
-        "a meta tensor", ", expected meta", "expected device meta"}) {
+        "a meta tensor", ", expected meta", "expected device meta", "on device meta",
+        "devices, meta and", "devices, cpu and meta"}) {
     if (why.find(sign) != std::string::npos) return true;
   }
   return false;
@@ -1629,6 +1635,10 @@ DefinitionPtr publish(OpEntry& entry, DefinitionPtr definition,
                       std::vector<DefinitionPtr>* garbage) {
   DefinitionPtr previous = entry.load();
   auto store = [&](DefinitionPtr next) {
+    const bool rebuild = next && previous && next->serial == previous->serial;
+    entry.last_change.before = entry.changes;
+    if (!rebuild) ++entry.changes;
+    entry.last_change.after = entry.changes;
     auto unreachable = entry.store(std::move(next));
     garbage->insert(garbage->end(), unreachable.begin(), unreachable.end());
   };
@@ -1810,7 +1820,9 @@ std::vector<std::string> accelerated_device_types() {
   return reg.device_types;
 }
 
-std::string register_accelerated_device_type(const std::string& name) {
+namespace {
+
+std::string register_device_type_now(const std::string& name) {
   std::string normalized = normalize_device_type(name);
   TORCH_CHECK_VALUE(!normalized.empty(),
                     "opreg: register_accelerated_device_type: the device type name is empty");
@@ -1846,13 +1858,31 @@ std::string register_accelerated_device_type(const std::string& name) {
   // Built first, published after, so an error leaves every op and the registry as they were.
   auto rebuilt = rebuilt_for(reg, types);
   for (auto& [entry, definition] : rebuilt) {
-    detail::record_loaded_definition(entry->qualified, definition,
-                                     publish(*entry, definition, &garbage));
+    auto previous = publish(*entry, definition, &garbage);
+    detail::record_loaded_definition(entry->qualified, definition, std::move(previous),
+                                     entry->last_change);
   }
   reg.device_types = std::move(types);
   reg.device_type_requests[normalized] = 1;
   detail::record_loaded_device_type(normalized);
   return normalized;
+}
+
+}  // namespace
+
+std::string register_accelerated_device_type(const std::string& name) {
+  if (!detail::loading_library()) return register_device_type_now(name);
+  detail::record_load_caller(__builtin_return_address(0));
+  // Inside a library's static initializer an exception aborts the process: as a definition's,
+  // the error fails the load instead (which takes back what the library registered).
+  try {
+    return register_device_type_now(name);
+  } catch (const std::exception& error) {
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&error);
+    detail::record_load_failure("accelerated device type '" + name + "'",
+                                c10_error ? c10_error->what_without_backtrace() : error.what());
+    return "";
+  }
 }
 
 void detail::unregister_device_type(const std::string& name) {
@@ -1954,7 +1984,7 @@ std::string origin_of_definition(const std::shared_ptr<const void>& definition) 
 }
 
 bool restore_definition(const std::string& qualified, const std::shared_ptr<const void>& published,
-                        std::shared_ptr<const void> previous) {
+                        std::shared_ptr<const void> previous, ChangeCount changes) {
   auto& reg = registry();
   std::vector<DefinitionPtr> garbage;  // destroyed after the lock is released
   std::lock_guard<std::recursive_mutex> lock(reg.mutex);
@@ -1966,6 +1996,8 @@ bool restore_definition(const std::string& qualified, const std::shared_ptr<cons
   const auto* load_made = static_cast<const Definition*>(published.get());
   if ((current == nullptr) != (load_made == nullptr)) return false;
   if (current != nullptr && current->serial != load_made->serial) return false;
+  // Undefined by the load, then defined and undefined again by another thread: null both times.
+  if (found->second->changes != changes.after) return false;
   auto restored = std::static_pointer_cast<const Definition>(previous);
   // Built before a device type was registered (or after one was taken back): it serves the
   // types registered now, as every other op does.
@@ -1977,6 +2009,7 @@ bool restore_definition(const std::string& qualified, const std::shared_ptr<cons
     }
   }
   publish(*found->second, restored, &garbage);
+  found->second->changes = changes.before;  // as if the load had not published: see OpEntry
   return true;
 }
 
@@ -2084,10 +2117,12 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
   }
   // 2. Publish them all, or, if one fails, put back what was published before it.
   std::vector<std::pair<OpEntry*, DefinitionPtr>> published;
+  std::vector<detail::ChangeCount> changes;
   try {
     for (const auto& definition : definitions) {
       OpEntry& entry = entry_for(reg, *definition);
       published.emplace_back(&entry, publish(entry, definition, &garbage));
+      changes.push_back(entry.last_change);
     }
   } catch (...) {
     for (auto it = published.rbegin(); it != published.rend(); ++it)
@@ -2102,7 +2137,7 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
       pin_library_of(definitions[i]->spec.caller);
     }
     detail::record_loaded_definition(published[i].first->qualified, definitions[i],
-                                     published[i].second);
+                                     published[i].second, changes[i]);
     qualified.push_back(definitions[i]->name());
   }
   if (!nested) {
@@ -2197,7 +2232,8 @@ void undefine_now(const std::string& name) {
   TORCH_CHECK_VALUE(found != reg.ops.end() && found->second->load() != nullptr,
                     "opreg: cannot undefine '", name, "': no op of this name is defined by opreg");
   // Inside opreg::load_library, a failed load puts the definitions back with the others.
-  detail::record_loaded_definition(name, nullptr, publish(*found->second, nullptr, &garbage));
+  auto previous = publish(*found->second, nullptr, &garbage);
+  detail::record_loaded_definition(name, nullptr, std::move(previous), found->second->last_change);
   std::vector<std::string> owners{name};  // and the parts of parts
   while (!owners.empty()) {
     const std::string owner = std::move(owners.back());
@@ -2205,7 +2241,9 @@ void undefine_now(const std::string& name) {
     for (auto& [part, entry] : reg.ops) {
       auto definition = entry->load();
       if (definition != nullptr && definition->spec.part_of == owner) {
-        detail::record_loaded_definition(part, nullptr, publish(*entry, nullptr, &garbage));
+        auto previous_part = publish(*entry, nullptr, &garbage);
+        detail::record_loaded_definition(part, nullptr, std::move(previous_part),
+                                         entry->last_change);
         owners.push_back(part);
       }
     }
@@ -2216,6 +2254,7 @@ void undefine_now(const std::string& name) {
 
 void undefine(const std::string& name) {
   if (!detail::loading_library()) return undefine_now(name);
+  detail::record_load_caller(__builtin_return_address(0));
   // As define(): an exception must not leave a library's static initializer.
   try {
     undefine_now(name);

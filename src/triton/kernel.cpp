@@ -74,6 +74,9 @@ struct KernelImpl {
   std::string source;
   std::vector<Param> params;
   std::vector<std::unique_ptr<Variant>> variants;
+  // Set when a library opened outside opreg::load_library embeds another kernel of this name:
+  // kernels are found by name, so its ops would launch this one. Neither is launched from then.
+  std::atomic<bool> clashed{false};
 };
 
 namespace {
@@ -622,8 +625,9 @@ void check_no_clash(const Registry& reg, const KernelImpl& kernel, const std::st
 
 // Registers every kernel or, when one clashes with a registered kernel or another of the batch,
 // none. `origins[i]` says where kernels[i] was read, for the error.
-void add_kernels(std::vector<std::unique_ptr<KernelImpl>> kernels,
-                 const std::vector<std::string>& origins) {
+// Returns the kernels it registered (not those registered before: a bundle loaded twice).
+std::vector<KernelImpl*> add_kernels(std::vector<std::unique_ptr<KernelImpl>> kernels,
+                                     const std::vector<std::string>& origins) {
   auto& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mutex);
   std::vector<std::unique_ptr<KernelImpl>> checked;
@@ -633,8 +637,28 @@ void add_kernels(std::vector<std::unique_ptr<KernelImpl>> kernels,
     checked.push_back(std::move(kernels[i]));
     checked_origins.push_back(origins[i]);
   }
+  std::vector<KernelImpl*> added;
   for (auto& kernel : checked) {
-    if (reg.kernels.count(kernel->name) == 0) reg.kernels.emplace(kernel->name, std::move(kernel));
+    if (reg.kernels.count(kernel->name) == 0) {
+      added.push_back(kernel.get());
+      reg.kernels.emplace(kernel->name, std::move(kernel));
+    }
+  }
+  return added;
+}
+
+// Takes back kernels add_kernels registered: their names are free again. A Kernel may have found
+// one meanwhile, so each stays allocated, and is never launched.
+void remove_kernels(const std::vector<KernelImpl*>& added) {
+  static auto* removed = new std::vector<std::unique_ptr<KernelImpl>>();  // leaked, as the registry
+  auto& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  for (KernelImpl* kernel : added) {
+    auto found = reg.kernels.find(kernel->name);
+    if (found == reg.kernels.end() || found->second.get() != kernel) continue;
+    kernel->clashed.store(true, std::memory_order_relaxed);
+    removed->push_back(std::move(found->second));
+    reg.kernels.erase(found);
   }
 }
 
@@ -644,6 +668,7 @@ struct StagedKernels {
   uint64_t load = 0;
   std::vector<std::unique_ptr<KernelImpl>> kernels;
   std::vector<std::string> origins;
+  std::vector<KernelImpl*> added;  // once committed
 };
 // The batch of the load t_staged_load names, owned by that load's work for success: read only
 // while that load runs. Plain values: the first use of a thread-local with a destructor takes
@@ -656,10 +681,14 @@ void stage_kernel(std::unique_ptr<KernelImpl> kernel, const std::string& origin)
   if (t_staged_load != load) {
     auto staged = std::make_shared<StagedKernels>();
     staged->load = load;
-    detail::when_load_succeeds([staged] {
-      add_kernels(std::move(staged->kernels), staged->origins);
-      staged->kernels.clear();
-    });
+    // Several batches commit when a load with nested loads succeeds: one that clashes (a nested
+    // library's kernel of the same name) takes back those committed before it.
+    detail::when_load_succeeds(
+        [staged] {
+          staged->added = add_kernels(std::move(staged->kernels), staged->origins);
+          staged->kernels.clear();
+        },
+        [staged] { remove_kernels(staged->added); });
     t_staged = staged.get();
     t_staged_load = load;
   }
@@ -918,13 +947,16 @@ bool Kernel::can_launch(c10::ArrayRef<Arg> args, std::string* why_not) const {
 }
 
 KernelImpl* Kernel::find() const {
-  if (impl_ != nullptr) return impl_;
-  auto& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mutex);
-  auto found = reg.kernels.find(name_);
-  if (found == reg.kernels.end()) return nullptr;
-  impl_ = found->second.get();
-  return impl_;
+  KernelImpl* kernel = impl_.load();
+  if (kernel == nullptr) {
+    auto& reg = registry();
+    std::lock_guard<std::mutex> lock(reg.mutex);
+    auto found = reg.kernels.find(name_);
+    if (found == reg.kernels.end()) return nullptr;
+    kernel = found->second.get();
+    impl_ = kernel;
+  }
+  return kernel->clashed.load(std::memory_order_relaxed) ? nullptr : kernel;
 }
 
 bool Kernel::available_on(int device, std::string* why_not) const {
@@ -932,7 +964,8 @@ bool Kernel::available_on(int device, std::string* why_not) const {
   const bool in_range = device >= 0 && static_cast<size_t>(device) < kMaxDevices;
   if (in_range && why_not == nullptr) {
     auto known = availability_[device].load(std::memory_order_relaxed);
-    if (known != kUnknown) return known == kAvailable;
+    if (known == kUnavailable) return false;
+    if (known == kAvailable && find() != nullptr) return true;
   }
   std::string why;
   bool available = false;
@@ -1060,6 +1093,7 @@ void Kernel::launch(Grid grid, c10::ArrayRef<Arg> args) const {
 // (and warned about now), so ops fall back instead.
 bool register_embedded_bundle(const char* manifest, size_t manifest_size, const EmbeddedFile* files,
                               size_t num_files) {
+  if (detail::loading_library()) detail::record_load_caller(__builtin_return_address(0));
   const std::string text = manifest != nullptr ? std::string(manifest, manifest_size) : "";
   try {
     TORCH_CHECK_VALUE(files != nullptr || num_files == 0,
@@ -1097,17 +1131,29 @@ bool register_embedded_bundle(const char* manifest, size_t manifest_size, const 
     }
     const auto* c10_error = dynamic_cast<const c10::Error*>(&error);
     const std::string message = c10_error ? c10_error->what_without_backtrace() : error.what();
+    const bool loading = detail::loading_library();
     bool another_of_the_name = false;
     {
       auto& reg = registry();
       std::lock_guard<std::mutex> lock(reg.mutex);
-      reg.failures.emplace(name, message);
-      another_of_the_name = reg.kernels.count(name) != 0;
+      auto found = reg.kernels.find(name);
+      another_of_the_name = found != reg.kernels.end();
+      if (another_of_the_name && !loading) {
+        // Kernels are found by name: this library's ops would launch the registered kernel,
+        // built for other launches, and nothing here can be rolled back. Every op of the name
+        // falls back instead (the kernels the library's code looks up are not told apart).
+        found->second->clashed.store(true, std::memory_order_relaxed);
+        reg.failures.insert_or_assign(
+            name, message + "; a library opened outside opreg.load_library embeds it, so " +
+                      "neither kernel of the name is launched (opreg.load_library refuses such " +
+                      "a library)");
+      } else {
+        reg.failures.emplace(name, message);
+      }
     }
     another_of_the_name = another_of_the_name || staged_kernel(name) != nullptr;
-    // Kernels are found by name: the library's ops would launch the other kernel, built for other
-    // launches. Inside opreg::load_library the library fails (and its ops are rolled back).
-    if (another_of_the_name && detail::loading_library()) {
+    // Inside opreg::load_library the library fails (and its ops are rolled back).
+    if (another_of_the_name && loading) {
       detail::record_load_failure("Triton kernel '" + name + "'", message);
       return false;
     }

@@ -153,6 +153,33 @@ def test_a_library_that_a_failing_library_brings_in_fails_with_it(scripted, how)
     assert "defined: False" in out, out
 
 
+@pytest.mark.parametrize("how", ["needs", "opens with dlopen"])
+@pytest.mark.parametrize("inner_script", ["devtype:hpu", "undef:x"])
+def test_a_library_brought_in_that_defines_nothing_fails_with_the_load(scripted, how, inner_script):
+    # The twentieth sweep's B-F2: a library brought in that only asked for a device type or only
+    # undefined an op was not marked failed (only the origins of definitions were), and loading it
+    # again succeeded with its effect gone.
+    outer, inner = ("needy", "dep") if how == "needs" else ("a", "c")
+    scripts = {inner: inner_script, outer: "def:outer:1;bad"}
+    if how != "needs":
+        scripts[outer] = f"def:outer:1;dlopen:{scripted(inner)};bad"
+    out = probe(
+        f"""
+        opreg.custom_op("opreg_script::x", lambda t: t + 1, mutates_args=(),
+                        schema="(Tensor x) -> Tensor")
+        errors = []
+        load({scripted(outer)!r}, errors)
+        assert errors and "opreg_script::bad" in errors[0], errors
+        load({scripted(inner)!r}, errors)
+        print("again:", errors[1:])
+        print("types:", opreg.accelerated_device_types(), "x:", defined("opreg_script::x"))
+        """,
+        **scripts,
+    )
+    assert f"libopreg_scripted_{inner}.so' was loaded with" in out, out
+    assert "types: ['cuda'] x: True" in out, out
+
+
 def test_a_library_loaded_before_stays_loaded_when_a_failing_library_loads_it_again(scripted):
     # B-F4: it was marked failed, though nothing of it was rolled back.
     out = probe(
@@ -266,6 +293,134 @@ def test_a_failed_load_registers_none_of_its_embedded_triton_kernels(
     assert "after the failed load: []" in out, out
     assert "later: ['opreg_loads_other']" in out, out
     assert "after a load: True" in out, out
+
+
+def test_a_load_whose_nested_library_embeds_a_clashing_kernel_registers_no_kernel(
+    scripted, aot_bundle, tmp_path
+):
+    # The twentieth sweep's B-F1: the outer library's kernels were committed, then the nested
+    # library's clashed with them and failed the load, and the outer's stayed registered.
+    from test_reliability_aot import renamed_manifest
+
+    def more_warps(m):
+        m["variants"][0]["num_warps"] *= 2
+
+    outer, inner, later = tmp_path / "outer", tmp_path / "inner", tmp_path / "later"
+    for folder in (outer, inner, later):
+        folder.mkdir()
+
+    def bundle(folder, name, change=lambda m: None):
+        manifest = renamed_manifest(aot_bundle, folder, name, change)
+        files = ",".join(v["file"] for v in json.loads((folder / manifest).read_text())["variants"])
+        return f"bundle:{folder},{manifest},{files}"
+
+    renamed_manifest(aot_bundle, later, "opreg_loads_nested_clash")
+    (later / "index.txt").write_text("opreg_loads_nested_clash.json\n")
+    outer_bundles = (
+        f"{bundle(outer, 'opreg_loads_outer_only')};{bundle(outer, 'opreg_loads_nested_clash')}"
+    )
+    out = probe(
+        f"""
+        errors = []
+        load({scripted("a")!r}, errors)
+        assert errors and "opreg_loads_nested_clash" in errors[0], errors
+        names = [kernel["name"] for kernel in opreg.triton_kernels()]
+        print("kernels:", sorted(name for name in names if "loads_" in name))
+        print("later:", opreg.load_triton_bundle({str(later)!r}))
+        """,
+        a=f"def:x:1;{outer_bundles};loadlib:{scripted('b')}",
+        b=f"def:y:2;{bundle(inner, 'opreg_loads_nested_clash', more_warps)}",
+    )
+    assert "kernels: []" in out, out
+    assert "later: ['opreg_loads_nested_clash']" in out, out
+
+
+def test_a_failed_load_does_not_put_back_an_op_another_thread_undefined_after_it(
+    scripted, tmp_path
+):
+    # The twentieth sweep's B-F3: the load undefined the op, another thread defined it and undefined
+    # it again; the rollback saw "undefined" both times and put the op back.
+    started, go = tmp_path / "started", tmp_path / "go"
+    out = probe(
+        f"""
+        from opreg import _C
+        opreg.load_library({scripted("a")!r})
+        errors = []
+        thread = in_background({scripted("b")!r}, errors)
+        wait_for({str(started)!r})
+        opreg.custom_op("opreg_script::x", lambda t: t + 9, mutates_args=(),
+                        schema="(Tensor x) -> Tensor")
+        _C.undefine("opreg_script::x")
+        open({str(go)!r}, "w").close()
+        thread.join()
+        assert errors and "opreg_script::bad" in errors[0], errors
+        print("defined:", defined("opreg_script::x"))
+        """,
+        a="def:x:1",
+        b=f"undef:x;touch:{started};wait:{go};bad",
+    )
+    assert "defined: False" in out, out
+
+
+@pytest.mark.parametrize("name", ["a b", "cpu"])
+def test_a_device_type_refused_inside_a_load_fails_the_load(scripted, name):
+    # The twentieth sweep's B-F4: register_accelerated_device_type's refusal escaped the library's
+    # static initializer, and the process aborted.
+    out = probe(
+        f"""
+        errors = []
+        load({scripted("a")!r}, errors)
+        assert errors, "the load succeeded"
+        print("error:", errors[0])
+        print("defined:", defined("opreg_script::x"))
+        print("types:", opreg.accelerated_device_types())
+        """,
+        a=f"def:x:1;devtype:{name}",
+    )
+    assert f"accelerated device type '{name}'" in out, out
+    assert "libopreg_scripted_a.so" in out, out
+    assert "defined: False" in out, out
+    assert "types: ['cuda']" in out, out
+
+
+def test_a_clashing_embedded_kernel_opened_outside_load_library_is_launched_by_no_op(
+    scripted, aot_bundle, tmp_path
+):
+    # The eighteenth sweep's B-F8: a library opened by torch.ops.load_library (or dlopen) whose
+    # embedded kernel clashed with a registered one was only warned about, and its ops launched
+    # the registered kernel, built for other launches (kernels are found by name).
+    from test_reliability_aot import renamed_manifest
+
+    def more_warps(m):
+        m["variants"][0]["num_warps"] *= 2
+
+    registered, library = tmp_path / "registered", tmp_path / "library"
+    registered.mkdir()
+    library.mkdir()
+    renamed_manifest(aot_bundle, registered, "opreg_loads_named_twice")
+    (registered / "index.txt").write_text("opreg_loads_named_twice.json\n")
+    clash = renamed_manifest(aot_bundle, library, "opreg_loads_named_twice", more_warps)
+    binaries = ",".join(v["file"] for v in json.loads((library / clash).read_text())["variants"])
+    out = probe(
+        f"""
+        from opreg import _C
+        opreg.load_triton_bundle({str(registered)!r})
+        kept = _C.TritonKernel("opreg_loads_named_twice")  # found the registered kernel
+        print("before:", kept.available_on(0))
+        torch.ops.load_library({scripted("a")!r})
+        print("defined:", defined("opreg_script::x"))
+        for kernel in (kept, _C.TritonKernel("opreg_loads_named_twice")):
+            print("after:", kernel.available_on(0))
+        """,
+        a=f"def:x:1;bundle:{library},{clash},{binaries}",
+    )
+    before = next(line for line in out.splitlines() if line.startswith("before:"))
+    assert "neither kernel" not in before, out
+    assert "defined: True" in out, out
+    after = [line for line in out.splitlines() if line.startswith("after:")]
+    assert len(after) == 2, out
+    for line in after:
+        assert "(False," in line and "neither kernel of the name is launched" in line, out
 
 
 def test_a_definition_while_another_thread_opens_a_library_with_a_plain_dlopen(scripted, tmp_path):

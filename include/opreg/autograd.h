@@ -60,6 +60,13 @@ class OPREG_API AutogradContext {
   c10::SymIntArrayRef input_sym_sizes(size_t index) const;
   at::ScalarType input_scalar_type(size_t index) const;
 
+  // For code that keeps the context beyond the call (opreg's Python ctx): keeps the autograd node
+  // that owns it alive while held, or null once that node is being freed, when nothing of the
+  // context may be used. Before the node exists (in setup_context), a holder of nothing. The
+  // caller holds what the context's destruction waits for (an object in saved_data whose
+  // destructor takes the caller's lock), so that the node's memory stays while this runs.
+  std::shared_ptr<void> keep_alive() const;
+
  private:
   friend class OpregBackward;
   friend class AutogradKernel;

@@ -375,6 +375,15 @@ def _values_comparable(op) -> bool:
     return not describe_op(_qualified(op)).flags["random"]
 
 
+def _same_value(a: Any, b: Any) -> bool:
+    """Non-tensor outputs alike: equal, NaN where the other is NaN (a float, or in a list)."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(map(_same_value, a, b))
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True
+    return type(a) is type(b) and a == b
+
+
 def _check_kernel_vs_fallback(op, sample, device):
     report = describe_op(_qualified(op))
     got = _outputs(op(*_clone(sample).args, **_clone(sample).kwargs))
@@ -384,7 +393,7 @@ def _check_kernel_vs_fallback(op, sample, device):
     error = 0.0
     for index, (a, b) in enumerate(zip(got, want, strict=True)):
         if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
-            if type(a) is not type(b) or a != b:
+            if not _same_value(a, b):
                 return False, error, f"output {index} is {a!r}, the fallback's {b!r}"
             continue
         if a.shape != b.shape or a.dtype != b.dtype:
@@ -451,7 +460,7 @@ def _compare_fake(op, fake: Any, real: Any, what: str) -> tuple[bool, float, str
                 f"{_kind(f)}, the real op {_kind(r)}",
             )
     for index, (f, r) in enumerate(zip(_outputs(fake), _outputs(real), strict=False)):
-        if not isinstance(r, torch.Tensor) and not _unbacked(f) and f != r:
+        if not isinstance(r, torch.Tensor) and not _unbacked(f) and not _same_value(f, r):
             return False, 0.0, f"{what}output {index}: the fake gives {f!r}, the real op {r!r}"
     for index, (f, r) in enumerate(zip(_tensors(fake), _tensors(real), strict=True)):
         if f.dim() != r.dim():
@@ -824,7 +833,7 @@ def _check_compile(op, sample, device, backend="aot_eager"):
         numbers = [
             [v for v in _outputs(out) if not isinstance(v, torch.Tensor)] for out in (got, eager)
         ]
-        if _values_comparable(op) and numbers[0] != numbers[1]:
+        if _values_comparable(op) and not _same_value(numbers[0], numbers[1]):
             return (
                 False,
                 error,

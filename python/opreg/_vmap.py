@@ -307,7 +307,7 @@ def vmap_fn_companion(
                 "batch, so torch.vmap's randomness='same' cannot be honoured; use "
                 "randomness='different', or give the op a vmap rule"
             )
-        if autograd != "fallback" and batch_size > 0 and not _plain:
+        if autograd != "fallback" and not _plain:
             # Note [Gradients through vmap] (src/core/vmap.cpp): vmap_fn stands for the fallback.
             tensors = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
             reverse, forward = _C.gradients_below(tensors)
@@ -321,7 +321,8 @@ def vmap_fn_companion(
             if autograd == "none" and (reverse or forward):
                 with torch.no_grad(), _set_fwd_grad_enabled(False):
                     return rule(batch_size, randomness, in_dims, args, _plain=True)
-            if autograd == "backward" and reverse:
+            # A batch of no examples has none to call: vmap_fn's empty outputs keep the graph.
+            if autograd == "backward" and reverse and batch_size > 0:
                 if any(shape.view_returns):
                     output = shape.view_returns.index(True)
                     raise RuntimeError(

@@ -55,6 +55,25 @@ struct OutputMeta {
   at::TensorOptions options;
 };
 
+// A strong reference to `node`, or null where its last one has gone (it is being freed): never
+// one taken back from zero, which getptr() would take, and the node would be freed twice. The
+// node's memory must stay while this runs (the caller holds what its destruction waits for).
+template <class Ptr = NodePtr, class N = torch::autograd::Node>
+Ptr hold_if_alive(N* node) {
+  if constexpr (std::is_same_v<Ptr, std::shared_ptr<N>>) {
+    return node->weak_from_this().lock();
+  } else {
+    if (c10::raw::intrusive_ptr::use_count(node) == 0) return Ptr();
+    c10::raw::weak_intrusive_ptr::incref(node);
+    auto weak = c10::weak_intrusive_ptr<N>::reclaim(node);
+    auto strong = weak.lock();
+    // Lost the race to its last reference, going on another thread, which may free the node
+    // once the caller lets go: the weak count is left as it is (the node's memory, not freed).
+    if (!strong) weak.release();
+    return strong;
+  }
+}
+
 }  // namespace detail
 
 // opreg backward calls running now, on all threads. A backward that calls its own op's backward
@@ -151,6 +170,13 @@ class OpregBackward : public torch::autograd::Node {
     return edge_grads;
   }
 };
+
+std::shared_ptr<void> AutogradContext::keep_alive() const {
+  if (node_ == nullptr) return std::make_shared<bool>(false);
+  auto held = detail::hold_if_alive(static_cast<torch::autograd::Node*>(node_));
+  if (!held) return nullptr;
+  return std::make_shared<detail::NodePtr>(std::move(held));
+}
 
 std::vector<at::Tensor> AutogradContext::saved_tensors() const {
   std::vector<at::Tensor> tensors;

@@ -545,6 +545,18 @@ class VmapKernel final : public c10::OperatorKernel {
 
   VmapResult per_example_loop(const c10::OperatorHandle& op, const Unwrapped& unwrapped,
                               int64_t batch_size) const {
+    // Every example would write the one tensor, and the last write would be all that is left:
+    // refused before any runs, as vmap refuses an in-place write of a batch into an unbatched
+    // tensor.
+    const auto& arguments = op.schema().arguments();
+    for (size_t i = 0; i < arguments.size() && i < unwrapped.in_dims.size(); ++i) {
+      const auto* alias = arguments[i].alias_info();
+      TORCH_CHECK(alias == nullptr || !alias->isWrite() || unwrapped.in_dims[i].has_value() ||
+                      !unwrapped.any_batched,
+                  op_->name, ": vmap over this op writes argument '", arguments[i].name(),
+                  "', which is not batched while another argument is: each example would write "
+                  "it in turn; batch it too (vmap writes a batch only into batched tensors)");
+    }
     if (batch_size == 0) return empty_batch(op, unwrapped);
     std::vector<std::vector<c10::IValue>> per_output;
     for (int64_t b = 0; b < batch_size; ++b) {
@@ -678,6 +690,15 @@ class VmapKernel final : public c10::OperatorKernel {
       }
     }
     TORCH_INTERNAL_ASSERT(device.has_value(), "an empty batch with no batched tensor");
+    // The 'error' policy refuses as a call on examples would.
+    if (autograd_ == AutogradSupport::kError) {
+      const auto gradients = detail::gradients_below(unwrapped.values);
+      TORCH_CHECK(!gradients.reverse && !gradients.forward, op_->name, ": under vmap, an input ",
+                  gradients.reverse ? "requires grad" : "has a forward-mode tangent",
+                  ", but the op has no backward and its autograd policy is 'error'; give it a "
+                  "backward (.backward(backward, setup_context) in C++, backward= in Python), or "
+                  "use the 'fallback' policy");
+    }
     // No example recorded the op's autograd: each floating output is tied to the inputs that
     // require grad (through a zero), so the graph holds as when examples were there.
     at::Tensor tie;

@@ -53,17 +53,41 @@ PyRef ref(py::object object) {
 
 // What a Python ctx (opreg.AutogradContext's _cpp) reaches its call's AutogradContext through.
 // The autograd node that owns that context may be freed while Python keeps the ctx (in a list,
-// a closure): then every use raises instead of reading freed memory. Read and cleared under the
-// GIL.
+// a closure): then every use raises instead of reading freed memory. A use holds the mutex, under
+// which the context cuts the link, and a reference to the node, taken only while the node has
+// others: its last one may go on another thread meanwhile (seen: a ctx read while another thread
+// freed the graph took a reference back from zero, and the node was freed twice).
 struct ContextLink {
+  std::mutex mutex;
   AutogradContext* ctx = nullptr;
   std::string op;
 
-  AutogradContext& get() const {
-    TORCH_CHECK(ctx != nullptr, op,
+  ContextLink(AutogradContext* ctx, std::string op) : ctx(ctx), op(std::move(op)) {}
+
+  template <typename Use>
+  auto with(const Use& use) {
+    std::shared_ptr<void> node;  // let go after the mutex: its going may free the graph, and cut
+    std::unique_lock<std::mutex> lock(mutex);
+    if (ctx != nullptr) node = ctx->keep_alive();
+    TORCH_CHECK(node != nullptr, op,
                 ": this ctx belongs to a call whose autograd graph was freed (its outputs are "
                 "gone, or its backward ran); it holds nothing now");
-    return *ctx;
+    return use(*ctx);
+  }
+
+  void cut() {
+    std::unique_lock<std::mutex> lock(mutex, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      // A use in progress may need the GIL back (a saved-tensor hook written in Python): wait
+      // without it.
+      if (Py_IsInitialized() && !interpreter_finalizing() && PyGILState_Check() != 0) {
+        py::gil_scoped_release no_gil;
+        lock.lock();
+      } else {
+        lock.lock();
+      }
+    }
+    ctx = nullptr;
   }
 };
 
@@ -73,14 +97,7 @@ struct ContextLink {
 // before anything the ctx could reach is freed.
 struct PythonContext final : torch::CustomClassHolder {
   explicit PythonContext(std::shared_ptr<ContextLink> link) : link(std::move(link)) {}
-  ~PythonContext() override {
-    if (!Py_IsInitialized() || interpreter_finalizing()) {
-      link->ctx = nullptr;
-    } else {
-      py::gil_scoped_acquire gil;
-      link->ctx = nullptr;
-    }
-  }
+  ~PythonContext() override { link->cut(); }
   std::shared_ptr<ContextLink> link;
   PyRef object;
 };
@@ -501,7 +518,7 @@ void add_autograd(OpBuilder& builder, PyRef backward, PyRef setup_context, PyRef
     InsideOp inside;
     // Held by the context before Python sees it: a setup_context that keeps the ctx and raises
     // leaves it linked to a context that goes now.
-    auto link = std::make_shared<ContextLink>(ContextLink{&ctx, name});
+    auto link = std::make_shared<ContextLink>(&ctx, name);
     auto held = c10::make_intrusive<PythonContext>(link);
     ctx.saved_data[kPythonContext] = c10::IValue::make_capsule(held);
     py::object py_ctx = (*make_context)(py::cast(link));
@@ -655,15 +672,21 @@ void require_callable(const OpBuilder& builder, const std::string& what, const p
 void bind_op_builder(py::module& m) {
   py::class_<ContextLink, std::shared_ptr<ContextLink>>(m, "AutogradContext")
       .def("save_for_backward",
-           [](const ContextLink& link, const std::vector<at::Tensor>& tensors) {
-             link.get().save_for_backward(tensors);
+           [](ContextLink& link, const std::vector<at::Tensor>& tensors) {
+             link.with([&](AutogradContext& ctx) { ctx.save_for_backward(tensors); });
            })
-      .def_property_readonly("saved_tensors",
-                             [](const ContextLink& link) { return link.get().saved_tensors(); })
+      .def_property_readonly(
+          "saved_tensors",
+          [](ContextLink& link) {
+            return link.with([](AutogradContext& ctx) { return ctx.saved_tensors(); });
+          })
       .def("needs_input_grad",
-           [](const ContextLink& link, size_t index) { return link.get().needs_input_grad(index); })
-      .def_property_readonly("num_inputs",
-                             [](const ContextLink& link) { return link.get().num_inputs(); });
+           [](ContextLink& link, size_t index) {
+             return link.with([&](AutogradContext& ctx) { return ctx.needs_input_grad(index); });
+           })
+      .def_property_readonly("num_inputs", [](ContextLink& link) {
+        return link.with([](AutogradContext& ctx) { return ctx.num_inputs(); });
+      });
   py::class_<KernelFactory>(m, "KernelFactory",
                             "A kernel made when the op is defined (e.g. _C.triton_aot(launch))");
   m.def(

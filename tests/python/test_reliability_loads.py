@@ -343,14 +343,15 @@ def test_a_failed_load_does_not_put_back_an_op_another_thread_undefined_after_it
     started, go = tmp_path / "started", tmp_path / "go"
     out = probe(
         f"""
-        from opreg import _C
+        import ctypes
         opreg.load_library({scripted("a")!r})
+        # C++ definitions, which do not wait for the loading thread's dlopen as Python's do
+        run = ctypes.CDLL({scripted("c")!r}).opreg_scripted_run
+        run.argtypes = [ctypes.c_char_p]
         errors = []
         thread = in_background({scripted("b")!r}, errors)
         wait_for({str(started)!r})
-        opreg.custom_op("opreg_script::x", lambda t: t + 9, mutates_args=(),
-                        schema="(Tensor x) -> Tensor")
-        _C.undefine("opreg_script::x")
+        assert run(b"def:x:9") == 0 and run(b"undef:x") == 0
         open({str(go)!r}, "w").close()
         thread.join()
         assert errors and "opreg_script::bad" in errors[0], errors

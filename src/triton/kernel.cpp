@@ -74,8 +74,9 @@ struct KernelImpl {
   std::string source;
   std::vector<Param> params;
   std::vector<std::unique_ptr<Variant>> variants;
-  // Set when a library opened outside opreg::load_library embeds another kernel of this name:
-  // kernels are found by name, so its ops would launch this one. Neither is launched from then.
+  // Set when a library opened outside opreg::load_library embeds another kernel of this name
+  // (kernels are found by name, so its ops would launch this one: neither is launched from then),
+  // and when a failed load takes the kernel back (remove_kernels): a Kernel that found it refuses.
   std::atomic<bool> clashed{false};
 };
 

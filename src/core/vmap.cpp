@@ -211,11 +211,7 @@ class VmapKernel final : public c10::OperatorKernel {
       if (autograd_ == AutogradSupport::kFallback) return run_fallback(op, keys, stack);
       const auto gradients = detail::gradients_below(args);
       if (!gradients.reverse && !gradients.forward) return run_fallback(op, keys, stack);
-      TORCH_CHECK(autograd_ != AutogradSupport::kError, op_->name, ": under vmap, an input ",
-                  gradients.reverse ? "requires grad" : "has a forward-mode tangent",
-                  ", but the op has no backward and its autograd policy is 'error'; give it a "
-                  "backward (.backward(backward, setup_context) in C++, backward= in Python), or "
-                  "use the 'fallback' policy");
+      refuse_under_error_policy(gradients);
       if (autograd_ == AutogradSupport::kNone) {
         c10::AutoGradMode no_grad(false);
         c10::AutoFwGradMode no_forward_grad(false);
@@ -543,6 +539,16 @@ class VmapKernel final : public c10::OperatorKernel {
     return result;
   }
 
+  // The 'error' policy: a call whose inputs carry gradients (requires grad, a forward tangent).
+  void refuse_under_error_policy(const detail::GradientsBelow& gradients) const {
+    TORCH_CHECK(autograd_ != AutogradSupport::kError || (!gradients.reverse && !gradients.forward),
+                op_->name, ": under vmap, an input ",
+                gradients.reverse ? "requires grad" : "has a forward-mode tangent",
+                ", but the op has no backward and its autograd policy is 'error'; give it a "
+                "backward (.backward(backward, setup_context) in C++, backward= in Python), or "
+                "use the 'fallback' policy");
+  }
+
   VmapResult per_example_loop(const c10::OperatorHandle& op, const Unwrapped& unwrapped,
                               int64_t batch_size) const {
     // Every example would write the one tensor, and the last write would be all that is left:
@@ -690,15 +696,7 @@ class VmapKernel final : public c10::OperatorKernel {
       }
     }
     TORCH_INTERNAL_ASSERT(device.has_value(), "an empty batch with no batched tensor");
-    // The 'error' policy refuses as a call on examples would.
-    if (autograd_ == AutogradSupport::kError) {
-      const auto gradients = detail::gradients_below(unwrapped.values);
-      TORCH_CHECK(!gradients.reverse && !gradients.forward, op_->name, ": under vmap, an input ",
-                  gradients.reverse ? "requires grad" : "has a forward-mode tangent",
-                  ", but the op has no backward and its autograd policy is 'error'; give it a "
-                  "backward (.backward(backward, setup_context) in C++, backward= in Python), or "
-                  "use the 'fallback' policy");
-    }
+    refuse_under_error_policy(detail::gradients_below(unwrapped.values));  // as examples would
     // No example recorded the op's autograd: each floating output is tied to the inputs that
     // require grad (through a zero), so the graph holds as when examples were there.
     at::Tensor tie;

@@ -80,12 +80,11 @@ struct ContextLink {
     if (!lock.owns_lock()) {
       // A use in progress may need the GIL back (a saved-tensor hook written in Python): wait
       // without it.
+      std::optional<py::gil_scoped_release> no_gil;
       if (Py_IsInitialized() && !interpreter_finalizing() && PyGILState_Check() != 0) {
-        py::gil_scoped_release no_gil;
-        lock.lock();
-      } else {
-        lock.lock();
+        no_gil.emplace();
       }
+      lock.lock();
     }
     ctx = nullptr;
   }

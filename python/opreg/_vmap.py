@@ -256,9 +256,7 @@ def _stack_examples(qualname: str, what: str, values: list[Any], is_list: bool) 
                 )
         return torch.stack(values)
     for value in values:
-        if isinstance(value, torch.Tensor) or not (
-            value == first or (_is_nan(value) and _is_nan(first))
-        ):
+        if isinstance(value, torch.Tensor) or not _same_value(value, first):
             raise RuntimeError(
                 f"{qualname}: {what} ({_kind(first)}) differs between examples, and vmap "
                 "batches only tensors"
@@ -268,6 +266,13 @@ def _stack_examples(qualname: str, what: str, values: list[Any], is_list: bool) 
 
 def _kind(value: Any) -> str:
     return "None" if value is None else type(value).__name__
+
+
+def _same_value(value: Any, first: Any) -> bool:
+    """Equality in which NaN equals NaN, in lists too: the examples agree on it."""
+    if isinstance(value, (list, tuple)) and isinstance(first, (list, tuple)):
+        return len(value) == len(first) and all(map(_same_value, value, first))
+    return value == first or (_is_nan(value) and _is_nan(first))
 
 
 def _is_nan(value: Any) -> bool:

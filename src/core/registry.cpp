@@ -1389,14 +1389,22 @@ void compare_with_fake_outputs(const Definition& definition, const c10::Operator
     const c10::IValue& fake = meta[index];
     const c10::IValue& real = stack[base + index];
     const std::string what = "output " + std::to_string(index);
-    if (fake.isTensorList() && real.isTensorList()) {
-      const auto fakes = fake.toTensorList();
-      const auto reals = real.toTensorList();
+    if (fake.isList() && real.isList()) {  // Tensor[] and Tensor?[] (None elements)
+      const auto fakes = fake.toListRef();
+      const auto reals = real.toListRef();
       TORCH_CHECK(fakes.size() == reals.size(), "OPREG_DEBUG: ", definition.name(), ": ", impl,
-                  " returned ", what, " with ", reals.size(), " tensors, but the op's fake gives ",
+                  " returned ", what, " with ", reals.size(), " elements, but the op's fake gives ",
                   fakes.size());
+      auto tensor_or_none = [](const c10::IValue& element) {
+        return element.isTensor() ? element.toTensor() : at::Tensor();
+      };
       for (size_t i = 0; i < reals.size(); ++i) {
-        same(fakes.get(i), reals.get(i), what + " element " + std::to_string(i));
+        if (!(fakes[i].isTensor() || fakes[i].isNone()) ||
+            !(reals[i].isTensor() || reals[i].isNone())) {
+          continue;  // not a tensor list: numbers, compared by opcheck
+        }
+        same(tensor_or_none(fakes[i]), tensor_or_none(reals[i]),
+             what + " element " + std::to_string(i));
       }
     } else if ((fake.isTensor() || fake.isNone()) && (real.isTensor() || real.isNone())) {
       same(fake.isTensor() ? fake.toTensor() : at::Tensor(),

@@ -618,9 +618,18 @@ class VmapKernel final : public c10::OperatorKernel {
     return result;
   }
 
-  // NaN equals NaN here: the examples agree on it.
+  // NaN equals NaN here, in lists too: the examples agree on it.
   static bool same_value(const c10::IValue& a, const c10::IValue& b) {
     if (a.isDouble() && b.isDouble() && std::isnan(a.toDouble()) && std::isnan(b.toDouble())) {
+      return true;
+    }
+    if (a.isList() && b.isList()) {
+      const auto first = a.toListRef();
+      const auto second = b.toListRef();
+      if (first.size() != second.size()) return false;
+      for (size_t i = 0; i < first.size(); ++i) {
+        if (!same_value(first[i], second[i])) return false;
+      }
       return true;
     }
     return a == b;
@@ -698,11 +707,15 @@ class VmapKernel final : public c10::OperatorKernel {
     TORCH_INTERNAL_ASSERT(device.has_value(), "an empty batch with no batched tensor");
     refuse_under_error_policy(detail::gradients_below(unwrapped.values));  // as examples would
     // No example recorded the op's autograd: each floating output is tied to the inputs that
-    // require grad (through a zero), so the graph holds as when examples were there.
+    // require grad (through a zero), so the graph holds as when examples were there. Below an
+    // outer vmap, the input that requires grad is under that level's BatchedTensor.
     at::Tensor tie;
     if (autograd_ != AutogradSupport::kNone && c10::GradMode::is_enabled()) {
       auto add = [&](const c10::IValue& value) {
-        if (!value.isTensor() || !value.toTensor().requires_grad()) return;
+        if (!value.isTensor() || !value.toTensor().defined() ||
+            !detail::gradients_below({value}).reverse) {
+          return;
+        }
         const auto zero = at::real(value.toTensor().sum()).mul(0);
         tie = tie.defined() ? tie + zero : zero;
       };
@@ -714,20 +727,38 @@ class VmapKernel final : public c10::OperatorKernel {
         }
       }
     }
-    VmapResult result;
-    for (auto& output : call_below(op, std::move(args))) {
-      TORCH_CHECK(output.isTensor(), op_->name,
-                  ": the per-example loop supports tensor outputs only; an output is ",
-                  output.tagKind());
-      const auto& example = output.toTensor();
+    auto no_examples = [&](const at::Tensor& example) {
       auto sizes = example.sizes().vec();
       sizes.insert(sizes.begin(), 0);
       auto empty = at::empty(sizes, example.options().device(*device));
       if (tie.defined() && (empty.is_floating_point() || empty.is_complex())) {
         empty = empty + tie.to(empty.scalar_type());
       }
-      result.outputs.emplace_back(std::move(empty));
-      result.out_dims.emplace_back(0);
+      return empty;
+    };
+    std::vector<c10::IValue> outputs;
+    try {
+      outputs = call_below(op, std::move(args));
+    } catch (c10::Error& error) {
+      error.add_context(op_->name +
+                        ": vmap over a batch of 0 examples takes each output's shape and dtype "
+                        "from the op's fake, run on meta tensors of one example's shape");
+      throw;
+    }
+    // As the per-example loop batches them: tensors, alone or in lists (None kept), along a new
+    // dim of size 0; anything else (None for a Tensor?, a number) is one unbatched value.
+    VmapResult result;
+    for (auto& output : outputs) {
+      if (output.isTensor()) {
+        result.outputs.emplace_back(no_examples(output.toTensor()));
+        result.out_dims.emplace_back(0);
+      } else if (is_tensor_list(output)) {
+        result.outputs.push_back(map_tensor_list(output, no_examples));
+        result.out_dims.emplace_back(0);
+      } else {
+        result.outputs.push_back(std::move(output));
+        result.out_dims.emplace_back(std::nullopt);
+      }
     }
     return result;
   }

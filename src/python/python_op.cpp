@@ -571,20 +571,37 @@ std::string type_name(const py::handle& value) {
   return py::str(value.get_type()).cast<std::string>();
 }
 
-// `returns_list`: the schema's return at this position is a list (Tensor[]), given as a list or
-// tuple of tensors.
-c10::IValue output_to_ivalue(const std::string& op, const py::handle& value, bool returns_list) {
+// `declared`: the schema's type of the return at this position, when it has one. A Tensor[] or
+// Tensor?[] output comes as a list or tuple of tensors (None too for Tensor?[]); other lists
+// (int[], float[], bool[]) as their values.
+c10::IValue output_to_ivalue(const std::string& op, const py::handle& value,
+                             const c10::TypePtr& declared) {
   if (value.is_none()) return c10::IValue();
   if (THPVariable_Check(value.ptr())) return THPVariable_Unpack(value.ptr());
-  if (returns_list && (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value))) {
-    c10::List<at::Tensor> tensors;
-    for (const auto& element : value) {
-      TORCH_CHECK_TYPE(THPVariable_Check(element.ptr()), op,
-                       ": the vmap rule returned a list output holding a ", type_name(element),
-                       "; expected tensors");
-      tensors.push_back(THPVariable_Unpack(element.ptr()));
+  const auto* list_type = declared ? declared->castRaw<c10::ListType>() : nullptr;
+  if (list_type && (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value))) {
+    const auto& element_type = list_type->getElementType();
+    const bool optional = element_type->kind() == c10::TypeKind::OptionalType;
+    if (element_type->kind() == c10::TypeKind::TensorType || optional) {
+      c10::List<std::optional<at::Tensor>> tensors;
+      for (const auto& element : value) {
+        TORCH_CHECK_TYPE(THPVariable_Check(element.ptr()) || (optional && element.is_none()), op,
+                         ": the vmap rule returned a list output holding a ", type_name(element),
+                         "; expected tensors", optional ? " or None" : "");
+        tensors.push_back(element.is_none() ? std::nullopt
+                                            : std::optional(THPVariable_Unpack(element.ptr())));
+      }
+      if (optional) return tensors;
+      c10::List<at::Tensor> plain;
+      for (size_t i = 0; i < tensors.size(); ++i) plain.push_back(*tensors.get(i));
+      return plain;
     }
-    return tensors;
+    try {
+      return torch::jit::toIValue(value, declared);
+    } catch (const std::exception& error) {
+      TORCH_CHECK_TYPE(false, op, ": the vmap rule returned ", py::str(value).cast<std::string>(),
+                       " for an output the schema declares ", declared->str(), ": ", error.what());
+    }
   }
   if (py::isinstance<py::bool_>(value)) return value.cast<bool>();
   if (py::isinstance<py::int_>(value)) return value.cast<int64_t>();
@@ -609,9 +626,9 @@ VmapResult vmap_result(const std::string& op, const py::object& result, const Sc
   VmapResult converted;
   for (const auto& value : outputs) {
     const size_t index = converted.outputs.size();
-    const bool returns_list = schema && index < schema->returns().size() &&
-                              schema->returns()[index].type()->kind() == c10::TypeKind::ListType;
-    converted.outputs.push_back(output_to_ivalue(op, value, returns_list));
+    const c10::TypePtr declared =
+        schema && index < schema->returns().size() ? schema->returns()[index].type() : nullptr;
+    converted.outputs.push_back(output_to_ivalue(op, value, declared));
   }
   for (const auto& dim : out_dims) {
     if (dim.is_none()) {

@@ -1,8 +1,8 @@
 // include/opreg/autograd.h: gradients for opreg ops. An explicit backward has the shape of
 // torch.library.register_autograd: setup_context(ctx, inputs, outputs) saves what backward needs;
 // backward(ctx, grad_outputs) gets one gradient per output (undefined for outputs that are not
-// differentiable: integer tensors, numbers) and returns one per input (undefined where there is
-// none).
+// differentiable: integer tensors, numbers; zeros for those marked non-differentiable) and returns
+// one per input (undefined where there is none).
 // Without a backward, the op's AutogradPolicy decides (see Note [Autograd policies]).
 #pragma once
 
@@ -47,6 +47,14 @@ class OPREG_API AutogradContext {
   void save_for_backward(std::vector<at::Tensor> tensors);
   std::vector<at::Tensor> saved_tensors() const;
 
+  // Outputs that get no gradient, as torch.autograd.Function's: they do not require grad, and
+  // backward gets zeros for them (undefined tensors without materialized gradients). Called in
+  // setup_context, with outputs of the call.
+  void mark_non_differentiable(std::vector<at::Tensor> outputs);
+  // Whether backward gets zeros (the default) or undefined tensors for the outputs that got no
+  // gradient, as torch.autograd.Function's ctx.set_materialize_grads.
+  void set_materialize_grads(bool materialize);
+
   // Non-tensor values the backward needs.
   std::unordered_map<std::string, c10::IValue> saved_data;
 
@@ -77,6 +85,8 @@ class OPREG_API AutogradContext {
   const InputMeta& tensor_input(size_t index, const char* accessor) const;
 
   std::vector<at::Tensor> to_save_;
+  std::vector<at::Tensor> non_differentiable_;
+  bool materialize_grads_ = true;
   std::vector<torch::autograd::SavedVariable> saved_;
   std::vector<int64_t> input_edges_;  // per input: its edge in the node, or -1
   std::vector<bool> input_requires_grad_;

@@ -25,25 +25,47 @@ from opreg._triton import AotLaunch, decomposition, functional_tensor_mode
 
 @public
 class AutogradContext:
-    """The ``ctx`` of setup_context and backward: save tensors with ``save_for_backward``, any
-    other value as an attribute."""
+    """The ``ctx`` of setup_context and backward, as torch.autograd.Function's: save tensors
+    (or None) with ``save_for_backward``, any other value as an attribute; in setup_context,
+    ``mark_non_differentiable`` and ``set_materialize_grads``."""
 
     def __init__(self, cpp: _C.AutogradContext, op: str = "") -> None:
         object.__setattr__(self, "_cpp", cpp)
         object.__setattr__(self, "_op", op)
 
-    def save_for_backward(self, *tensors: torch.Tensor) -> None:
-        for index, tensor in enumerate(tensors):
-            if not isinstance(tensor, torch.Tensor):
+    def _tensors(self, method: str, values: tuple[Any, ...], none: bool) -> list[Any]:
+        for index, value in enumerate(values):
+            if not (isinstance(value, torch.Tensor) or (none and value is None)):
                 raise TypeError(
-                    f"opreg: op '{self._op}': ctx.save_for_backward takes tensors, got "
-                    f"{type(tensor).__name__} {tensor!r} as its argument {index}; keep other "
-                    "values as attributes of ctx (ctx.name = value)"
+                    f"opreg: op '{self._op}': ctx.{method} takes tensors"
+                    f"{' or None' if none else ''}, got {type(value).__name__} {value!r} as "
+                    f"its argument {index}"
+                    + (
+                        "; keep other values as attributes of ctx (ctx.name = value)"
+                        if none
+                        else ""
+                    )
                 )
-        self._cpp.save_for_backward(list(tensors))
+        return list(values)
+
+    def save_for_backward(self, *tensors: torch.Tensor | None) -> None:
+        self._cpp.save_for_backward(self._tensors("save_for_backward", tensors, none=True))
+
+    def mark_non_differentiable(self, *outputs: torch.Tensor) -> None:
+        self._cpp.mark_non_differentiable(
+            self._tensors("mark_non_differentiable", outputs, none=False)
+        )
+
+    def set_materialize_grads(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(
+                f"opreg: op '{self._op}': ctx.set_materialize_grads takes a bool, got "
+                f"{type(value).__name__} {value!r}"
+            )
+        self._cpp.set_materialize_grads(value)
 
     @property
-    def saved_tensors(self) -> tuple[torch.Tensor, ...]:
+    def saved_tensors(self) -> tuple[torch.Tensor | None, ...]:
         return tuple(self._cpp.saved_tensors)
 
     @property

@@ -36,6 +36,14 @@ void AutogradContext::save_for_backward(std::vector<at::Tensor> tensors) {
   to_save_ = std::move(tensors);
 }
 
+void AutogradContext::mark_non_differentiable(std::vector<at::Tensor> outputs) {
+  TORCH_CHECK(!in_backward_ && node_ == nullptr,
+              "opreg: mark_non_differentiable() belongs in setup_context, not backward");
+  for (auto& output : outputs) non_differentiable_.push_back(std::move(output));
+}
+
+void AutogradContext::set_materialize_grads(bool materialize) { materialize_grads_ = materialize; }
+
 namespace detail {
 
 // PyTorch 2.13 holds autograd nodes in c10::intrusive_ptr, earlier releases in std::shared_ptr.
@@ -93,6 +101,8 @@ class OpregBackward : public torch::autograd::Node {
   AutogradContext ctx;
   std::vector<detail::OutputMeta> outputs;  // per differentiable output
   std::vector<size_t> positions;            // each differentiable output's index in the returns
+  // Outputs of a differentiable dtype that setup_context marked non-differentiable.
+  std::vector<std::pair<size_t, detail::OutputMeta>> marked;
   size_t num_returns = 0;
 
   std::string name() const override { return op->name + "Backward"; }
@@ -112,13 +122,20 @@ class OpregBackward : public torch::autograd::Node {
                            grads.empty() || !grads[0].defined() ? "-" : grads[0].device().str());
     }
     // One gradient per output of the op, as torch.autograd.Function's backward gets them:
-    // zeros for a differentiable output that got none, undefined (None in Python) for the
-    // others (integer outputs, numbers).
+    // zeros for a differentiable output that got none and for those marked non-differentiable
+    // (undefined without materialized gradients), undefined (None in Python) for the others
+    // (integer outputs, numbers).
+    const bool zeros = ctx.materialize_grads_;
     torch::autograd::variable_list per_output(num_returns);
     for (size_t i = 0; i < grads.size(); ++i) {
-      per_output[positions[i]] = grads[i].defined()
-                                     ? std::move(grads[i])
-                                     : at::zeros_symint(outputs[i].sizes, outputs[i].options);
+      if (grads[i].defined()) {
+        per_output[positions[i]] = std::move(grads[i]);
+      } else if (zeros) {
+        per_output[positions[i]] = at::zeros_symint(outputs[i].sizes, outputs[i].options);
+      }
+    }
+    for (const auto& [index, meta] : marked) {
+      if (zeros) per_output[index] = at::zeros_symint(meta.sizes, meta.options);
     }
     TORCH_CHECK(!released_, op_name,
                 ": backward ran a second time through the same graph, whose saved values were "
@@ -458,6 +475,28 @@ class AutogradKernel final : public c10::OperatorKernel {
     const size_t num_returns = schema.returns().size();
     std::vector<c10::IValue> outputs(stack->end() - num_returns, stack->end());
     node->num_returns = num_returns;
+    // As torch.autograd.Function: setup_context sees the outputs before they join the graph, and
+    // may mark some of them non-differentiable.
+    if (spec_->setup_context) {
+      detail::run_user_code<void>(op_->name, "", "setup_context",
+                                  [&] { spec_->setup_context(ctx, inputs, outputs); });
+    }
+    auto is_marked = [&](const at::Tensor& tensor) {
+      for (const auto& marked : ctx.non_differentiable_) {
+        if (marked.is_same(tensor)) return true;
+      }
+      return false;
+    };
+    for (size_t i = 0; i < ctx.non_differentiable_.size(); ++i) {
+      bool is_output = false;
+      for (const auto& output : outputs) {
+        is_output = is_output ||
+                    (output.isTensor() && output.toTensor().is_same(ctx.non_differentiable_[i]));
+      }
+      TORCH_CHECK(is_output, op_->name,
+                  ": setup_context's ctx.mark_non_differentiable got a tensor (its argument ", i,
+                  ") that is none of the op's outputs; mark outputs only");
+    }
     node->positions.reserve(num_returns);
     node->outputs.reserve(num_returns);
     for (size_t index = 0; index < num_returns; ++index) {
@@ -467,17 +506,18 @@ class AutogradKernel final : public c10::OperatorKernel {
       if (!tensor.defined() || !torch::autograd::isDifferentiableType(tensor.scalar_type())) {
         continue;
       }
+      detail::OutputMeta meta{
+          c10::SymDimVector(tensor.sym_sizes().begin(), tensor.sym_sizes().end()),
+          tensor.options()};
+      if (is_marked(tensor)) {
+        node->marked.emplace_back(index, std::move(meta));
+        continue;
+      }
       node->positions.push_back(index);
-      node->outputs.push_back(
-          {c10::SymDimVector(tensor.sym_sizes().begin(), tensor.sym_sizes().end()),
-           tensor.options()});
+      node->outputs.push_back(std::move(meta));
       torch::autograd::set_history(tensor, detail::NodePtr(node));
     }
-
-    if (spec_->setup_context) {
-      detail::run_user_code<void>(op_->name, "", "setup_context",
-                                  [&] { spec_->setup_context(ctx, inputs, outputs); });
-    }
+    ctx.non_differentiable_.clear();
     for (const auto& tensor : ctx.to_save_) {
       bool is_output = false;
       for (const auto& output : outputs) {

@@ -688,14 +688,24 @@ void require_callable(const OpBuilder& builder, const std::string& what, const p
 void bind_op_builder(py::module& m) {
   py::class_<ContextLink, std::shared_ptr<ContextLink>>(m, "AutogradContext")
       .def("save_for_backward",
-           [](ContextLink& link, const std::vector<at::Tensor>& tensors) {
-             link.with([&](AutogradContext& ctx) { ctx.save_for_backward(tensors); });
+           [](ContextLink& link, const std::vector<std::optional<at::Tensor>>& values) {
+             std::vector<at::Tensor> tensors;  // None: an undefined tensor, given back as None
+             for (const auto& value : values) tensors.push_back(value.value_or(at::Tensor()));
+             link.with([&](AutogradContext& ctx) { ctx.save_for_backward(std::move(tensors)); });
            })
       .def_property_readonly(
           "saved_tensors",
           [](ContextLink& link) {
             return link.with([](AutogradContext& ctx) { return ctx.saved_tensors(); });
           })
+      .def("mark_non_differentiable",
+           [](ContextLink& link, const std::vector<at::Tensor>& tensors) {
+             link.with([&](AutogradContext& ctx) { ctx.mark_non_differentiable(tensors); });
+           })
+      .def("set_materialize_grads",
+           [](ContextLink& link, bool materialize) {
+             link.with([&](AutogradContext& ctx) { ctx.set_materialize_grads(materialize); });
+           })
       .def("needs_input_grad",
            [](ContextLink& link, size_t index) {
              return link.with([&](AutogradContext& ctx) { return ctx.needs_input_grad(index); });

@@ -65,6 +65,58 @@ TEST(Autograd, ABackwardGetsOneGradientPerOutputUndefinedForIntegerOutputs) {
   EXPECT_EQ(defined, (std::vector<bool>{true, false}));
 }
 
+std::tuple<at::Tensor, at::Tensor> twice_and_thrice(const at::Tensor& x) { return {x * 2, x * 3}; }
+
+// As torch.autograd.Function's ctx: a marked output does not require grad, and backward gets
+// zeros for it, or undefined tensors for every output without a gradient once materializing is
+// off.
+TEST(Autograd, SetupContextMarksOutputsNonDifferentiableAndStopsMaterializingGrads) {
+  for (const bool materialize : {true, false}) {
+    std::vector<std::string> seen;
+    auto op =
+        opreg::op("opreg_ad::marked(Tensor x) -> (Tensor, Tensor)")
+            .fallback(twice_and_thrice)
+            .backward(
+                [&](opreg::AutogradContext&, const std::vector<at::Tensor>& grads) {
+                  for (const auto& grad : grads) {
+                    seen.push_back(!grad.defined()                 ? "undefined"
+                                   : grad.eq(0).all().item<bool>() ? "zeros"
+                                                                   : "given");
+                  }
+                  return std::vector<at::Tensor>{grads[0].defined() ? grads[0] * 2 : at::Tensor()};
+                },
+                [&](opreg::AutogradContext& ctx, const std::vector<c10::IValue>&,
+                    const std::vector<c10::IValue>& outputs) {
+                  ctx.mark_non_differentiable({outputs[1].toTensor()});
+                  ctx.set_materialize_grads(materialize);
+                })
+            .replace(true)
+            .define();
+    auto x = at::randn({3}).requires_grad_();
+    auto [twice, thrice] = op(x);
+    EXPECT_TRUE(twice.requires_grad());
+    EXPECT_FALSE(thrice.requires_grad());
+    auto grads = grad_of(twice, {x});
+    EXPECT_TRUE(at::allclose(grads[0], at::full({3}, 2.0)));
+    EXPECT_EQ(seen, (std::vector<std::string>{"given", materialize ? "zeros" : "undefined"}));
+  }
+}
+
+TEST(Autograd, MarkingATensorThatIsNoOutputIsRefused) {
+  auto op = opreg::op("opreg_ad::marks_input(Tensor x) -> (Tensor, Tensor)")
+                .fallback(twice_and_thrice)
+                .backward([](opreg::AutogradContext&,
+                             const std::vector<at::Tensor>& grads) { return grads; },
+                          [](opreg::AutogradContext& ctx, const std::vector<c10::IValue>& inputs,
+                             const std::vector<c10::IValue>&) {
+                            ctx.mark_non_differentiable({inputs[0].toTensor()});
+                          })
+                .define();
+  EXPECT_EQ(error_of([&] { op(at::randn({3}).requires_grad_()); }),
+            "opreg_ad::marks_input: setup_context's ctx.mark_non_differentiable got a tensor (its "
+            "argument 0) that is none of the op's outputs; mark outputs only");
+}
+
 // The sixth sweep: a backward throwing no std::exception (`throw 42`) terminated the process
 // from the autograd engine; std::logic_error lost the op's name.
 TEST(Autograd, WhatABackwardOrSetupContextThrowsNamesTheOp) {

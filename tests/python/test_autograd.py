@@ -201,3 +201,82 @@ def test_a_python_backward_error_reaches_the_caller_as_itself_and_is_released():
         torch.autograd.grad(op(x).sum(), x)
     # What exit waits for: no backward error is still held by the engine once the caller has it.
     assert _C.wait_for_backward_errors(0.0)
+
+
+def test_ctx_marks_outputs_non_differentiable_and_saves_none():
+    # As torch.autograd.Function's ctx (sweeps 18 to 20 found these missing): a marked output
+    # does not require grad and backward gets zeros for it; None may be saved.
+    seen = []
+
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(inputs[0], None)
+
+    def backward(ctx, grad, grad_marked):
+        saved, none = ctx.saved_tensors
+        assert saved is not None
+        seen.append((none, bool(grad_marked.eq(0).all())))
+        return grad * 2
+
+    op = opreg.register_vmap_op(
+        lambda x: (x * 2, x * 3),
+        fake_fn=lambda x: (torch.empty_like(x), torch.empty_like(x)),
+        name="autograd_test::marked",
+        schema="(Tensor x) -> (Tensor, Tensor)",
+        setup_context=setup_context,
+        backward=backward,
+    )
+    x = torch.randn(3, requires_grad=True)
+    twice, thrice = op(x)
+    assert twice.requires_grad and not thrice.requires_grad
+    twice.sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((3,), 2.0))
+    assert seen == [(None, True)]
+
+
+def test_ctx_without_materialized_grads_gives_none_for_unused_outputs():
+    seen = []
+
+    def backward(ctx, grad_a, grad_b):
+        seen.append((grad_a is None, grad_b is None))
+        return grad_b * 3
+
+    op = opreg.register_vmap_op(
+        lambda x: (x * 2, x * 3),
+        fake_fn=lambda x: (torch.empty_like(x), torch.empty_like(x)),
+        name="autograd_test::not_materialized",
+        schema="(Tensor x) -> (Tensor, Tensor)",
+        setup_context=lambda ctx, inputs, output: ctx.set_materialize_grads(False),
+        backward=backward,
+    )
+    x = torch.randn(3, requires_grad=True)
+    op(x)[1].sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((3,), 3.0))
+    assert seen == [(True, False)]
+
+
+def test_ctx_refuses_marking_what_is_no_output_and_wrong_types():
+    def define(name, setup_context):
+        return opreg.register_vmap_op(
+            lambda x: x * 2,
+            fake_fn=lambda x: torch.empty_like(x),
+            name=f"autograd_test::{name}",
+            schema="(Tensor x) -> Tensor",
+            setup_context=setup_context,
+            backward=lambda ctx, grad: grad,
+        )
+
+    x = torch.randn(3, requires_grad=True)
+    marks_input = define(
+        "marks_input", lambda ctx, inputs, output: ctx.mark_non_differentiable(inputs[0])
+    )
+    with pytest.raises(RuntimeError, match=r"autograd_test::marks_input: setup_context's ctx\."):
+        marks_input(x)
+    marks_number = define(
+        "marks_number", lambda ctx, inputs, output: ctx.mark_non_differentiable(3)
+    )
+    with pytest.raises(TypeError, match=r"ctx\.mark_non_differentiable takes tensors, got int 3"):
+        marks_number(x)
+    materializes = define("materializes", lambda ctx, inputs, output: ctx.set_materialize_grads(1))
+    with pytest.raises(TypeError, match=r"ctx\.set_materialize_grads takes a bool, got int 1"):
+        materializes(x)

@@ -682,9 +682,10 @@ def _batch(value: Any, size: int) -> Any:
     if value.is_floating_point():  # drawn in float32: randn has no float8 kernel
         draws = [torch.randn(value.shape, device=value.device) for _ in range(size - 1)]
         return torch.stack([value] + [d.to(value.dtype) for d in draws])
-    if value.dtype == torch.bool or value.dtype in (torch.uint16, torch.uint32, torch.uint64):
-        return torch.stack([value] * size)  # no add for these on every device: the same values
-    return torch.stack([value + i for i in range(size)])
+    # Integer tensors are often indices: the other examples hold the same values, moved around,
+    # so that every one stays valid (value + i went out of bounds).
+    flat = value.flatten()
+    return torch.stack([flat.roll(i).reshape(value.shape) for i in range(size)])
 
 
 def _tensor_list(value: Any) -> bool:
@@ -714,8 +715,8 @@ def _check_vmap(op, sample, device, depths=(1, 2, 3)):
     written = {
         i
         for i, a in enumerate(op._schema.arguments[: len(sample.args)])
-        if a.alias_info is not None and a.alias_info.is_write
-    }
+        if a.alias_info is not None and a.alias_info.is_write and i in positions
+    }  # a written Tensor? given None, or an empty list, is not written
     # The batch in front at every depth, and once as the last dim: a rule must honour in_dims.
     layouts = [(depth, 0) for depth in depths] + [(1, -1)]
     for depth, batch_dim in layouts:

@@ -1393,7 +1393,8 @@ void compare_with_fake_outputs(const Definition& definition, const c10::Operator
       const auto fakes = fake.toListRef();
       const auto reals = real.toListRef();
       TORCH_CHECK(fakes.size() == reals.size(), "OPREG_DEBUG: ", definition.name(), ": ", impl,
-                  " returned ", what, " with ", reals.size(), " elements, but the op's fake gives ",
+                  " returned ", what, " with ", reals.size(),
+                  real.isTensorList() ? " tensors" : " elements", ", but the op's fake gives ",
                   fakes.size());
       auto tensor_or_none = [](const c10::IValue& element) {
         return element.isTensor() ? element.toTensor() : at::Tensor();

@@ -16,6 +16,7 @@
 #include "opreg/vmap.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/functorch/BatchedTensorImpl.h>
 #include <ATen/functorch/DynamicLayer.h>
 #include <ATen/functorch/PlumbingHelper.h>
@@ -248,6 +249,18 @@ class VmapKernel final : public c10::OperatorKernel {
     std::vector<c10::IValue> unwrapped_inputs;  // for the alias check of the rule's outputs
     if (rule_) {
       detail::check_stack_dtypes(op_->name, unwrapped.values);  // the fallback's calls check them
+      // A rule's ATen ops are recorded below this level: the 'error' and 'none' policies hold as
+      // in an eager call (Note [Gradients through vmap]).
+      std::optional<c10::AutoGradMode> no_grad;
+      std::optional<c10::AutoFwGradMode> no_forward_grad;
+      if (autograd_ == AutogradSupport::kError || autograd_ == AutogradSupport::kNone) {
+        const auto gradients = detail::gradients_below(args);
+        refuse_under_error_policy(gradients);
+        if (gradients.reverse || gradients.forward) {
+          no_grad.emplace(false);
+          no_forward_grad.emplace(false);
+        }
+      }
       unwrapped_inputs = unwrapped.values;
       trace("vmap:rule", unwrapped);
       c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::FuncTorchBatched);
@@ -553,15 +566,35 @@ class VmapKernel final : public c10::OperatorKernel {
                               int64_t batch_size) const {
     // Every example would write the one tensor, and the last write would be all that is left:
     // refused before any runs, as vmap refuses an in-place write of a batch into an unbatched
-    // tensor.
+    // tensor, or into one whose examples share memory (expanded, or an unbatched element of a
+    // list batched as a whole, which unwrap() expands). None and empty lists write nothing.
     const auto& arguments = op.schema().arguments();
     for (size_t i = 0; i < arguments.size() && i < unwrapped.in_dims.size(); ++i) {
       const auto* alias = arguments[i].alias_info();
-      TORCH_CHECK(alias == nullptr || !alias->isWrite() || unwrapped.in_dims[i].has_value() ||
-                      !unwrapped.any_batched,
-                  op_->name, ": vmap over this op writes argument '", arguments[i].name(),
+      if (alias == nullptr || !alias->isWrite()) continue;
+      std::vector<at::Tensor> written;
+      const auto& value = unwrapped.values[i];
+      if (value.isTensor() && value.toTensor().defined()) written.push_back(value.toTensor());
+      if (is_tensor_list(value)) {
+        for (const auto& element : value.toListRef()) {
+          if (element.isTensor() && element.toTensor().defined()) {
+            written.push_back(element.toTensor());
+          }
+        }
+      }
+      if (written.empty()) continue;
+      TORCH_CHECK(unwrapped.in_dims[i].has_value() || !unwrapped.any_batched, op_->name,
+                  ": vmap over this op writes argument '", arguments[i].name(),
                   "', which is not batched while another argument is: each example would write "
                   "it in turn; batch it too (vmap writes a batch only into batched tensors)");
+      for (const auto& tensor : written) {
+        TORCH_CHECK(
+            !unwrapped.in_dims[i] || at::has_internal_overlap(tensor) != at::MemOverlap::Yes,
+            op_->name, ": vmap over this op writes argument '", arguments[i].name(),
+            "', whose examples share memory (an expanded tensor, or an unbatched tensor "
+            "in a list whose other tensors are batched): each example would write it in "
+            "turn; give every example its own memory (e.g. .clone() it)");
+      }
     }
     if (batch_size == 0) return empty_batch(op, unwrapped);
     std::vector<std::vector<c10::IValue>> per_output;

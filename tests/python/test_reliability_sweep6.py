@@ -154,7 +154,7 @@ def test_save_for_backward_of_a_non_tensor_names_the_op():
         fake_fn=empty, name=name, backward=lambda ctx, g: 2 * g, setup_context=setup_context
     )(twice)
     with pytest.raises(
-        TypeError, match=rf"op '{name}': ctx.save_for_backward takes tensors, got int 3"
+        TypeError, match=rf"op '{name}': ctx.save_for_backward takes tensors or None, got int 3"
     ):
         op(torch.ones(2, requires_grad=True))
 

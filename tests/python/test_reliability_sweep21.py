@@ -1,0 +1,120 @@
+"""Regression tests for the twenty-first adversarial sweep's findings (reports kept outside the
+repository), beside the earlier sweeps' files."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import opreg
+
+
+def _writes(name, schema, **options):
+    def fallback(x, out=None):
+        for tensor in out if isinstance(out, list) else [out]:
+            if tensor is not None:
+                tensor.copy_(x * 2)
+        return x * 3
+
+    return opreg.register_vmap_op(
+        fallback,
+        fake_fn=lambda x, out=None: torch.empty_like(x),
+        name=f"sweep21::{name}",
+        schema=schema,
+        **options,
+    )
+
+
+def test_the_loop_refuses_writing_memory_its_examples_share():
+    # A-F1: under vmap_loop every example wrote the same memory in turn, and the last write was
+    # kept: an unbatched tensor in a written list batched as a whole, or an expanded out.
+    x = torch.arange(6.0).reshape(3, 2)
+    in_list = _writes("writes_list", "(Tensor x, Tensor(a!)[] out) -> Tensor", vmap_loop=True)
+    out = [torch.zeros(3, 2), torch.zeros(2)]
+    with pytest.raises(RuntimeError, match="writes argument 'out', whose examples share memory"):
+        torch.vmap(in_list, in_dims=(0, [0, None]))(x, out)
+    assert not out[0].any() and not out[1].any()
+    expanded = _writes("writes_expanded", "(Tensor x, Tensor(a!) out) -> Tensor", vmap_loop=True)
+    base = torch.zeros(2)
+    with pytest.raises(RuntimeError, match="writes argument 'out', whose examples share memory"):
+        torch.vmap(expanded)(x, base.expand(3, 2))
+    assert not base.any()
+    out = torch.zeros(3, 2)  # each example its own memory: written
+    torch.testing.assert_close(torch.vmap(expanded)(x, out), x * 3)
+    torch.testing.assert_close(out, x * 2)
+
+
+@pytest.mark.parametrize("given", ["none", "empty_list"])
+def test_the_loop_takes_a_written_argument_that_holds_nothing(given):
+    # A-F3: a written Tensor(a!)? given None, or a Tensor(a!)[] given [], was refused as "not
+    # batched" by the loop (sweep 20's A-F11 check), though nothing is written.
+    if given == "none":
+        op = _writes("opt_out", "(Tensor x, Tensor(a!)? out=None) -> Tensor", vmap_loop=True)
+        value = None
+    else:
+        op = _writes("empty_out", "(Tensor x, Tensor(a!)[] out) -> Tensor", vmap_loop=True)
+        value = []
+    x = torch.arange(6.0).reshape(3, 2)
+    torch.testing.assert_close(torch.vmap(op, in_dims=(0, None))(x, value), x * 3)
+
+
+def test_a_vmap_rule_keeps_the_none_and_error_policies():
+    # A-F2: calls served by a vmap rule skipped the autograd policy: 'none' let the rule's
+    # gradients through, 'error' accepted an input that requires grad.
+    def rule(info, in_dims, x):
+        return x.movedim(in_dims[0], 0) * 2, 0
+
+    def define(policy):
+        return opreg.register_vmap_op(
+            lambda x: x * 2,
+            fake_fn=torch.empty_like,
+            name=f"sweep21::rule_{policy}",
+            schema="(Tensor x) -> Tensor",
+            autograd=policy,
+            vmap=rule,
+        )
+
+    ignoring, refusing = define("none"), define("error")
+    x = torch.ones(3, 4, requires_grad=True)
+    assert not ignoring(x).requires_grad
+    assert not torch.vmap(ignoring)(x).requires_grad
+    (torch.vmap(ignoring)(x) + x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.ones(3, 4))
+    with pytest.raises(RuntimeError, match="its autograd policy is 'error'"):
+        torch.vmap(refusing)(x)
+    torch.testing.assert_close(torch.vmap(refusing)(x.detach()), x.detach() * 2)
+
+
+def test_opcheck_vmap_keeps_index_tensors_valid():
+    # A-F4a: the vmap check made the other examples of an integer tensor value + i, out of
+    # bounds for a correct op taking indices.
+    op = opreg.register_vmap_op(
+        lambda x, idx: x.index_select(0, idx),
+        fake_fn=lambda x, idx: x.new_empty(idx.shape[0], *x.shape[1:]),
+        name="sweep21::pick",
+        schema="(Tensor x, Tensor idx) -> Tensor",
+    )
+    sample = (torch.randn(4, 2), torch.tensor([0, 1, 3]))
+    report = opreg.opcheck(op, [sample], devices=["cpu"], checks=["vmap"], raise_on_failure=False)
+    assert [(row.check, row.passed) for row in report.rows] == [("vmap", True)], report.rows
+
+
+def test_opcheck_vmap_checks_a_rule_when_a_written_optional_is_none():
+    # A-F4b: a sample giving a written Tensor(a!)? as None skipped every combination, and the
+    # check passed a wrong rule without comparing anything.
+    def fallback(x, out=None):
+        if out is not None:
+            out.copy_(x * 2)
+        return x * 3
+
+    op = opreg.register_vmap_op(
+        fallback,
+        fake_fn=lambda x, out=None: torch.empty_like(x),
+        name="sweep21::wrong_rule",
+        schema="(Tensor x, Tensor(a!)? out=None) -> Tensor",
+        vmap=lambda info, in_dims, x, out=None: (x.movedim(in_dims[0], 0) * 5, 0),
+    )
+    report = opreg.opcheck(
+        op, [(torch.ones(3), None)], devices=["cpu"], checks=["vmap"], raise_on_failure=False
+    )
+    assert [(row.check, row.passed) for row in report.rows] == [("vmap", False)], report.rows

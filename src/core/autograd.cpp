@@ -163,14 +163,14 @@ class OpregBackward : public torch::autograd::Node {
     ctx.in_backward_ = false;
     TORCH_CHECK(result.size() == ctx.input_edges_.size(), op_name, ": backward returned ",
                 result.size(), " gradients, expected ", ctx.input_edges_.size(),
-                " (one per input, undefined for inputs without a gradient)");
+                " (one per input, undefined (None in Python) for inputs without a gradient)");
     torch::autograd::variable_list edge_grads(num_outputs());
     for (size_t i = 0; i < result.size(); ++i) {
       const auto edge = ctx.input_edges_[i];
       if (!result[i].defined()) continue;
       TORCH_CHECK(edge >= 0, op_name, ": backward returned a gradient for input '",
                   op->schema.arguments()[i].name(),
-                  "', which is not a tensor; return an undefined tensor there");
+                  "', which is not a tensor; return an undefined tensor (None in Python) there");
       const c10::SymIntArrayRef expected = ctx.edge_inputs_[edge].sizes;
       // A gradient of the broadcast shape is summed down to the input's, as PyTorch's engine
       // does for its own nodes (torch.library's backwards rely on it).
@@ -390,7 +390,16 @@ class AutogradKernel final : public c10::OperatorKernel {
         "nothing to the derivative. If it should, give the op a backward (backward= in Python, "
         ".backward() in C++); declare autograd='none' (AutogradPolicy::kNone) if it has none";
     if (!forward_connected && !warned_->exchange(true)) {
-      TORCH_WARN(op_->name, ": an input has a forward-mode tangent, but ", output, what);
+      if (spec_->backward) {  // forward mode runs the fallback: a backward serves reverse mode
+        TORCH_WARN(op_->name, ": an input has a forward-mode tangent, but ", output,
+                   indices.size() == 1 ? " is" : " are",
+                   " not connected to its inputs: forward mode differentiates the fallback (the "
+                   "op's backward serves reverse mode only), which computed the values outside "
+                   "autograd (numpy, .detach(), .item(), an integer step); the tangent is zero. "
+                   "Write the fallback with torch ops to get tangents");
+      } else {
+        TORCH_WARN(op_->name, ": an input has a forward-mode tangent, but ", output, what);
+      }
     }
     if (reverse_connected) return;
     if (floating.empty()) {  // declared aliases alone

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.autograd import forward_ad
 
 import opreg
 
@@ -118,3 +119,39 @@ def test_opcheck_vmap_checks_a_rule_when_a_written_optional_is_none():
         op, [(torch.ones(3), None)], devices=["cpu"], checks=["vmap"], raise_on_failure=False
     )
     assert [(row.check, row.passed) for row in report.rows] == [("vmap", False)], report.rows
+
+
+def test_the_forward_mode_warning_of_an_op_with_a_backward_says_it_serves_reverse_mode(capfd):
+    # A-F8: the warning told an op that has a backward to "give the op a backward". A call
+    # through torch.ops warns through C++'s handler, to stderr (as sweep 8's test reads it).
+    op = opreg.register_vmap_op(
+        lambda x: torch.from_numpy(x.detach().numpy() * 2),
+        fake_fn=torch.empty_like,
+        name="sweep21::numpy_with_backward",
+        schema="(Tensor x) -> Tensor",
+        setup_context=lambda ctx, inputs, output: None,
+        backward=lambda ctx, grad: grad * 2,
+    )
+    capfd.readouterr()
+    with forward_ad.dual_level():
+        out = op(forward_ad.make_dual(torch.ones(3), torch.ones(3)))
+        tangent = forward_ad.unpack_dual(out).tangent
+    assert tangent is None or not tangent.any()
+    err = capfd.readouterr().err
+    assert "sweep21::numpy_with_backward: an input has a forward-mode tangent" in err, err
+    assert "the op's backward serves reverse mode only" in err, err
+
+
+def test_a_gradient_for_a_number_argument_is_refused_in_python_terms():
+    # A-F7: the refusal spoke C++ only ("return an undefined tensor there").
+    op = opreg.register_vmap_op(
+        lambda x, a: x * a,
+        fake_fn=lambda x, a: torch.empty_like(x),
+        name="sweep21::grad_for_float",
+        schema="(Tensor x, float a) -> Tensor",
+        setup_context=lambda ctx, inputs, output: None,
+        backward=lambda ctx, grad: (grad, grad),
+    )
+    x = torch.ones(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"return an undefined tensor \(None in Python\) there"):
+        op(x, 2.0).sum().backward()

@@ -347,7 +347,13 @@ def vmap_fn_companion(
         wrapped = wrap(VmapInfo(batch_size, randomness), in_dims, *args)
         positional, keyword_only = shape.split(wrapped)
         check_pinned()
-        outputs = shape.outputs(companion[0](*positional, **keyword_only))
+        serial = pinned[0] if pinned else _C.definition_serial(companion_name)
+        try:
+            outputs = shape.outputs(companion[0](*positional, **keyword_only))
+        except RuntimeError as error:  # the companion undefined by a racing replace: say that
+            if _C.definition_serial(companion_name) != serial:
+                raise RuntimeError(replaced_while_called) from error
+            raise
         check_pinned()
         return outputs, _out_dims(vmap_out_dims, len(outputs))
 
@@ -355,12 +361,14 @@ def vmap_fn_companion(
     # would reach another definition's companion (a replace raced it) refuses, not mixes them.
     pinned: list[int] = []
 
+    replaced_while_called = (
+        f"opreg: op '{qualname}' was replaced (or undefined) while this vmapped call ran, and the "
+        "call would mix two definitions; call it again"
+    )
+
     def check_pinned() -> None:
         if pinned and _C.definition_serial(companion_name) != pinned[0]:
-            raise RuntimeError(
-                f"opreg: op '{qualname}' was replaced (or undefined) while this vmapped call ran, "
-                "and the call would mix two definitions; call it again"
-            )
+            raise RuntimeError(replaced_while_called)
 
     def pin() -> None:
         """Called once the op and this companion are defined."""

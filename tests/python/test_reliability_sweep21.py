@@ -155,3 +155,48 @@ def test_a_gradient_for_a_number_argument_is_refused_in_python_terms():
     x = torch.ones(3, requires_grad=True)
     with pytest.raises(RuntimeError, match=r"return an undefined tensor \(None in Python\) there"):
         op(x, 2.0).sum().backward()
+
+
+def test_a_vmapped_call_racing_a_replace_that_drops_vmap_fn_names_the_replace():
+    # A-F6: about 1 in 30 such refusals blamed the internal companion (<name>_vmap), "not
+    # defined now ... define it again", instead of the replace of the op the user called.
+    import threading
+    import time
+
+    def define(with_vmap_fn):
+        options = {"vmap_fn": lambda x: x * 2, "fake_vmap_fn": torch.empty_like}
+        opreg.register_vmap_op(
+            lambda x: x * 2,
+            fake_fn=torch.empty_like,
+            name="sweep21::race",
+            schema="(Tensor x) -> Tensor",
+            replace=True,
+            **(options if with_vmap_fn else {}),
+        )
+
+    define(True)
+    stop = threading.Event()
+    messages = []
+
+    def caller():
+        while not stop.is_set():
+            try:
+                torch.vmap(torch.ops.sweep21.race)(torch.ones(3, 2))
+            except RuntimeError as error:
+                messages.append(str(error).splitlines()[0])
+
+    def replacer():
+        flip = False
+        while not stop.is_set():
+            flip = not flip
+            define(flip)
+
+    threads = [threading.Thread(target=caller), threading.Thread(target=replacer)]
+    for thread in threads:
+        thread.start()
+    time.sleep(3)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    expected = "opreg: op 'sweep21::race' was replaced (or undefined) while this vmapped call ran"
+    assert messages and all(m.startswith(expected) for m in messages), "\n".join(set(messages))

@@ -105,7 +105,7 @@ class OPREG_API OpBuilder {
                     std::optional<std::vector<std::string>> devices);
   OpBuilder& dtypes(std::string argument, std::vector<c10::ScalarType> allowed);
   OpBuilder& flag(bool OpFlags::* flag, bool on = true);
-  OpBuilder& flag(const std::string& name, bool on);  // a ValueError for unknown names
+  OpBuilder& flag(const std::string& name, bool on);  // define() refuses unknown names
   OpBuilder& backward(Backward backward, SetupContext setup_context);
   OpBuilder& autograd(AutogradPolicy policy);
   // The op's DTensor sharding (see Sharding); without it, the default described there.

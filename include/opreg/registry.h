@@ -61,6 +61,10 @@ namespace detail {
 // and Python's callers] in src/core/registry.cpp.
 using SchemaChangeLock = std::function<std::shared_ptr<void>()>;
 OPREG_API void set_schema_change_lock(SchemaChangeLock lock);
+// Called after a definition replaced an op's earlier one, from any front (a C++ replace made at
+// run time reaches no Python code otherwise), outside opreg's locks. opreg's Python module sets it
+// to drop torch.compile's code compiled before the replace.
+OPREG_API void set_replace_listener(std::function<void()> listener);
 // A number naming the op's current definition (0: none): each define or replace makes another,
 // undefine makes 0, and a failed load's rollback brings the earlier one back. Python's pieces of a
 // definition (a fake) check it, since a definition made from C++ does not pass through Python.

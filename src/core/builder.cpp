@@ -83,8 +83,12 @@ OpBuilder& OpBuilder::flag(const std::string& name, bool on) {
 #undef OPREG_FLAG_BY_NAME
   std::ostringstream known;
   for (const auto& [flag_name, promise] : op_flag_names()) known << " " << flag_name;
-  TORCH_CHECK_VALUE(false, "opreg: op '", declared_name(), "': no flag named '", name,
-                    "'; the flags are:", known.str());
+  auto& mistake = live(state_).mistake;
+  if (mistake.empty()) {
+    mistake = c10::str("opreg: op '", declared_name(), "': no flag named '", name,
+                       "'; the flags are:", known.str());
+  }
+  return *this;
 }
 
 OpBuilder& OpBuilder::backward(Backward backward, SetupContext setup_context) {

@@ -687,6 +687,7 @@ DefinitionPtr build(OpBuilder::State spec, const std::vector<std::string>& devic
   definition->serial = serial != 0 ? serial : ++last_serial;
   definition->device_types = device_types;
   const auto& declared = definition->spec;
+  TORCH_CHECK_VALUE(declared.mistake.empty(), declared.mistake);
   c10::FunctionSchema schema = parse_schema(declared);
   std::ostringstream schema_text;
   schema_text << schema;
@@ -2060,6 +2061,22 @@ void set_schema_change_lock(SchemaChangeLock lock) {
   schema_change_lock = std::move(lock);
 }
 
+std::function<void()> replace_listener;  // guarded by schema_change_lock_mutex
+
+void set_replace_listener(std::function<void()> listener) {
+  std::lock_guard<std::mutex> guard(schema_change_lock_mutex);
+  replace_listener = std::move(listener);
+}
+
+void tell_replace_listener() {
+  std::function<void()> listener;
+  {
+    std::lock_guard<std::mutex> guard(schema_change_lock_mutex);
+    listener = replace_listener;
+  }
+  if (listener) listener();
+}
+
 }  // namespace detail
 
 namespace {
@@ -2139,7 +2156,9 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
     throw;
   }
   std::vector<std::string> qualified;
+  bool replaced = false;
   for (size_t i = 0; i < definitions.size(); ++i) {
+    replaced = replaced || published[i].second != nullptr;
     if (t_libraries_to_pin != nullptr) {
       t_libraries_to_pin->push_back(definitions[i]->spec.caller);
     } else {  // nested in a device type's registration (a kernel factory that defines ops)
@@ -2153,6 +2172,10 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
     lock.unlock();
     t_libraries_to_pin = nullptr;
     for (const void* caller : libraries_to_pin) pin_library_of(caller);
+  }
+  if (replaced) {
+    if (lock.owns_lock()) lock.unlock();
+    detail::tell_replace_listener();
   }
   return qualified;
 }

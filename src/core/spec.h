@@ -40,6 +40,9 @@ struct OpBuilder::State {
   std::string origin;
   std::optional<std::string> part_of;  // set: undefined together with this op (OpBuilder::part_of)
   const void* caller = nullptr;
+  // A builder call's mistake (an unknown flag name), raised by define(): within a library's
+  // load it is recorded there, where a builder's own throw would escape its static initializer.
+  std::string mistake;
 };
 
 namespace detail {

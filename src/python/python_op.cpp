@@ -5,6 +5,7 @@
 #include "python_op.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -814,6 +815,28 @@ void bind_op_builder(py::module& m) {
   // For the Python front's own bookkeeping (a vmap_fn companion its op no longer uses).
   m.def("undefine", &opreg::undefine, py::arg("name"));
   m.def("is_defined", &opreg::is_defined, py::arg("name"));
+  // A replace made from C++ (a thread, an extension) passes no Python front, which would drop
+  // torch.compile's code compiled before it: Python's main thread does it at its next chance,
+  // without waiting for the GIL here (this thread may hold locks a GIL holder waits for). Replaces
+  // that come one after another share one drop.
+  detail::set_replace_listener([] {
+    static std::atomic<bool> scheduled{false};
+    if (!Py_IsInitialized() || interpreter_finalizing() || scheduled.exchange(true)) return;
+    const int added = Py_AddPendingCall(
+        [](void*) -> int {
+          scheduled = false;
+          PyObject* registry = PyImport_ImportModule("opreg._registry");
+          PyObject* result = registry != nullptr
+                                 ? PyObject_CallMethod(registry, "forget_compiled_code", nullptr)
+                                 : nullptr;
+          if (result == nullptr) PyErr_WriteUnraisable(nullptr);  // it never raises; not here
+          Py_XDECREF(result);
+          Py_XDECREF(registry);
+          return 0;
+        },
+        nullptr);
+    if (added != 0) scheduled = false;  // the queue is full: the next replace tries again
+  });
   // See Note [A schema change and Python's callers] in src/core/registry.cpp.
   detail::set_schema_change_lock([]() -> std::shared_ptr<void> {
     if (!Py_IsInitialized() || interpreter_finalizing() || PyGILState_Check()) return nullptr;

@@ -119,6 +119,18 @@ const bool waited = [] {
 }();
 const auto bad =
     opreg::op("opreg_failing::bad(Tensor x, Tensr y) -> Tensor").fallback(identity).define();
+#elif defined(OPREG_EMPTY_FALLBACK)  // a typed fallback that is an empty function
+at::Tensor (*no_fallback)(const at::Tensor&) = nullptr;
+const auto empty =
+    opreg::op("opreg_failing::empty_fallback(Tensor x) -> Tensor").fallback(no_fallback).define();
+#elif defined(OPREG_UNKNOWN_FLAG)    // a flag by a name that is no flag's
+const auto unknown = [] {
+  opreg::OpBuilder builder("opreg_failing::unknown_flag(Tensor x) -> Tensor");
+  builder.fallback(
+      opreg::detail::typed_kernel(std::function<at::Tensor(const at::Tensor&)>(identity)));
+  builder.flag("nosuchflag", true);
+  return std::move(builder).define();
+}();
 #elif defined(OPREG_SIGNATURE_MISMATCH)
 const auto mismatch =
     opreg::op("opreg_failing::mismatch(Tensor x, Tensor y) -> Tensor").fallback(identity).define();

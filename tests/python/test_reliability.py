@@ -308,6 +308,9 @@ def load_failing_library(failure: str, then: str = "", before: str = "") -> str:
         ("define_all", "opreg_failing::together_a, opreg_failing::together_b"),
         # a kernel factory that throws 42 terminated it too
         ("factory_throws", "threw something that is not a std::exception"),
+        # a builder's own refusals aborted the process from the initializer (21st sweep, B-F2)
+        ("empty_fallback", "opreg_failing::empty_fallback: its fallback is an empty function"),
+        ("unknown_flag", "opreg: op 'opreg_failing::unknown_flag': no flag named 'nosuchflag'"),
     ],
 )
 def test_a_library_whose_definition_fails_raises_and_rolls_back(failure, message):

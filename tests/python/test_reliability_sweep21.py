@@ -200,3 +200,21 @@ def test_a_vmapped_call_racing_a_replace_that_drops_vmap_fn_names_the_replace():
         thread.join()
     expected = "opreg: op 'sweep21::race' was replaced (or undefined) while this vmapped call ran"
     assert messages and all(m.startswith(expected) for m in messages), "\n".join(set(messages))
+
+
+def test_code_compiled_before_a_replace_made_from_cpp_is_compiled_again():
+    # B-F1: a replace made from C++ outside a library load (here through ctypes, as a C++
+    # extension may) reached no Python front, so code compiled before it kept the old fake's
+    # shape: 3 numbers where the new definition gives 4.
+    import ctypes
+
+    from conftest import TEST_OPS_LIBRARY
+
+    op = opreg.register_triton_op(
+        triton_fn=None, name="sweep21::replaced", schema="(int n) -> Tensor", fake_fn=None
+    )(lambda n: torch.arange(n, dtype=torch.float32))
+    compiled = torch.compile(lambda x: op(3).sum() + op(3).shape[0] + x, backend="aot_eager")
+    assert compiled(torch.zeros(1)).item() == 3.0 + 3
+    library = ctypes.CDLL(str(TEST_OPS_LIBRARY))
+    assert library.opreg_test_replace_arange(b"sweep21::replaced") == 0
+    assert compiled(torch.zeros(1)).item() == 6.0 + 4  # the C++ fallback: n + 1 numbers

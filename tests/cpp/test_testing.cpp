@@ -47,6 +47,42 @@ TEST(Testing, KernelThatDiffersIsReported) {
                   "sample 0: output 0 is not bitwise equal to the fallback's");
 }
 
+// Sweep 21: a bitwise op's NaN number output failed against the fallback's NaN (B-F3), and a
+// kernel giving -0.0 where the fallback gives +0.0 passed as bitwise equal (B-F10).
+TEST(Testing, BitwiseMeansNaNEqualsNaNAndZerosKeepTheirSign) {
+  opreg::op("opreg_check::nan_number(Tensor x) -> (Tensor, float, float[])")
+      .fallback([](const at::Tensor& x) {
+        return std::make_tuple(x * 2, std::nan(""), std::vector<double>{std::nan(""), -0.0});
+      })
+      .kernel(
+          [](const at::Tensor& x) {
+            return std::make_tuple(x + x, std::nan(""), std::vector<double>{std::nan(""), -0.0});
+          },
+          opreg::on({"cpu"}))
+      .bitwise()
+      .define();
+  opreg::testing::check_or_throw("opreg_check::nan_number", samples());
+
+  opreg::op("opreg_check::negative_zero(Tensor x) -> Tensor")
+      .fallback([](const at::Tensor& x) { return x * 0; })
+      .kernel([](const at::Tensor& x) { return -(x * 0); }, opreg::on({"cpu"}))
+      .bitwise()
+      .define();
+  EXPECT_CONTAINS(
+      error_of([] { opreg::testing::check_or_throw("opreg_check::negative_zero", samples()); }),
+      "output 0 has -0.0 where the fallback's has +0.0, or the reverse; the op declares its "
+      "kernels bitwise");
+  opreg::op("opreg_check::negative_zero_number(Tensor x) -> float")
+      .fallback([](const at::Tensor&) { return 0.0; })
+      .kernel([](const at::Tensor&) { return -0.0; }, opreg::on({"cpu"}))
+      .bitwise()
+      .define();
+  EXPECT_CONTAINS(error_of([] {
+                    opreg::testing::check_or_throw("opreg_check::negative_zero_number", samples());
+                  }),
+                  "output 0 is -0.0, the fallback's +0.0; the op declares its kernels bitwise");
+}
+
 // The same numbers as tests/python/test_opcheck.py and docs/opcheck.md.
 TEST(Testing, ToleranceTable) {
   using opreg::testing::tolerance;

@@ -218,3 +218,26 @@ def test_code_compiled_before_a_replace_made_from_cpp_is_compiled_again():
     library = ctypes.CDLL(str(TEST_OPS_LIBRARY))
     assert library.opreg_test_replace_arange(b"sweep21::replaced") == 0
     assert compiled(torch.zeros(1)).item() == 6.0 + 4  # the C++ fallback: n + 1 numbers
+
+
+def test_opcheck_takes_negative_zero_for_other_bits_of_a_bitwise_op():
+    # B-F10: a kernel giving -0.0 where the fallback gives +0.0 passed kernel_vs_fallback for an
+    # op that declares its kernels bitwise (isclose takes them as equal).
+    def define(name, kernel):
+        return opreg.register_triton_op(
+            fake_fn=torch.empty_like,
+            triton_fn=kernel,
+            triton_device_types="cpu",
+            name=f"sweep21::{name}",
+            schema="(Tensor x) -> Tensor",
+            bitwise=True,
+        )(lambda x: x.abs() * 0)
+
+    sample = [(torch.randn(4),)]
+    flipped = define("negative_zero", lambda x: -(x.abs() * 0))
+    report = opreg.opcheck(flipped, sample, devices=["cpu"], raise_on_failure=False)
+    failed = {row.check: row.message for row in report.rows if not row.passed}
+    assert "has -0.0 where the fallback's has +0.0" in failed.get("kernel_vs_fallback", ""), failed
+    same = define("positive_zero", lambda x: x.abs() * 0)
+    report = opreg.opcheck(same, sample, devices=["cpu"], raise_on_failure=False)
+    assert all(row.passed for row in report.rows if row.check == "kernel_vs_fallback")

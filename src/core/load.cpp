@@ -393,6 +393,13 @@ void load_once(const std::string& path) {
   // dlopen("") opens the program itself.
   TORCH_CHECK_VALUE(!path.empty(),
                     "opreg::load_library: 'path' is empty; pass the path of a library");
+  // A FIFO or a device would block the reads below and dlopen's, without end. A name without a
+  // '/' is searched for by dlopen, not in the working directory.
+  struct stat status{};
+  TORCH_CHECK_VALUE(path.find('/') == std::string::npos || stat(path.c_str(), &status) != 0 ||
+                        S_ISREG(status.st_mode),
+                    "opreg::load_library: cannot load '", detail::valid_utf8(path),
+                    "': it is not a regular file");
   const std::string truncated = truncated_elf(path);
   TORCH_CHECK_VALUE(truncated.empty(), "opreg::load_library: cannot load '",
                     detail::valid_utf8(path), "': the file is a truncated shared library (",

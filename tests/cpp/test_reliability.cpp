@@ -1,5 +1,8 @@
 // tests/cpp/test_reliability.cpp: a replace or undefine never frees what a running call uses, a
 // failed define or replace changes nothing, and calls to undefined ops raise an error naming them.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <thread>
 
@@ -503,6 +506,17 @@ TEST(Reliability, AFactoryThatThrowsAtDefineIsNamed) {
 TEST(Reliability, AnEmptyLibraryPathIsRefused) {
   EXPECT_CONTAINS(error_of([&] { opreg::load_library(""); }),
                   "opreg::load_library: 'path' is empty");
+}
+
+// Sweep 21 B-F6: a FIFO blocked load_library's reads (and dlopen's) without end.
+TEST(Reliability, ALibraryPathThatIsNoRegularFileIsRefused) {
+  const std::string fifo = ::testing::TempDir() + "opreg_fifo_" + std::to_string(getpid()) + ".so";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const auto error = error_of([&] { opreg::load_library(fifo); });
+  unlink(fifo.c_str());
+  EXPECT_CONTAINS(error,
+                  "opreg::load_library: cannot load '" + fifo + "': it is not a regular file");
+  EXPECT_CONTAINS(error_of([&] { opreg::load_library("/"); }), "it is not a regular file");
 }
 
 TEST(Reliability, TheCpuAndMetaAreNoAcceleratedDeviceTypes) {

@@ -166,6 +166,31 @@ def test_emit_cpp_may_go_into_the_out_folder_before_it_exists(tmp_path):
     assert "opreg::triton::register_embedded_bundle" in generated.read_text()
 
 
+@pytest.mark.parametrize("target", ["spec", "source", "index", "manifest", "cache"])
+def test_emit_cpp_never_takes_the_place_of_an_input_or_an_output(tmp_path, target):
+    # Sweep 21 B-F5: --emit-cpp naming the spec, the kernel's source or the bundle's index.txt
+    # overwrote it with generated C++ and exited 0; the user's file was lost.
+    source = tmp_path / "kernels.py"
+    shutil.copy(KERNELS / "triton_kernels.py", source)
+    spec = scale_spec(source=f'"{source}:scale_kernel"')
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "index.txt").write_text("kept\n")
+    (out / "opreg_rel_scale.json").write_text("kept\n")
+    path = {
+        "spec": tmp_path / "spec.toml",
+        "source": source,
+        "index": out / "index.txt",
+        "manifest": out / "opreg_rel_scale.json",
+        "cache": tmp_path / "cache" / "kernels.cpp",
+    }[target]
+    before = path.read_text() if path.exists() else None
+    result = run_aot(spec, tmp_path, "--cache", str(tmp_path / "cache"), "--emit-cpp", str(path))
+    assert_one_line_error(result, f"--emit-cpp {str(path)!r}: that is the spec, a kernel's source")
+    if target != "spec":  # run_aot writes the spec itself
+        assert (path.read_text() if path.exists() else None) == before
+
+
 def test_target_option_replaces_the_spec_targets(tmp_path):
     spec = scale_spec(do_not_specialize='["n"]')
     result = run_aot(spec, tmp_path, "--cache", str(CACHE), "--target", "sm_90")

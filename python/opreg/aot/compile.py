@@ -714,6 +714,27 @@ def probe_writable(path: Path) -> None:
         path.unlink()
 
 
+def check_emit_target(
+    target: Path, spec: Path, kernels: list[KernelSpec], base: Path, out: Path, cache: Path
+) -> None:
+    """The generated source must not take the place of an input (the spec, a kernel's source) or
+    of what the compiler writes (the bundle in --out, the cache): it would be lost, silently."""
+    resolved = target.resolve()
+    inputs = [spec.resolve()]
+    for kernel in kernels:
+        file = kernel.source.rpartition(":")[0]
+        if file.endswith(".py"):
+            inputs.append((base / file).resolve())
+    outputs = [out.resolve() / "index.txt", *(out.resolve() / f"{k.name}.json" for k in kernels)]
+    taken = resolved in inputs or resolved in outputs or resolved.suffix == ".cubin"
+    if taken or resolved.is_relative_to(cache.resolve()):
+        raise SpecError(
+            f"--emit-cpp {str(target)!r}: that is the spec, a kernel's source, or a file the "
+            "compiler writes (the bundle in --out, the cache); name a file of its own (e.g. "
+            "kernels.cpp)"
+        )
+
+
 def targets_of(option: str | None) -> list[str] | None:
     if option is None:
         return None
@@ -737,6 +758,7 @@ def run(args: argparse.Namespace) -> int:
     writable_folder("--out", args.out)
     cache = writable_folder("--cache", args.cache or args.out / ".cache")
     if args.emit_cpp:  # after --out: CMake writes it there, and only Ninja makes the folder
+        check_emit_target(args.emit_cpp, args.spec, kernels, base, args.out, cache)
         write_file("--emit-cpp", args.emit_cpp, probe_writable)
     counter = itertools.count(1)
 

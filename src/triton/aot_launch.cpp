@@ -208,6 +208,13 @@ class Parser {
         name.find_first_not_of("0123456789", 3) == std::string::npos) {
       expr->kind = Expr::Kind::kOutput;
       expr->type = ValueType::kTensor;
+      const auto& arguments = schema_.arguments();
+      fail(std::none_of(arguments.begin(), arguments.end(),
+                        [&](const c10::Argument& argument) { return argument.name() == name; }),
+           in.text,
+           "'" + name +
+               "' names an output here, and the op has an argument of that name too; "
+               "rename the argument (out<i> names output i in a launch)");
       const auto digits = name.substr(3);
       const auto parsed =
           std::from_chars(digits.data(), digits.data() + digits.size(), expr->index);

@@ -995,6 +995,27 @@ def test_malformed_expressions_are_value_errors(expression, message):
     assert message in str(error.value)
 
 
+def test_an_argument_named_like_an_output_is_refused_where_a_launch_names_it():
+    # Sweep 21 B-F4: with an argument named out0, the launch's 'out0' bound output 0 while
+    # like:out0 and numel(out0) read the argument: silently mixed.
+    def fn(x: torch.Tensor, out0: torch.Tensor) -> torch.Tensor:
+        return x + out0
+
+    launch = opreg.AotLaunch("opreg_test_scale", ("1",), ("out0", "x"), "like:x")
+    with pytest.raises(ValueError, match=r"aot_rel::shadowed: aot_kernel arguments: cannot read "
+                       r"'out0': 'out0' names an output here, and the op has an argument of that "
+                       r"name too"):  # fmt: skip
+        opreg.register_triton_op(
+            fake_fn=lambda x, out0: torch.empty_like(x),
+            triton_fn=None,
+            aot=launch,
+            triton_device_types="cuda",
+            name="aot_rel::shadowed",
+            schema="(Tensor x, Tensor out0) -> Tensor",
+        )(fn)
+    assert not _C.is_defined("aot_rel::shadowed")
+
+
 def test_grid_expressions_must_be_integers():
     with pytest.raises(ValueError, match="grid: cannot read 'f': expected an integer expression"):
         define_declared("float_grid", ["f"], ["x", "out0", "numel(x)", "f"])

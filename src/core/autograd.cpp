@@ -153,8 +153,8 @@ class OpregBackward : public torch::autograd::Node {
       try {
         // A throw of no std::exception would otherwise reach the autograd engine's thread,
         // which catches only std::exceptions: the process would terminate.
-        return detail::run_user_code<std::vector<at::Tensor>>(
-            op_name, "", "backward", [&] { return declaration->backward(ctx, per_output); });
+        return detail::run_user_code_named<std::vector<at::Tensor>>(
+            op_name, "backward", [&] { return declaration->backward(ctx, per_output); });
       } catch (...) {
         ctx.in_backward_ = false;
         throw;
@@ -487,8 +487,8 @@ class AutogradKernel final : public c10::OperatorKernel {
     // As torch.autograd.Function: setup_context sees the outputs before they join the graph, and
     // may mark some of them non-differentiable.
     if (spec_->setup_context) {
-      detail::run_user_code<void>(op_->name, "", "setup_context",
-                                  [&] { spec_->setup_context(ctx, inputs, outputs); });
+      detail::run_user_code_named<void>(op_->name, "setup_context",
+                                        [&] { spec_->setup_context(ctx, inputs, outputs); });
     }
     auto is_marked = [&](const at::Tensor& tensor) {
       for (const auto& marked : ctx.non_differentiable_) {

@@ -1436,8 +1436,7 @@ void run_checked(const Definition& d, const c10::KernelFunction& function, const
   } catch (c10::Error& error) {
     // ATen's own messages ("The size of tensor a ...") do not say which op's code raised them;
     // opreg's do.
-    if (error.msg().rfind(d.name() + ":", 0) != 0)
-      error.add_context("in " + impl + " of " + d.name());
+    if (!detail::names_op(error, d.name())) error.add_context("in " + impl + " of " + d.name());
     throw;
   }
   check_outputs(d, *stack, base, inputs, impl, device);

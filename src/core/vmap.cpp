@@ -264,7 +264,7 @@ class VmapKernel final : public c10::OperatorKernel {
       unwrapped_inputs = unwrapped.values;
       trace("vmap:rule", unwrapped);
       c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::FuncTorchBatched);
-      result = detail::run_user_code<VmapResult>(op_->name, "", "the vmap rule", [&] {
+      result = detail::run_user_code_named<VmapResult>(op_->name, "the vmap rule", [&] {
         return rule_(VmapInfo{batch_size, randomness}, unwrapped.in_dims, unwrapped.values);
       });
     } else if (polymorphic_call) {

@@ -12,6 +12,38 @@ namespace {
 at::Tensor identity(const at::Tensor& x) { return x.clone(); }
 at::Tensor add(const at::Tensor& x, const at::Tensor& y) { return x + y; }
 
+// Sweep 21 B-F8: c10's errors from a backward, setup_context or a vmap rule did not say whose
+// piece raised them; B-F7: the fallback's, after a kernel declined, were put on the kernel.
+TEST(Errors, CTenErrorsOfPiecesNoKernelWrapsNameTheOp) {
+  auto backward = opreg::op("opreg_err::c10_backward(Tensor x) -> Tensor")
+                      .fallback(identity)
+                      .backward([](opreg::AutogradContext&,
+                                   const std::vector<at::Tensor>&) -> std::vector<at::Tensor> {
+                        TORCH_CHECK(false, "c10 boom");
+                      })
+                      .define();
+  auto x = at::ones({2}).requires_grad_();
+  EXPECT_EQ(error_of([&] { backward(x).sum().backward(); }),
+            "c10 boom (in backward of opreg_err::c10_backward)");
+  auto setup = opreg::op("opreg_err::c10_setup(Tensor x) -> Tensor")
+                   .fallback(identity)
+                   .backward([](opreg::AutogradContext&,
+                                const std::vector<at::Tensor>& grads) { return grads; },
+                             [](opreg::AutogradContext&, const std::vector<c10::IValue>&,
+                                const std::vector<c10::IValue>&) { TORCH_CHECK(false, "set up"); })
+                   .define();
+  EXPECT_EQ(error_of([&] { setup(x); }), "set up (in setup_context of opreg_err::c10_setup)");
+  auto declined =
+      opreg::op("opreg_err::declined(Tensor x) -> Tensor")
+          .fallback([](const at::Tensor& x) { return x + at::ones({3}); })
+          .kernel(identity,
+                  opreg::on({"cpu"}).name("never").accepts([](const at::Tensor&) { return false; }))
+          .define();
+  EXPECT_CONTAINS(error_of([&] { declined(at::ones({2})); }),
+                  "(in the fallback of opreg_err::declined, which served the call kernel:never "
+                  "declined)");
+}
+
 // The fifth sweep: exceptions that are not c10::Errors lost the op's name.
 TEST(Errors, WhatUserCodeThrowsNamesTheOpAndThePiece) {
   auto op = opreg::op("opreg_err::throws(Tensor x) -> Tensor")

@@ -241,3 +241,15 @@ def test_opcheck_takes_negative_zero_for_other_bits_of_a_bitwise_op():
     same = define("positive_zero", lambda x: x.abs() * 0)
     report = opreg.opcheck(same, sample, devices=["cpu"], raise_on_failure=False)
     assert all(row.passed for row in report.rows if row.check == "kernel_vs_fallback")
+
+
+def test_an_error_of_the_fallback_after_a_kernel_declined_names_the_fallback():
+    # B-F7: the fallback's error, after the C++ kernel cpu_loop declined the call, said "in
+    # kernel 'cpu_loop'" while the trace said the fallback ran.
+    opreg.load_library(opreg.example_library())
+    with opreg.trace() as trace, pytest.raises(RuntimeError) as error:
+        torch.ops.opreg_example.scale_add(torch.ones(2), torch.ones(3), 1.0)
+    assert trace.impls() == ["fallback(declined by kernel:cpu_loop)"]
+    message = str(error.value)
+    assert "(in the fallback of opreg_example::scale_add, which served the call" in message
+    assert "in kernel 'cpu_loop'" not in message

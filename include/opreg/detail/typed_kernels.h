@@ -4,6 +4,7 @@
 // output checks run around it, in the op's trampoline (src/core/registry.cpp).
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -67,6 +68,25 @@ Ret run_user_code(const std::string& op, const char* what, std::string_view labe
   }
 }
 
+// run_user_code for the pieces no dispatcher kernel wraps (a backward, setup_context, a vmap
+// rule): c10's errors, which pass as they are, also say whose piece raised them.
+inline bool names_op(const c10::Error& error, const std::string& op) {
+  const auto& context = error.context();
+  return error.msg().find(op) != std::string::npos ||
+         std::any_of(context.begin(), context.end(),
+                     [&](const std::string& entry) { return entry.find(op) != std::string::npos; });
+}
+
+template <class Ret, class Fn>
+Ret run_user_code_named(const std::string& op, std::string_view label, Fn&& fn) {
+  try {
+    return run_user_code<Ret>(op, "", label, std::forward<Fn>(fn));
+  } catch (c10::Error& error) {
+    if (!names_op(error, op)) error.add_context("in " + std::string(label) + " of " + op);
+    throw;
+  }
+}
+
 // A callable run as is (the fallback, a fake), its calls traced under the context's label.
 template <class Ret, class... Args>
 KernelFactory typed_kernel(std::function<Ret(Args...)> fn) {
@@ -99,7 +119,15 @@ KernelFactory typed_kernel(std::function<Ret(Args...)> kernel, std::function<boo
         if (trace_enabled()) {
           record_trace(op, "fallback(declined by " + label + ")", trace_device_of(args...));
         }
-        return run_user_code<Ret>(op, "", "fallback", [&]() -> Ret { return fallback(args...); });
+        try {
+          return run_user_code<Ret>(op, "", "fallback", [&]() -> Ret { return fallback(args...); });
+        } catch (c10::Error& error) {  // not the kernel's, though the kernel called it
+          if (!names_op(error, op)) {
+            error.add_context("in the fallback of " + op + ", which served the call " + label +
+                              " declined");
+          }
+          throw;
+        }
       }
       if (trace_enabled()) record_trace(op, label, trace_device_of(args...));
       return run_user_code<Ret>(op, "", label, [&]() -> Ret { return kernel(args...); });

@@ -208,8 +208,14 @@ PYBIND11_MODULE(_C, m) {
       py::arg("tensors"));
   // Without the GIL: a thread that the library's initializers start and wait for may define (or
   // replace) ops from Python pieces, which takes the GIL.
-  m.def("load_library", &opreg::load_library, py::arg("path"),
-        py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "load_library",
+      [](const std::string& path) {
+        const opreg::python::FrontDropsCompiledCode
+            front;  // opreg.load_library drops it after the load
+        opreg::load_library(path);
+      },
+      py::arg("path"), py::call_guard<py::gil_scoped_release>());
   // How many values an enumeration the schema language names has (the range of such an output).
   m.def("enum_value_count", [](const std::string& name) -> int64_t {
     if (name == "ScalarType") return static_cast<int64_t>(c10::ScalarType::NumOptions);

@@ -669,6 +669,15 @@ void add_vmap_rule(OpBuilder& builder, PyRef rule, SchemaPtr schema) {
 
 }  // namespace
 
+namespace {
+thread_local bool front_drops_compiled_code = false;
+}  // namespace
+
+FrontDropsCompiledCode::FrontDropsCompiledCode() : outer_(front_drops_compiled_code) {
+  front_drops_compiled_code = true;
+}
+FrontDropsCompiledCode::~FrontDropsCompiledCode() { front_drops_compiled_code = outer_; }
+
 bool wait_for_backward_errors(double seconds) {
   TORCH_CHECK_VALUE(seconds >= 0, "opreg: wait_for_backward_errors: seconds must be >= 0, got ",
                     seconds);
@@ -809,6 +818,7 @@ void bind_op_builder(py::module& m) {
           TORCH_CHECK_TYPE(builder != nullptr, "opreg: define_all takes OpBuilders, got None");
         }
         for (auto* builder : builders) owned.push_back(std::move(*builder));
+        const FrontDropsCompiledCode front;
         return define_all(std::move(owned));
       },
       py::arg("builders"));
@@ -821,7 +831,10 @@ void bind_op_builder(py::module& m) {
   // that come one after another share one drop.
   detail::set_replace_listener([] {
     static std::atomic<bool> scheduled{false};
-    if (!Py_IsInitialized() || interpreter_finalizing() || scheduled.exchange(true)) return;
+    if (front_drops_compiled_code || !Py_IsInitialized() || interpreter_finalizing() ||
+        scheduled.exchange(true)) {
+      return;
+    }
     const int added = Py_AddPendingCall(
         [](void*) -> int {
           scheduled = false;

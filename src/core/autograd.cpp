@@ -23,6 +23,7 @@
 #include "op_internal.h"
 #include "opreg/detail/typed_kernels.h"
 #include "opreg/trace.h"
+#include "transform_levels.h"
 
 namespace opreg {
 
@@ -331,7 +332,7 @@ class AutogradKernel final : public c10::OperatorKernel {
       for (auto it = stack->end() - num_args; it != stack->end(); ++it) {
         if (it->isTensor() && it->toTensor().defined()) inputs.push_back(it->toTensor());
       }
-      fallback_->callBoxed(op, keys, stack);
+      detail::run_at_transform_level([&] { fallback_->callBoxed(op, keys, stack); });
       check_fallback_is_differentiable(any_requires_grad, any_tangent, inputs, stack);
       return;
     }

@@ -34,6 +34,7 @@
 #include "op_internal.h"
 #include "opreg/detail/typed_kernels.h"
 #include "opreg/trace.h"
+#include "transform_levels.h"
 
 namespace opreg {
 namespace {
@@ -264,8 +265,10 @@ class VmapKernel final : public c10::OperatorKernel {
       unwrapped_inputs = unwrapped.values;
       trace("vmap:rule", unwrapped);
       c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::FuncTorchBatched);
-      result = detail::run_user_code_named<VmapResult>(op_->name, "the vmap rule", [&] {
-        return rule_(VmapInfo{batch_size, randomness}, unwrapped.in_dims, unwrapped.values);
+      detail::run_below_transform_level([&] {
+        result = detail::run_user_code_named<VmapResult>(op_->name, "the vmap rule", [&] {
+          return rule_(VmapInfo{batch_size, randomness}, unwrapped.in_dims, unwrapped.values);
+        });
       });
     } else if (polymorphic_call) {
       trace("vmap:batch-polymorphic", unwrapped);
@@ -408,7 +411,7 @@ class VmapKernel final : public c10::OperatorKernel {
     std::optional<torch::jit::Stack> meta;
     if (detail::debug_checks()) meta = one_example_on_meta(*stack);
     try {
-      fallback_->callBoxed(op, keys, stack);
+      detail::run_at_transform_level([&] { fallback_->callBoxed(op, keys, stack); });
     } catch (const c10::Error& error) {
       // The op's own checks (its arguments' dtypes, its outputs) fail the same way outside vmap:
       // no vmap advice.

@@ -5,6 +5,7 @@ checked against a loop of single calls, and the trace shows which implementation
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import pytest
@@ -274,3 +275,95 @@ def test_a_cpp_rule_keeps_a_dynamic_batch_size_symbolic():
     for batch in (1, 5):
         x = torch.randn(batch, 2, 3)
         torch.testing.assert_close(exported.module()(x, row), x + row)
+
+
+# A fallback or rule may start transforms of its own (torch.vmap, torch.func.grad inside it): they
+# nest under the transforms the op is called in, as in a torch.library.custom_op. They hit
+# functorch's internal assert (savedLocalDispatchKeySet_) before.
+
+
+def _functorch_depth():
+    return torch._C._functorch.get_dynamic_layer_stack_depth()
+
+
+@functools.cache
+def _vmapping_sin():
+    @opreg.register_vmap_op(fake_fn=torch.empty_like, name="nested_transforms::vmapping_sin")
+    def op(x: torch.Tensor) -> torch.Tensor:
+        return vmap(torch.sin)(x) * 2
+
+    return op
+
+
+def _grad_of_cube():
+    @opreg.register_vmap_op(fake_fn=torch.empty_like, name="nested_transforms::grad_of_cube")
+    def op(x: torch.Tensor) -> torch.Tensor:  # 3 x^2, elementwise
+        return vmap(grad(lambda t: t**3))(x.reshape(-1)).reshape(x.shape)
+
+    return op
+
+
+def test_a_fallback_that_starts_a_transform_runs_under_every_transform():
+    op = _vmapping_sin()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    ones = torch.ones_like(x)
+    torch.testing.assert_close(op(x), 2 * x.sin())
+    torch.testing.assert_close(vmap(op)(x), 2 * x.sin())
+    deeper = torch.randn(2, 3, 4, dtype=torch.float64)
+    torch.testing.assert_close(vmap(vmap(op))(deeper), 2 * deeper.sin())
+    torch.testing.assert_close(grad(lambda t: op(t).sum())(x), 2 * x.cos())
+    torch.testing.assert_close(vmap(grad(lambda t: op(t).sum()))(x), 2 * x.cos())
+    torch.testing.assert_close(grad(lambda t: vmap(op)(t).sum())(x), 2 * x.cos())
+    torch.testing.assert_close(torch.func.jvp(op, (x,), (ones,))[1], 2 * x.cos())
+    torch.testing.assert_close(torch.func.jacrev(op)(x[0]), torch.diag(2 * x[0].cos()))
+    torch.testing.assert_close(torch.func.jacfwd(op)(x[0]), torch.diag(2 * x[0].cos()))
+    leaf = x.clone().requires_grad_()
+    torch.testing.assert_close(torch.autograd.grad(vmap(op)(leaf).sum(), leaf)[0], 2 * x.cos())
+    assert _functorch_depth() == 0
+
+
+def test_a_fallback_that_takes_gradients_runs_under_every_transform():
+    op = _grad_of_cube()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    torch.testing.assert_close(op(x), 3 * x**2)
+    torch.testing.assert_close(vmap(op)(x), 3 * x**2)
+    torch.testing.assert_close(grad(lambda t: op(t).sum())(x), 6 * x)
+    torch.testing.assert_close(vmap(grad(lambda t: op(t).sum()))(x), 6 * x)
+    torch.testing.assert_close(torch.func.jvp(op, (x,), (torch.ones_like(x),))[1], 6 * x)
+    assert _functorch_depth() == 0
+
+
+def test_a_rule_that_starts_a_transform_runs_below_the_layer():
+    def rule(info, in_dims, x):
+        return vmap(torch.sin, in_dims=in_dims[0])(x) * 2, 0
+
+    op = opreg.register_vmap_op(
+        lambda x: x.sin() * 2,
+        fake_fn=torch.empty_like,
+        vmap=rule,
+        name="nested_transforms::rule_vmaps",
+        schema="(Tensor x) -> Tensor",
+    )
+    x = torch.randn(2, 3, 4, dtype=torch.float64)
+    with opreg.trace() as t:
+        torch.testing.assert_close(vmap(op)(x), 2 * x.sin())
+        torch.testing.assert_close(vmap(op, in_dims=1)(x), 2 * x.sin().movedim(1, 0))
+        torch.testing.assert_close(vmap(vmap(op))(x), 2 * x.sin())
+    assert set(t.impls("nested_transforms::rule_vmaps")) == {"vmap:rule"}
+    torch.testing.assert_close(grad(lambda t: vmap(op)(t).sum())(x), 2 * x.cos())
+    assert _functorch_depth() == 0
+
+
+def test_a_transform_failing_inside_a_fallback_leaves_the_layers_as_they_were():
+    @opreg.register_vmap_op(fake_fn=torch.empty_like, name="nested_transforms::fails_inside")
+    def op(x: torch.Tensor) -> torch.Tensor:
+        return vmap(lambda t: t.reshape(5))(x)  # one example is 4 numbers: refused
+
+    x = torch.randn(3, 4)
+    for call in (lambda: vmap(op)(x), lambda: grad(lambda t: op(t).sum())(x)):
+        with pytest.raises(RuntimeError, match="is invalid for input of size"):
+            call()
+        assert _functorch_depth() == 0
+    sin = _vmapping_sin()  # and the next transforms run as usual
+    torch.testing.assert_close(vmap(sin)(x), 2 * x.sin())
+    torch.testing.assert_close(vmap(lambda t: t * 2)(x), 2 * x)

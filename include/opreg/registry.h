@@ -78,7 +78,9 @@ OPREG_API void undefine(const std::string& name);
 
 // Opens a library whose static initializers define opreg ops. If any definition fails, every op
 // the library defined is rolled back and one exception (a ValueError in Python) names the library
-// and each failure; the process survives. See Note [Loading op libraries] in src/core/load.cpp.
+// and each failure; the process survives. A `path` without a '/' is looked up in LD_LIBRARY_PATH,
+// then in the system's library directories (/etc/ld.so.conf), not in the working directory. See
+// Note [Loading op libraries] in src/core/load.cpp.
 OPREG_API void load_library(const std::string& path);
 
 }  // namespace opreg

@@ -26,11 +26,15 @@
 #include <dlfcn.h>
 #include <elf.h>
 #include <execinfo.h>
+#include <glob.h>
 #include <link.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -175,6 +179,57 @@ std::string truncated_elf(const std::string& path) {
     }
   }
   return "";
+}
+
+// The directories of /etc/ld.so.conf (and the files it includes) in order.
+void add_configured_dirs(const std::string& conf, int depth, std::vector<std::string>& dirs) {
+  std::ifstream file(conf);
+  std::string line;
+  while (depth < 8 && file && std::getline(file, line)) {
+    line = line.substr(0, line.find('#'));
+    const auto begin = line.find_first_not_of(" \t");
+    if (begin == std::string::npos) continue;
+    line = line.substr(begin, line.find_last_not_of(" \t\r") + 1 - begin);
+    if (line.rfind("include", 0) == 0 && line.size() > 7 &&
+        std::isspace(static_cast<unsigned char>(line[7]))) {
+      std::string pattern = line.substr(line.find_first_not_of(" \t", 7));
+      if (pattern.front() != '/') pattern = conf.substr(0, conf.rfind('/') + 1) + pattern;
+      glob_t found{};
+      if (glob(pattern.c_str(), 0, nullptr, &found) == 0) {
+        for (size_t i = 0; i < found.gl_pathc; ++i) {
+          add_configured_dirs(found.gl_pathv[i], depth + 1, dirs);
+        }
+      }
+      globfree(&found);
+    } else if (line.front() == '/') {
+      dirs.push_back(line);
+    }
+  }
+}
+
+// The file a name without a '/' names: the first in LD_LIBRARY_PATH (an empty entry is the
+// working directory, as for the dynamic loader), then in the system's library directories.
+// load_library checks that file and gives dlopen its path, so the file checked is the one mapped.
+std::optional<std::string> find_library_file(const std::string& name) {
+  std::vector<std::string> dirs;
+  // As the dynamic loader reads it: set but empty is no list.
+  if (const char* searched = std::getenv("LD_LIBRARY_PATH"); searched != nullptr && *searched) {
+    std::string list = searched;
+    size_t start = 0;
+    while (start <= list.size()) {
+      const size_t end = std::min(list.find_first_of(":;", start), list.size());
+      dirs.push_back(end == start ? "." : list.substr(start, end - start));
+      start = end + 1;
+    }
+  }
+  add_configured_dirs("/etc/ld.so.conf", 0, dirs);
+  for (const char* dir : {"/lib64", "/usr/lib64", "/lib", "/usr/lib"}) dirs.emplace_back(dir);
+  for (const auto& dir : dirs) {
+    const std::string candidate = dir + "/" + name;
+    struct stat status{};
+    if (stat(candidate.c_str(), &status) == 0) return candidate;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -393,23 +448,40 @@ void load_once(const std::string& path) {
   // dlopen("") opens the program itself.
   TORCH_CHECK_VALUE(!path.empty(),
                     "opreg::load_library: 'path' is empty; pass the path of a library");
-  // A FIFO or a device would block the reads below and dlopen's, without end. A name without a
-  // '/' is searched for by dlopen, not in the working directory.
+  // A name without a '/' that is not loaded yet is looked up here (find_library_file), so that
+  // the checks below read the file dlopen maps.
+  std::string file = path;
+  bool mapped_already = false;
+  if (path.find('/') == std::string::npos) {
+    if (const auto found = find_library_file(path)) {
+      file = *found;
+    } else if (void* loaded = dlopen(path.c_str(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD)) {
+      // Found elsewhere by the dynamic loader (a runpath), and mapped already: nothing to check.
+      // Asked first, dlopen would open the file it finds even with RTLD_NOLOAD (a FIFO: no end).
+      mapped_already = true;
+      dlclose(loaded);
+    } else {
+      TORCH_CHECK_VALUE(false, "opreg::load_library: cannot load '", detail::valid_utf8(path),
+                        "': no file of that name in LD_LIBRARY_PATH or the system's library "
+                        "directories (/etc/ld.so.conf), and no library of that name is loaded; "
+                        "pass the library's path");
+    }
+  }
+  // A FIFO or a device would block the reads below and dlopen's, without end.
   struct stat status{};
-  TORCH_CHECK_VALUE(path.find('/') == std::string::npos || stat(path.c_str(), &status) != 0 ||
-                        S_ISREG(status.st_mode),
-                    "opreg::load_library: cannot load '", detail::valid_utf8(path),
+  TORCH_CHECK_VALUE(mapped_already || stat(file.c_str(), &status) != 0 || S_ISREG(status.st_mode),
+                    "opreg::load_library: cannot load '", detail::valid_utf8(file),
                     "': it is not a regular file");
-  const std::string truncated = truncated_elf(path);
+  const std::string truncated = mapped_already ? "" : truncated_elf(file);
   TORCH_CHECK_VALUE(truncated.empty(), "opreg::load_library: cannot load '",
-                    detail::valid_utf8(path), "': the file is a truncated shared library (",
+                    detail::valid_utf8(file), "': the file is a truncated shared library (",
                     truncated, ")");
   LoadContext context(path, t_load);
   const bool outermost = context.outer == nullptr;
   // Inside another load this thread holds the dynamic loader's lock, so nothing loads meanwhile.
   bool loaded_before = false;
   if (!outermost) {
-    if (void* loaded = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD)) {
+    if (void* loaded = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD)) {
       loaded_before = true;
       dlclose(loaded);
     }
@@ -419,7 +491,7 @@ void load_once(const std::string& path) {
   t_load = &context;
   ++g_dlopens;
   ++t_dlopens;
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
   --t_dlopens;
   --g_dlopens;
   t_load = context.outer;

@@ -26,15 +26,26 @@ OpBuilder::~OpBuilder() = default;
 OpBuilder::OpBuilder(OpBuilder&&) noexcept = default;
 OpBuilder& OpBuilder::operator=(OpBuilder&&) noexcept = default;
 
+// A builder's methods never throw: they run in libraries' static initializers, where an
+// exception ends the process. A mistake is kept (the first), and define() raises it, which a
+// library's load records.
 namespace {
-OpBuilder::State& live(const std::unique_ptr<OpBuilder::State>& state) {
-  TORCH_CHECK_VALUE(state != nullptr, "opreg: this OpBuilder was already defined; make a new one");
+OpBuilder::State& live(std::unique_ptr<OpBuilder::State>& state) {
+  if (state == nullptr) {  // defined, or moved from: a builder of nothing, which define() refuses
+    state = std::make_unique<OpBuilder::State>();
+    state->mistake = "opreg: this OpBuilder was already defined (or moved from); make a new one";
+  }
   return *state;
+}
+
+void keep_first(OpBuilder::State& state, std::string mistake) {
+  if (state.mistake.empty()) state.mistake = std::move(mistake);
 }
 }  // namespace
 
 std::string OpBuilder::declared_name() const {
-  const auto& text = live(state_).name_or_schema;
+  if (state_ == nullptr) return "";
+  const auto& text = state_->name_or_schema;
   return text.substr(0, text.find('('));
 }
 
@@ -54,8 +65,11 @@ OpBuilder& OpBuilder::fake(KernelFactory factory) {
 }
 
 OpBuilder& OpBuilder::python_fake(std::string python_module) {
-  TORCH_CHECK_VALUE(!python_module.empty(), "opreg: op '", declared_name(),
-                    "': python_fake() needs the name of the module that registers the fake");
+  if (python_module.empty()) {
+    keep_first(live(state_), c10::str("opreg: op '", declared_name(),
+                                      "': python_fake() needs the name of the module that "
+                                      "registers the fake; it got an empty name"));
+  }
   live(state_).python_module = std::move(python_module);
   return *this;
 }
@@ -72,6 +86,12 @@ OpBuilder& OpBuilder::dtypes(std::string argument, std::vector<c10::ScalarType> 
 }
 
 OpBuilder& OpBuilder::flag(bool OpFlags::* flag, bool on) {
+  if (flag == nullptr) {
+    keep_first(live(state_), c10::str("opreg: op '", declared_name(),
+                                      "': flag() got a null member pointer; name a member of "
+                                      "opreg::OpFlags"));
+    return *this;
+  }
   live(state_).flags.*flag = on;
   return *this;
 }
@@ -83,11 +103,8 @@ OpBuilder& OpBuilder::flag(const std::string& name, bool on) {
 #undef OPREG_FLAG_BY_NAME
   std::ostringstream known;
   for (const auto& [flag_name, promise] : op_flag_names()) known << " " << flag_name;
-  auto& mistake = live(state_).mistake;
-  if (mistake.empty()) {
-    mistake = c10::str("opreg: op '", declared_name(), "': no flag named '", name,
-                       "'; the flags are:", known.str());
-  }
+  keep_first(live(state_), c10::str("opreg: op '", declared_name(), "': no flag named '", name,
+                                    "'; the flags are:", known.str()));
   return *this;
 }
 

@@ -2120,7 +2120,7 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
   std::set<std::string> names;
   for (auto& builder : builders) {
     TORCH_CHECK_VALUE(builder.state_ != nullptr,
-                      "opreg: this OpBuilder was already defined; make a new one");
+                      "opreg: this OpBuilder was already defined (or moved from); make a new one");
     auto definition = build(std::move(*builder.state_), reg.device_types);
     builder.state_.reset();
     check_publishable(reg, *definition);

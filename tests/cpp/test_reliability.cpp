@@ -571,3 +571,35 @@ TEST(Reliability, CallFallbackGivesAnUndefinedOptionalTensorAsNone) {
       opreg::testing::call_fallback("opreg_rel::optional_none", {at::zeros({1}), at::Tensor()});
   EXPECT_TRUE(at::equal(outputs.at(0).toTensor(), at::zeros({1})));
 }
+
+// Sweep 22 B-F3, B-F10: a builder's methods threw (python_fake(""), any method of a builder
+// already defined), which aborts a library's static initializer, and flag(nullptr) wrote through
+// a null member pointer. Now each is kept, and define() raises the first.
+TEST(Reliability, BuilderMistakesAreRaisedByDefine) {
+  auto with_fallback = [](const char* schema) {
+    opreg::OpBuilder builder(schema);
+    builder.fallback(
+        opreg::detail::typed_kernel(std::function<at::Tensor(const at::Tensor&)>(twice)));
+    return builder;
+  };
+  auto empty_module = with_fallback("opreg_rel::empty_module(Tensor x) -> Tensor");
+  empty_module.python_fake("");
+  EXPECT_CONTAINS(
+      error_of([&] { std::move(empty_module).define(); }),
+      "opreg: op 'opreg_rel::empty_module': python_fake() needs the name of the module");
+  auto null_flag = with_fallback("opreg_rel::null_flag(Tensor x) -> Tensor");
+  null_flag.flag(static_cast<bool opreg::OpFlags::*>(nullptr), true);
+  EXPECT_CONTAINS(error_of([&] { std::move(null_flag).define(); }),
+                  "opreg: op 'opreg_rel::null_flag': flag() got a null member pointer");
+  auto defined = with_fallback("opreg_rel::defined_once(Tensor x) -> Tensor");
+  std::move(defined).define();
+  defined.fallback(
+      opreg::detail::typed_kernel(std::function<at::Tensor(const at::Tensor&)>(twice)));
+  defined.flag("bitwise", true);
+  EXPECT_CONTAINS(error_of([&] { std::move(defined).define(); }),
+                  "this OpBuilder was already defined (or moved from); make a new one");
+  for (const char* name : {"opreg_rel::empty_module", "opreg_rel::null_flag"}) {
+    EXPECT_FALSE(opreg::is_defined(name));
+  }
+  EXPECT_TRUE(opreg::is_defined("opreg_rel::defined_once"));
+}

@@ -311,6 +311,12 @@ def load_failing_library(failure: str, then: str = "", before: str = "") -> str:
         # a builder's own refusals aborted the process from the initializer (21st sweep, B-F2)
         ("empty_fallback", "opreg_failing::empty_fallback: its fallback is an empty function"),
         ("unknown_flag", "opreg: op 'opreg_failing::unknown_flag': no flag named 'nosuchflag'"),
+        # python_fake(""), and a declaration defined twice, aborted it too (22nd sweep, B-F3)
+        (
+            "empty_python_fake",
+            "opreg_failing::empty_python_fake': python_fake() needs the name of the module",
+        ),
+        ("defined_twice", "this OpBuilder was already defined (or moved from)"),
     ],
 )
 def test_a_library_whose_definition_fails_raises_and_rolls_back(failure, message):

@@ -212,6 +212,28 @@ std::string compare_fake(const std::string& what, const c10::IValue& meta,
 
 // One sample's two results, from one definition of the op: false when a replace changed the
 // definition while the sample ran (the kernel's call and the fallback's may then belong to two).
+// The checks compare values: a sample's tensors must hold them (strided, with data).
+void check_sample_has_data(const std::string& op, const std::vector<c10::IValue>& sample,
+                           size_t index) {
+  auto check = [&](const at::Tensor& tensor) {
+    if (!tensor.defined()) return;
+    TORCH_CHECK_VALUE(!tensor.is_meta(), "opreg::testing::check: ", op, ": sample ", index,
+                      " has a tensor on the meta device, which holds no values to compare; give "
+                      "samples on a device with data (the fake is checked on meta copies of them)");
+    TORCH_CHECK_VALUE(tensor.layout() == at::kStrided, "opreg::testing::check: ", op, ": sample ",
+                      index, " has a tensor of layout ", tensor.layout(),
+                      "; the checks take strided tensors");
+  };
+  for (const auto& value : sample) {
+    if (value.isTensor()) check(value.toTensor());
+    if (value.isList()) {
+      for (const auto& element : value.toListRef()) {
+        if (element.isTensor()) check(element.toTensor());
+      }
+    }
+  }
+}
+
 bool check_sample(const std::string& op, const std::vector<c10::IValue>& sample, size_t index,
                   std::vector<CheckResult>* results) {
   const uint64_t serial = detail::definition_serial(op);
@@ -219,6 +241,7 @@ bool check_sample(const std::string& op, const std::vector<c10::IValue>& sample,
   const auto report = describe_op(op);
   const auto& arguments = handle.schema().arguments();
   check_count(op, handle, sample.size());
+  check_sample_has_data(op, sample, index);
   const std::string device = device_of(sample);
 
   CheckResult kernel{"kernel_vs_fallback", op, device, index};

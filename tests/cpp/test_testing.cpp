@@ -255,4 +255,23 @@ TEST(Testing, ASampleWithMoreValuesThanArgumentsIsRefused) {
   EXPECT_CONTAINS(message, "opreg_check::one_argument: called with 2 arguments, expected 1");
 }
 
+// Sweep 22 B-F7: a meta sample got PyTorch's "no fake impl or Meta kernel" from the comparison,
+// naming neither the op nor the check; a sparse one, PyTorch's message about its layout.
+TEST(Testing, ASampleWithoutValuesIsRefused) {
+  opreg::op("opreg_check::no_values(Tensor x) -> Tensor")
+      .fallback(twice)
+      .kernel([](const at::Tensor& x) { return x + x; }, opreg::on({"cpu"}))
+      .define();
+  EXPECT_CONTAINS(error_of([] {
+                    opreg::testing::check("opreg_check::no_values", {{at::ones({2}, at::kMeta)}});
+                  }),
+                  "opreg::testing::check: opreg_check::no_values: sample 0 has a tensor on the "
+                  "meta device");
+  EXPECT_CONTAINS(error_of([] {
+                    opreg::testing::check("opreg_check::no_values",
+                                          {{at::ones({2})}, {at::eye(2).to_sparse()}});
+                  }),
+                  "opreg_check::no_values: sample 1 has a tensor of layout Sparse");
+}
+
 }  // namespace

@@ -238,6 +238,7 @@ class VmapKernel final : public c10::OperatorKernel {
     // so specialize it).
     const c10::SymInt batch_size = layer->batchSize();
     auto unwrapped = unwrap(args, level, batch_size);
+    refuse_shared_writes(unwrapped);
     torch::jit::drop(*stack, num_args);
     const bool expand_all = random_ && randomness == Randomness::kDifferent;
     if (!unwrapped.any_batched && !expand_all) {
@@ -565,13 +566,13 @@ class VmapKernel final : public c10::OperatorKernel {
                 "use the 'fallback' policy");
   }
 
-  VmapResult per_example_loop(const c10::OperatorHandle& op, const Unwrapped& unwrapped,
-                              int64_t batch_size) const {
-    // Every example would write the one tensor, and the last write would be all that is left:
-    // refused before any runs, as vmap refuses an in-place write of a batch into an unbatched
-    // tensor, or into one whose examples share memory (expanded, or an unbatched element of a
-    // list batched as a whole, which unwrap() expands). None and empty lists write nothing.
-    const auto& arguments = op.schema().arguments();
+  // Every example would write the one tensor, and the last write would be all that is left (or
+  // a rule's reduction over the batch): refused before any runs, on every path that unwraps, as
+  // vmap refuses an in-place write of a batch into an unbatched tensor, or into one whose
+  // examples share memory (expanded, or an unbatched element of a list batched as a whole, which
+  // unwrap() expands). None and empty lists write nothing.
+  void refuse_shared_writes(const Unwrapped& unwrapped) const {
+    const auto& arguments = op_->schema.arguments();
     for (size_t i = 0; i < arguments.size() && i < unwrapped.in_dims.size(); ++i) {
       const auto* alias = arguments[i].alias_info();
       if (alias == nullptr || !alias->isWrite()) continue;
@@ -599,6 +600,10 @@ class VmapKernel final : public c10::OperatorKernel {
             "turn; give every example its own memory (e.g. .clone() it)");
       }
     }
+  }
+
+  VmapResult per_example_loop(const c10::OperatorHandle& op, const Unwrapped& unwrapped,
+                              int64_t batch_size) const {
     if (batch_size == 0) return empty_batch(op, unwrapped);
     std::vector<std::vector<c10::IValue>> per_output;
     for (int64_t b = 0; b < batch_size; ++b) {

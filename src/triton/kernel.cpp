@@ -509,6 +509,15 @@ std::unique_ptr<KernelImpl> parse_fields(const nlohmann::json& manifest, Manifes
       config << (config.tellp() > 0 ? " " : "") << key << "=" << value;
     }
     variant->config_text = config.str();
+    // The launch takes num_warps and num_ctas from the variant's fields: a config that says
+    // otherwise was compiled for another block shape.
+    for (const auto& [key, field] : {std::pair<const char*, int>{"num_warps", variant->num_warps},
+                                     std::pair<const char*, int>{"num_ctas", variant->num_ctas}}) {
+      TORCH_CHECK_VALUE(!config_json.contains(key) || config_json[key] == field, in.context(),
+                        ": field 'config' says ", key, " = ",
+                        ManifestReader::shown(config_json[key]), ", field '", key, "' says ", field,
+                        "; the manifest contradicts itself");
+    }
     for (size_t earlier = 0; earlier < kernel->variants.size(); ++earlier) {
       const auto& other = *kernel->variants[earlier];
       TORCH_CHECK_VALUE(other.arch != variant->arch ||

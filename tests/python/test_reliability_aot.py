@@ -438,6 +438,23 @@ def test_truncated_cached_cubins_are_recompiled_not_copied(tmp_path):
     assert all(line.endswith("(cached)") for line in third.stdout.splitlines())
 
 
+def test_edited_cache_metadata_is_compiled_again(tmp_path):
+    # The 22nd sweep (B-F6): only the cubin was hashed; metadata edited in the cache (another
+    # num_warps, another entry) went into the manifest as "(cached)".
+    cache = tmp_path / "cache"
+    spec = scale_spec()
+    assert run_aot(spec, tmp_path, "--cache", str(cache)).returncode == 0
+    built = {p.name: p.read_text() for p in (tmp_path / "out").glob("*.json")}
+    for entry in cache.glob("*.json"):
+        record = json.loads(entry.read_text())
+        entry.write_text(json.dumps({**record, "num_warps": 8, "entry": "another_kernel"}))
+    shutil.rmtree(tmp_path / "out")
+    again = run_aot(spec, tmp_path, "--cache", str(cache))
+    assert again.returncode == 0, again.stderr
+    assert not any(line.endswith("(cached)") for line in again.stdout.splitlines())
+    assert {p.name: p.read_text() for p in (tmp_path / "out").glob("*.json")} == built
+
+
 def test_a_folder_where_a_cached_cubin_goes_is_one_line(tmp_path):
     # The sixteenth sweep: a traceback ending in IsADirectoryError. The entry cannot be read, so
     # the variant is recompiled; its cubin cannot be written there either.
@@ -548,6 +565,11 @@ def missing_field(m, _):
         (empty_cubin, "is not a cubin: it is empty"),
         (truncated_cubin, "is not a cubin: it is truncated"),
         (escaping_file, "field 'file' must be a file name beside the manifest"),
+        # 22nd sweep, B-F6: the launch used 8 warps for a cubin compiled for 4
+        (
+            set_field("config", {"num_warps": 8}),
+            "field 'config' says num_warps = 8, field 'num_warps' says 4",
+        ),
     ],
 )
 def test_manifest_fields_are_checked(aot_bundle, tmp_path, change, message):
@@ -672,6 +694,14 @@ def renamed_manifest(aot_bundle, folder, name, change=lambda m: None):
     return f"{name}.json"
 
 
+def more_warps(manifest: dict) -> None:
+    """Makes the first variant a consistent launch for twice the warps (its binary unchanged)."""
+    variant = manifest["variants"][0]
+    variant["num_warps"] *= 2
+    if "num_warps" in variant["config"]:
+        variant["config"]["num_warps"] = variant["num_warps"]
+
+
 def registered_kernels() -> set[str]:
     return {k["name"] for k in opreg.triton_kernels()}
 
@@ -711,9 +741,6 @@ def test_a_rebuilt_kernel_under_a_registered_name_is_refused(aot_bundle, tmp_pat
     # The fourteenth sweep: same name, source and parameters with other binaries or launch
     # fields loaded without a word, and the old binaries stayed in use.
     opreg.load_triton_bundle(aot_bundle)
-
-    def more_warps(m):
-        m["variants"][0]["num_warps"] = 2 * m["variants"][0]["num_warps"]
 
     manifest = renamed_manifest(aot_bundle, tmp_path, "opreg_test_scale", more_warps)
     (tmp_path / "index.txt").write_text(f"{manifest}\n")

@@ -256,10 +256,7 @@ def test_a_failed_load_registers_none_of_its_embedded_triton_kernels(
 ):
     # B-F7: the kernels embedded before the one that clashed stayed registered, and refused the
     # same names in every later library or bundle.
-    from test_reliability_aot import renamed_manifest
-
-    def more_warps(m):
-        m["variants"][0]["num_warps"] *= 2
+    from test_reliability_aot import more_warps, renamed_manifest
 
     folders = {name: tmp_path / name for name in ("registered", "library", "later")}
     for folder in folders.values():
@@ -300,10 +297,7 @@ def test_a_load_whose_nested_library_embeds_a_clashing_kernel_registers_no_kerne
 ):
     # The twentieth sweep's B-F1: the outer library's kernels were committed, then the nested
     # library's clashed with them and failed the load, and the outer's stayed registered.
-    from test_reliability_aot import renamed_manifest
-
-    def more_warps(m):
-        m["variants"][0]["num_warps"] *= 2
+    from test_reliability_aot import more_warps, renamed_manifest
 
     outer, inner, later = tmp_path / "outer", tmp_path / "inner", tmp_path / "later"
     for folder in (outer, inner, later):
@@ -390,10 +384,7 @@ def test_a_clashing_embedded_kernel_opened_outside_load_library_is_launched_by_n
     # The eighteenth sweep's B-F8: a library opened by torch.ops.load_library (or dlopen) whose
     # embedded kernel clashed with a registered one was only warned about, and its ops launched
     # the registered kernel, built for other launches (kernels are found by name).
-    from test_reliability_aot import renamed_manifest
-
-    def more_warps(m):
-        m["variants"][0]["num_warps"] *= 2
+    from test_reliability_aot import more_warps, renamed_manifest
 
     registered, library = tmp_path / "registered", tmp_path / "library"
     registered.mkdir()

@@ -35,6 +35,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import tomllib
 import traceback
 from dataclasses import dataclass, field
@@ -510,10 +511,17 @@ def cached_variant(cache: Path, cubin_name: str, digest: str) -> tuple[dict | No
         cubin = (cache / cubin_name).read_bytes()
     except (OSError, ValueError):
         return None, b""
-    recorded = meta.pop("cubin_sha256", None) if isinstance(meta, dict) else None
-    if recorded != hashlib.sha256(cubin).hexdigest() or cubin_problem(cubin):
+    recorded = meta.pop("entry_sha256", None) if isinstance(meta, dict) else None
+    if recorded != record_hash(meta, cubin) or cubin_problem(cubin):
         return None, b""
     return meta, cubin
+
+
+def record_hash(meta: dict, cubin: bytes) -> str:
+    """The hash a cache entry records of its cubin and its metadata: an entry whose metadata
+    was edited (a num_warps that is not the cubin's, another entry's name) is compiled again."""
+    described = json.dumps(meta, sort_keys=True).encode()
+    return hashlib.sha256(cubin + b"\0" + described).hexdigest()
 
 
 def compile_to_cache(fn, spec, params, variant, cache: Path, cubin_name: str, digest: str):
@@ -543,7 +551,7 @@ def compile_to_cache(fn, spec, params, variant, cache: Path, cubin_name: str, di
     # A cache entry that cannot be read was recompiled; one that cannot be written either (a
     # folder in its place) is the option's error, like a --cache folder that cannot be written.
     write_file("--cache", cache / cubin_name, lambda p: p.write_bytes(cubin))
-    record = {**meta, "cubin_sha256": hashlib.sha256(cubin).hexdigest()}
+    record = {**meta, "entry_sha256": record_hash(meta, cubin)}
     write_file("--cache", cache / f"{digest}.json", lambda p: p.write_text(json.dumps(record)))
     return meta, cubin
 
@@ -701,9 +709,14 @@ def writable_folder(option: str, path: Path) -> Path:
 
 
 def write_file(option: str, path: Path, write) -> None:
+    """`write` writes a new file, which then takes the place of `path`: a file there that is a
+    hard link to another (an input) is unlinked, not written through."""
+    temporary = path.with_name(f".{path.name}.opreg-{os.getpid()}-{threading.get_ident()}")
     try:
-        write(path)
+        write(temporary)
+        os.replace(temporary, path)
     except OSError as error:
+        temporary.unlink(missing_ok=True)
         raise SpecError(f"{option} {str(path)!r}: cannot write it: {error.strerror}") from None
 
 
@@ -726,13 +739,25 @@ def check_emit_target(
         if file.endswith(".py"):
             inputs.append((base / file).resolve())
     outputs = [out.resolve() / "index.txt", *(out.resolve() / f"{k.name}.json" for k in kernels)]
-    taken = resolved in inputs or resolved in outputs or resolved.suffix == ".cubin"
+    taken = (
+        resolved in inputs
+        or resolved in outputs
+        or resolved.suffix == ".cubin"
+        or any(_same_file(target, path) for path in [*inputs, *outputs])  # a hard link
+    )
     if taken or resolved.is_relative_to(cache.resolve()):
         raise SpecError(
             f"--emit-cpp {str(target)!r}: that is the spec, a kernel's source, or a file the "
             "compiler writes (the bundle in --out, the cache); name a file of its own (e.g. "
             "kernels.cpp)"
         )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # either is missing
+        return False
 
 
 def targets_of(option: str | None) -> list[str] | None:
@@ -759,7 +784,12 @@ def run(args: argparse.Namespace) -> int:
     cache = writable_folder("--cache", args.cache or args.out / ".cache")
     if args.emit_cpp:  # after --out: CMake writes it there, and only Ninja makes the folder
         check_emit_target(args.emit_cpp, args.spec, kernels, base, args.out, cache)
-        write_file("--emit-cpp", args.emit_cpp, probe_writable)
+        try:
+            probe_writable(args.emit_cpp)
+        except OSError as error:
+            raise SpecError(
+                f"--emit-cpp {str(args.emit_cpp)!r}: cannot write it: {error.strerror}"
+            ) from None
     counter = itertools.count(1)
 
     def progress(message: str) -> None:

@@ -337,7 +337,8 @@ def python_kernel_status(name: str) -> str | None:
     """Why a Python-defined op's Triton kernel is on or off and how its JIT launches went; None
     for ops defined in C++."""
     registration = _registrations.get(name)
-    if registration is None:
+    # An undefine or a definition from C++ does not pass through Python: the serial tells.
+    if registration is None or registration.serial != _C.definition_serial(name):
         return None
     launches = [kernel.describe() for kernel in registration.jit_kernels]
     return "; ".join([registration.kernel_status, *launches])

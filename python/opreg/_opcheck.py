@@ -783,22 +783,35 @@ def _check_vmap(op, sample, device, depths=(1, 2, 3)):
             # What the op wrote is compared too, as its outputs are.
             got = (got, [args[i] for i in sorted(written)])
             want = (want, [looped_args[i] for i in sorted(written)])
-            error = max(error, _max_error(got, want))
-            for g, w in zip(_tensors(got), _tensors(want), strict=True):
-                values_differ = _values_comparable(op) and not torch.allclose(
-                    _wide(g), _wide(w), rtol=1e-4, atol=1e-5, equal_nan=True
+            where = (
+                f"vmap depth {depth}, batched arguments "
+                f"{[p for p, m in zip(positions, mask, strict=True) if m]}"
+                f"{' (batch as the last dim)' if batch_dim else ''}"
+            )
+            got_tensors, want_tensors = _tensors(got), _tensors(want)
+            if len(got_tensors) != len(want_tensors):
+                return (
+                    False,
+                    error,
+                    f"{where}: the vmapped call gave {len(got_tensors)} tensors, a loop of "
+                    f"single calls {len(want_tensors)}",
                 )
-                if g.shape != w.shape or values_differ:
+            for g, w in zip(got_tensors, want_tensors, strict=True):
+                if g.shape != w.shape or g.dtype != w.dtype:
                     return (
                         False,
                         error,
-                        (
-                            f"vmap depth {depth}, batched arguments "
-                            f"{[p for p, m in zip(positions, mask, strict=True) if m]}"
-                            f"{' (batch as the last dim)' if batch_dim else ''}"
-                            " differ from a loop of single calls"
-                        ),
+                        f"{where} differ from a loop of single calls: a tensor of shape "
+                        f"{list(g.shape)} and dtype {g.dtype}, the loop's {list(w.shape)} and "
+                        f"{w.dtype}",
                     )
+            error = max(error, _max_error(got, want))
+            for g, w in zip(got_tensors, want_tensors, strict=True):
+                values_differ = _values_comparable(op) and not torch.allclose(
+                    _wide(g), _wide(w), rtol=1e-4, atol=1e-5, equal_nan=True
+                )
+                if values_differ:
+                    return False, error, f"{where} differ from a loop of single calls"
     return True, error, ""
 
 

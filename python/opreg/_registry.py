@@ -216,6 +216,9 @@ _SCHEMA_CACHES = (  # torch's caches keyed by an op's handle, of what they read 
     ("torch._subclasses.fake_tensor", "torch_decomp_decompositions"),
     ("torch._subclasses.functional_tensor", "_can_decompose_fast"),
 )
+# torch's dicts keyed by (schema name, overload name): Inductor normalizes a call's arguments with
+# the cached signature, and a default the replace changed was filled in from the old one.
+_SCHEMA_DICTS = (("torch.fx.operator_schemas", "_SCHEMA_TO_SIGNATURE_CACHE"),)
 
 
 def refresh_handles(qualname: str) -> None:
@@ -264,6 +267,12 @@ def refresh_handles(qualname: str) -> None:
     if stale:
         for module, cache in _SCHEMA_CACHES:
             getattr(getattr(sys.modules.get(module), cache, None), "cache_clear", lambda: None)()
+        for module, cache in _SCHEMA_DICTS:
+            held_by_name = getattr(sys.modules.get(module), cache, None)
+            base_name = f"{namespace}::{name.split('.')[0]}"
+            if isinstance(held_by_name, dict):
+                for key in [k for k in held_by_name if isinstance(k, tuple) and k[0] == base_name]:
+                    held_by_name.pop(key, None)
 
 
 def op_namespace(namespace: str) -> torch._ops._OpNamespace:

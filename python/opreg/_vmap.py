@@ -345,6 +345,16 @@ def vmap_fn_companion(
         if not companion:
             companion.append(op_overload(companion_name))
         wrapped = wrap(VmapInfo(batch_size, randomness), in_dims, *args)
+        if not isinstance(wrapped, (tuple, list)) or len(wrapped) != len(args):
+            got = (
+                f"{len(wrapped)} values"
+                if isinstance(wrapped, (tuple, list))
+                else type(wrapped).__name__
+            )
+            raise TypeError(
+                f"opreg: op '{qualname}': its vmap_wrap_inputs must return a tuple of "
+                f"{len(args)} values, one per argument; it returned {got}"
+            )
         positional, keyword_only = shape.split(wrapped)
         check_pinned()
         serial = pinned[0] if pinned else _C.definition_serial(companion_name)

@@ -477,8 +477,9 @@ class AutogradKernel final : public c10::OperatorKernel {
 
     {
       // As torch.autograd.Function.forward: the backward is the gradient, so the forward runs
-      // without recording (and may use what refuses tensors that require grad, e.g. numpy()).
-      c10::NoGradGuard no_grad;
+      // without recording (and may use what refuses tensors that require grad, e.g. numpy()),
+      // but for the outer layers of functorch's nested grads (see forward_grad_mode).
+      c10::AutoGradMode grad_mode(detail::forward_grad_mode());
       at::AutoDispatchBelowADInplaceOrView guard;
       op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
     }

@@ -2,6 +2,7 @@
 // processing the op (transform_levels.h), with functorch's exported layer stack.
 #include "transform_levels.h"
 
+#include <ATen/functorch/ADInterpreters.h>
 #include <ATen/functorch/DynamicLayer.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -66,6 +67,13 @@ void run_below_transform_level(c10::function_ref<void()> body) {
     functorch::pushDynamicLayer(std::move(top));  // asserts the stack is back to what it was
     c10::impl::_force_tls_local_dispatch_key_set(processing);
   });
+}
+
+bool forward_grad_mode() {
+  if (!processing_a_layer()) return false;
+  const auto& interpreter = functorch::getDynamicLayerStack().back().interpreter();
+  if (interpreter.key() != functorch::TransformType::Grad) return false;
+  return functorch::GradInterpreterPtr(&interpreter).prevGradMode();
 }
 
 }  // namespace opreg::detail

@@ -20,4 +20,10 @@ void run_at_transform_level(c10::function_ref<void()> body);
 // tensors.
 void run_below_transform_level(c10::function_ref<void()> body);
 
+// The grad mode an op's forward runs in below its autograd node: off, as torch.autograd.Function
+// runs its forward, except under functorch's grad transform, where it is the mode the top layer
+// was entered with (as functorch lowers an autograd.Function): the layers below, an outer grad
+// among them, record the call, so a grad of a grad differentiates it again.
+bool forward_grad_mode();
+
 }  // namespace opreg::detail

@@ -333,10 +333,30 @@ class VmapKernel final : public c10::OperatorKernel {
   }
 
  private:
-  // A rule's output of a tensor type must be of its kind: passed on as it came, a tensor for a
-  // Tensor[] would reach the caller where the op's eager calls give a list.
-  void check_rule_output(const c10::IValue& output, size_t index) const {
+  // A rule's output must be of its declared kind: passed on as it came, a tensor for a Tensor[]
+  // would reach the caller where the op's eager calls give a list, a float for an int a float.
+  // As eager calls do, an int is taken for a float.
+  void check_rule_output(c10::IValue& output, size_t index) const {
     const auto& type = op_->schema.returns()[index].type();
+    auto scalar_kind = type->kind();
+    if (scalar_kind == c10::TypeKind::OptionalType && !output.isNone()) {
+      scalar_kind = type->cast<c10::OptionalType>()->getElementType()->kind();
+    }
+    if (scalar_kind == c10::TypeKind::FloatType && output.isInt()) output = output.toInt() * 1.0;
+    const char* scalar = scalar_kind == c10::TypeKind::IntType     ? "an int"
+                         : scalar_kind == c10::TypeKind::FloatType ? "a float"
+                         : scalar_kind == c10::TypeKind::BoolType  ? "a bool"
+                                                                   : nullptr;
+    if (scalar != nullptr) {
+      const bool ok =
+          (scalar_kind == c10::TypeKind::IntType && (output.isInt() || output.isSymInt())) ||
+          (scalar_kind == c10::TypeKind::FloatType && (output.isDouble() || output.isSymFloat())) ||
+          (scalar_kind == c10::TypeKind::BoolType && (output.isBool() || output.isSymBool()));
+      TORCH_CHECK_TYPE(ok, op_->name, ": the vmap rule returned a ",
+                       output.isTensorList() ? "list of tensors" : output.tagKind(), " for output ",
+                       index, ", declared ", type->str(), " in the schema; expected ", scalar);
+      return;
+    }
     const char* expected = nullptr;
     if (type->kind() == c10::TypeKind::ListType && !output.isTensorList() &&
         type->cast<c10::ListType>()->getElementType()->kind() == c10::TypeKind::TensorType) {

@@ -14,8 +14,10 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <torch/library.h>
 
+#include "launch.h"
 #include "opreg/aot_launch.h"
 #include "opreg/definition.h"
 #include "opreg/trace.h"
@@ -361,6 +363,13 @@ class AotLaunchKernel final : public c10::OperatorKernel {
     TORCH_CHECK_VALUE(!launch.kernel.empty(), runtime_->name,
                       ": aot_kernel names no kernel (an empty name); name the kernel its bundle "
                       "was compiled as");
+    if (!triton::is_identifier(launch.kernel)) {
+      std::ostringstream quoted;
+      c10::printQuotedString(quoted, launch.kernel);
+      TORCH_CHECK_VALUE(false, runtime_->name, ": aot_kernel names kernel ", quoted.str(),
+                        ", which no bundle can hold: kernel names are C identifiers (letters, "
+                        "digits, _); name the kernel its bundle was compiled as");
+    }
     Parser grid_parser(*runtime_, schema, "grid");
     for (const auto& text : launch.grid) grid_.push_back(grid_parser.parse_integer(text));
     for (size_t i = 1; i < grid_.size(); ++i) {  // CUDA's limit on y and z

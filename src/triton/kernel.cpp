@@ -33,6 +33,13 @@
 
 namespace opreg::triton {
 
+bool is_identifier(const std::string& name) {
+  if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_';
+  });
+}
+
 constexpr size_t kMaxDevices = 64;
 constexpr int64_t kDefaultMaxSharedMemory = 48 * 1024;
 
@@ -236,13 +243,6 @@ std::string read_bundle_file(const std::string& path, const std::string& named_b
   } catch (const std::exception& failure) {
     TORCH_CHECK_VALUE(false, "opreg: cannot read ", where, ": ", failure.what());
   }
-}
-
-bool is_identifier(const std::string& name) {
-  if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) return false;
-  return std::all_of(name.begin(), name.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_';
-  });
 }
 
 // Reads the fields of a manifest with errors that name the file, the kernel, the variant and the

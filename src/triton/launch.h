@@ -15,6 +15,10 @@
 
 namespace opreg::triton {
 
+// Whether `name` can name a kernel: a C identifier, as the AOT compiler requires (it names files
+// and C++ symbols), so the only names a bundle can register.
+bool is_identifier(const std::string& name);
+
 // A kernel parameter's type, as Triton's signatures spell it ("*fp32" -> kPointer, "i32", ...).
 enum class ParamType : uint8_t {
   kPointer,

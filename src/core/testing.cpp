@@ -312,6 +312,9 @@ std::vector<c10::IValue> call_fallback(const std::string& op, std::vector<c10::I
 
 std::vector<CheckResult> check(const std::string& op,
                                const std::vector<std::vector<c10::IValue>>& samples) {
+  TORCH_CHECK_VALUE(!samples.empty(), "opreg::testing::check: ", op,
+                    ": 'samples' is empty, so nothing would be checked; pass at least one "
+                    "sample (the op's arguments in schema order)");
   constexpr int kAttempts = 3;
   std::vector<CheckResult> results;
   for (size_t index = 0; index < samples.size(); ++index) {

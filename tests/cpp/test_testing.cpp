@@ -274,4 +274,15 @@ TEST(Testing, ASampleWithoutValuesIsRefused) {
                   "opreg_check::no_values: sample 1 has a tensor of layout Sparse");
 }
 
+// Sweep 23 B-F4: no samples checked nothing and passed (opreg.opcheck refuses that).
+TEST(Testing, NoSamplesIsRefused) {
+  opreg::op("opreg_check::no_samples(Tensor x) -> Tensor").fallback(twice).define();
+  const std::string expected =
+      "opreg::testing::check: opreg_check::no_samples: 'samples' is empty, so nothing would be "
+      "checked";
+  EXPECT_CONTAINS(error_of([] { opreg::testing::check("opreg_check::no_samples", {}); }), expected);
+  EXPECT_CONTAINS(error_of([] { opreg::testing::check_or_throw("opreg_check::no_samples", {}); }),
+                  expected);
+}
+
 }  // namespace

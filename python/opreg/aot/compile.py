@@ -727,18 +727,42 @@ def probe_writable(path: Path) -> None:
         path.unlink()
 
 
+def input_files(spec: Path, kernels: list[KernelSpec], base: Path) -> list[Path]:
+    """The spec and the kernels' sources."""
+    inputs = [spec.resolve()]
+    for kernel in kernels:
+        file = kernel.source.rpartition(":")[0]
+        if file.endswith(".py"):
+            inputs.append((base / file).resolve())
+    return inputs
+
+
+def bundle_files(out: Path, kernels: list[KernelSpec]) -> list[Path]:
+    """The files of the bundle in --out that may share a name with an input (the cubins'
+    names end in .cubin, which no input's may)."""
+    return [out.resolve() / "index.txt", *(out.resolve() / f"{k.name}.json" for k in kernels)]
+
+
+def check_out_target(spec: Path, kernels: list[KernelSpec], base: Path, out: Path) -> None:
+    """The bundle must not take the place of an input: the spec would be lost, silently."""
+    inputs = input_files(spec, kernels, base)
+    for file in bundle_files(out, kernels):
+        if file in inputs or any(_same_file(file, path) for path in inputs):
+            raise SpecError(
+                f"--out {str(out)!r}: the bundle's {file.name} would take the place of "
+                f"{'the spec' if _same_file(file, spec) else 'a kernel source'} there; give "
+                "--out a folder of its own (e.g. build/kernels)"
+            )
+
+
 def check_emit_target(
     target: Path, spec: Path, kernels: list[KernelSpec], base: Path, out: Path, cache: Path
 ) -> None:
     """The generated source must not take the place of an input (the spec, a kernel's source) or
     of what the compiler writes (the bundle in --out, the cache): it would be lost, silently."""
     resolved = target.resolve()
-    inputs = [spec.resolve()]
-    for kernel in kernels:
-        file = kernel.source.rpartition(":")[0]
-        if file.endswith(".py"):
-            inputs.append((base / file).resolve())
-    outputs = [out.resolve() / "index.txt", *(out.resolve() / f"{k.name}.json" for k in kernels)]
+    inputs = input_files(spec, kernels, base)
+    outputs = bundle_files(out, kernels)
     taken = (
         resolved in inputs
         or resolved in outputs
@@ -781,6 +805,7 @@ def run(args: argparse.Namespace) -> int:
         kernel.targets = override or kernel.targets
     check_targets_supported(kernels, args.target)
     writable_folder("--out", args.out)
+    check_out_target(args.spec, kernels, base, args.out)
     cache = writable_folder("--cache", args.cache or args.out / ".cache")
     if args.emit_cpp:  # after --out: CMake writes it there, and only Ninja makes the folder
         check_emit_target(args.emit_cpp, args.spec, kernels, base, args.out, cache)

@@ -346,6 +346,14 @@ class CustomOpDef:
         returns one gradient per positional input; ``setup_context(ctx, inputs, output)`` (with
         ``keyword_only_inputs`` before ``output`` when the op has keyword-only arguments)."""
         self._check_callable("register_autograd", backward, "backward")
+        for argument in self._parsed.arguments:
+            # torch's custom_op refuses such arguments; here they would get no gradient, silently.
+            if argument.kwarg_only and "Tensor" in str(argument.type):
+                raise ValueError(
+                    f"{self._qualname}: register_autograd: argument '{argument.name}' is a "
+                    f"keyword-only {argument.type}, and the backward gives gradients to "
+                    "positional inputs only, so it would get none; make it a positional argument"
+                )
         if self._plain_tensor_outputs:
             check_positional(self._qualname, "backward", backward, ["ctx", *self._grads])
         if setup_context is not None:

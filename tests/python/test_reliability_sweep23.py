@@ -1,0 +1,196 @@
+"""Regression tests for the twenty-third adversarial sweep's findings (reports kept outside the
+repository), beside the earlier sweeps' files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.func as F
+from torch import Tensor
+
+import opreg
+from opreg._registry import _C
+
+# ---- A-F1: functorch's grad of a grad through an explicit backward --------------------------
+
+
+@opreg.register_triton_op(
+    fake_fn=lambda x, k: torch.empty_like(x),
+    triton_fn=None,
+    name="opreg_sweep23::scale",
+    setup_context=lambda ctx, inputs, output: setattr(ctx, "k", inputs[1]),
+    backward=lambda ctx, grad: (grad * ctx.k, None),
+)
+def scale(x: torch.Tensor, k: float) -> torch.Tensor:
+    return x * k
+
+
+@opreg.custom_op("opreg_sweep23::scale_custom", mutates_args=())
+def scale_custom(x: torch.Tensor, k: float) -> torch.Tensor:
+    return x * k
+
+
+scale_custom.register_fake(lambda x, k: torch.empty_like(x))
+scale_custom.register_autograd(
+    lambda ctx, grad: (grad * ctx.k, None),
+    setup_context=lambda ctx, inputs, output: setattr(ctx, "k", inputs[1]),
+)
+
+SCALES = {
+    "register_triton_op": lambda b: scale(b, 3.0),
+    "custom_op": lambda b: scale_custom(b, 3.0),
+    "C++ backward": lambda b: torch.ops.opreg.fused_add(b, 2.0 * b),  # 3 b
+}
+
+
+@pytest.mark.parametrize("front", SCALES)
+def test_a_grad_of_a_grad_differentiates_the_op_again(front):
+    # The forward ran with grad mode off below the inner grad's node, so the outer grad saw a
+    # constant: zeros for the second derivative, from F.grad(F.grad), jacrev(jacrev), hessian.
+    op = SCALES[front]
+
+    def f(b):
+        return (op(b) ** 2).sum()  # 9 b^2: the second derivative is 18
+
+    x = torch.randn(3, dtype=torch.float64)
+    torch.testing.assert_close(F.grad(f)(x), 18 * x)
+    torch.testing.assert_close(F.grad(lambda a: F.grad(f)(a).sum())(x), torch.full_like(x, 18))
+    torch.testing.assert_close(F.jacrev(F.jacrev(f))(x), 18 * torch.eye(3, dtype=x.dtype))
+    torch.testing.assert_close(F.hessian(f)(x), 18 * torch.eye(3, dtype=x.dtype))
+    # torch.autograd over functorch's grad: the op is recorded below the grad layer too.
+    a = x.clone().requires_grad_()
+    (second,) = torch.autograd.grad(F.grad(f)(a).sum(), a)
+    torch.testing.assert_close(second, torch.full_like(x, 18))
+
+
+def test_a_forward_under_no_grad_inside_a_grad_is_still_not_recorded_outside():
+    # Entered with grad mode off, the outer code records nothing: the forward keeps that mode.
+    x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    with torch.no_grad():
+        inner = F.grad(lambda b: (scale(b, 3.0) ** 2).sum())(x)
+    torch.testing.assert_close(inner, 18 * x.detach())
+    assert not inner.requires_grad
+
+
+# ---- B-F1: a vmap rule's outputs that are no tensors -----------------------------------------
+
+
+@opreg.custom_op("opreg_sweep23::with_count", mutates_args=())
+def with_count(x: Tensor) -> tuple[Tensor, int, float, bool]:
+    return x.clone(), 1, 0.5, True
+
+
+# What the rule returns for the outputs after the tensor, by case.
+RULE_RETURNS = {
+    "int": (2.5, 0.5, True),
+    "bool": (1, 0.5, torch.ones(2)),
+    "float_as_int": (3, 2, False),
+}
+rule_case = {"now": "int"}
+
+
+@with_count.register_vmap
+def _(info, in_dims, x):
+    count, fraction, flag = RULE_RETURNS[rule_case["now"]]
+    return (x.clone(), count, fraction, flag), (in_dims[0], None, None, None)
+
+
+@pytest.mark.parametrize(
+    ("case", "said"),
+    [
+        (
+            "int",
+            "the vmap rule returned a Double for output 1, declared int in the schema; "
+            "expected an int",
+        ),
+        (
+            "bool",
+            "the vmap rule returned a Tensor for output 3, declared bool in the schema; "
+            "expected a bool",
+        ),
+    ],
+)
+def test_a_vmap_rule_s_number_outputs_are_of_the_declared_type(case, said):
+    # A float for an int output came back as the float, a tensor for a bool as the tensor.
+    rule_case["now"] = case
+    with pytest.raises(TypeError, match=f"opreg_sweep23::with_count: {said}"):
+        torch.vmap(with_count, out_dims=(0, None, None, None))(torch.randn(2, 3))
+
+
+def test_a_vmap_rule_may_give_an_int_for_a_float_output():
+    rule_case["now"] = "float_as_int"
+    _, count, fraction, flag = torch.vmap(with_count, out_dims=(0, None, None, None))(
+        torch.randn(2, 3)
+    )
+    assert (count, flag) == (3, False)
+    assert type(fraction) is float and fraction == 2.0
+
+
+# ---- B-F3: an AotLaunch kernel name no bundle can hold ---------------------------------------
+
+
+@pytest.mark.parametrize("kernel", ["opreg_fused_add_f32\x00junk", "not-an identifier!"])
+def test_an_aot_launch_of_a_name_no_bundle_can_hold_is_refused(kernel):
+    # The op was defined and fell back on every call, for ever.
+    def add(x: Tensor, y: Tensor) -> Tensor:
+        return x + y
+
+    with pytest.raises(ValueError, match="which no bundle can hold: kernel names are C identif"):
+        opreg.register_triton_op(
+            fake_fn=None,
+            triton_fn=None,
+            name="opreg_sweep23::bad_aot_name",
+            aot=opreg.AotLaunch(kernel, ["1"], ["x", "y"], "like:x"),
+        )(add)
+    assert not _C.is_defined("opreg_sweep23::bad_aot_name")
+
+
+# ---- B-F5: --out onto the spec ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec_name", ["index.txt", "neg.json"])
+def test_the_bundle_does_not_take_the_place_of_the_spec(tmp_path, spec_name):
+    # The compiler wrote index.txt (or <kernel>.json) over the spec and exited 0.
+    (tmp_path / "k.py").write_text("import triton\n")
+    spec = tmp_path / spec_name
+    spec.write_text(
+        'targets = ["sm_80"]\n[[kernel]]\nname = "neg"\nsource = "k.py:neg"\n'
+        'signature = { x_ptr = "*fp32", out_ptr = "*fp32" }\nconstexprs = { BLOCK = 128 }\n'
+    )
+    before = spec.read_text()
+    result = subprocess.run(
+        [sys.executable, "-m", "opreg.aot", spec_name, "--out", ".", "--quiet"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1, result.stderr
+    assert f"--out '.': the bundle's {spec_name} would take the place of the spec" in (
+        result.stderr
+    )
+    assert spec.read_text() == before
+
+
+# ---- A-F3: register_autograd with a keyword-only tensor --------------------------------------
+
+
+def test_register_autograd_refuses_a_keyword_only_tensor():
+    # The backward's gradients were padded with None for it: a tensor that required grad got
+    # none (zeros under torch.func.grad), silently.
+    @opreg.custom_op("opreg_sweep23::keyword_tensor", mutates_args=())
+    def keyword_tensor(x: Tensor, *, y: Tensor) -> Tensor:
+        return x * 2 + y
+
+    keyword_tensor.register_fake(lambda x, *, y: torch.empty_like(x))
+    with pytest.raises(
+        ValueError,
+        match="opreg_sweep23::keyword_tensor: register_autograd: argument 'y' is a keyword-only "
+        "Tensor, and the backward gives gradients to positional inputs only",
+    ):
+        keyword_tensor.register_autograd(lambda ctx, grad: 2 * grad)
+    x = torch.ones(2)
+    torch.testing.assert_close(keyword_tensor(x, y=x), 3 * x)  # the op is as it was

@@ -127,6 +127,13 @@ std::map<FileId, std::string>& failed_files() {
   return *failed;
 }
 
+// The ops each library defined when its load succeeded, by file: opening it again runs no
+// initializer, so a second load_library cannot define again an op undefined since, and says so.
+std::map<FileId, std::vector<std::string>>& defined_by_file() {
+  static auto* defined = new std::map<FileId, std::vector<std::string>>();  // leaked: as above
+  return *defined;
+}
+
 std::optional<FileId> file_id(const char* path) {
   struct stat status{};
   if (path == nullptr || *path == '\0' || stat(path, &status) != 0) return std::nullopt;
@@ -149,6 +156,39 @@ std::optional<FileId> file_of_handle(void* handle) {
   link_map* map = nullptr;
   if (dlinfo(handle, RTLD_DI_LINKMAP, &map) != 0 || map == nullptr) return std::nullopt;
   return file_id(map->l_name);
+}
+
+// After a successful outermost load: a library opened for the first time has its ops recorded;
+// one that was open already (its initializers did not run) must still have them defined.
+void check_defines_again(void* handle, const std::string& path, const LoadContext& context,
+                         const std::set<FileId>& files_before) {
+  const auto id = file_of_handle(handle);
+  if (!id) return;
+  std::vector<std::string> defined;
+  {
+    std::lock_guard<std::mutex> lock(g_failed_mutex);
+    auto& recorded = defined_by_file()[*id];
+    if (files_before.count(*id) == 0) {
+      for (const auto& record : context.published) {
+        if (record.definition != nullptr) recorded.push_back(record.qualified);
+      }
+      return;
+    }
+    defined = recorded;
+  }
+  std::vector<std::string> undefined;
+  for (const auto& name : defined) {
+    if (!is_defined(name)) undefined.push_back(name);
+  }
+  if (undefined.empty()) return;
+  std::ostringstream names;
+  for (const auto& name : undefined) names << (names.tellp() > 0 ? ", " : "") << name;
+  TORCH_CHECK_VALUE(false, "opreg::load_library: '", detail::valid_utf8(path),
+                    "' is loaded already, so its static initializers do not run again, and ops it "
+                    "defined were undefined since: ",
+                    names.str(),
+                    "; they stay undefined (define them again from code, or load "
+                    "the library in a new process)");
 }
 
 // Why a 64-bit ELF file cannot be mapped whole, or "" when it can (and for anything else, which
@@ -526,6 +566,7 @@ void load_once(const std::string& path) {
       wait_until_settled(unsettled_then);
     }
     check_not_failed(handle);
+    if (outermost) check_defines_again(handle, path, context, files_before);
     // A library loaded from inside another one's initializers belongs to the outer load.
     if (!outermost) {
       auto& outer = *context.outer;

@@ -12,6 +12,7 @@ import torch.func as F
 from torch import Tensor
 
 import opreg
+from conftest import TEST_OPS_LIBRARY
 from opreg._registry import _C
 
 # ---- A-F1: functorch's grad of a grad through an explicit backward --------------------------
@@ -194,3 +195,36 @@ def test_register_autograd_refuses_a_keyword_only_tensor():
         keyword_tensor.register_autograd(lambda ctx, grad: 2 * grad)
     x = torch.ones(2)
     torch.testing.assert_close(keyword_tensor(x, y=x), 3 * x)  # the op is as it was
+
+
+# ---- B-F6: loading a library again after one of its ops was undefined ------------------------
+
+
+def test_loading_a_library_again_says_which_of_its_ops_it_cannot_define_again():
+    # The second load succeeded and defined nothing: the library was open already, so its
+    # initializers did not run. In a subprocess: this process's test ops stay defined.
+    code = f"""
+import opreg, torch
+from opreg._registry import _C
+library = {str(TEST_OPS_LIBRARY)!r}
+opreg.load_library(library)
+opreg.load_library(library)  # every op still defined: nothing to say
+_C.undefine("opreg_test::affine")
+for attempt in range(2):
+    try:
+        opreg.load_library(library)
+    except ValueError as error:
+        print("refused:", error)
+print("affine defined:", _C.is_defined("opreg_test::affine"))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    expected = (
+        f"refused: opreg::load_library: '{TEST_OPS_LIBRARY}' is loaded already, so its static "
+        "initializers do not run again, and ops it defined were undefined since: "
+        "opreg_test::affine; they stay undefined"
+    )
+    assert result.stdout.count(expected) == 2, result.stdout
+    assert "affine defined: False" in result.stdout

@@ -72,7 +72,8 @@ inline KernelOptions<> on(std::vector<std::string> device_types) {
   return KernelOptions<>().devices(std::move(device_types));
 }
 
-// The dispatcher's handle of "ns::name" or "ns::name.overload"; a ValueError when there is none.
+// The dispatcher's handle of "ns::name" or "ns::name.overload"; a ValueError when there is none
+// (inside opreg::load_library, the load fails instead: see ARCHITECTURE.md, Guarantees).
 OPREG_API c10::OperatorHandle find_operator(const std::string& qualified);
 
 // A ValueError, naming the op, when a handle's C++ signature does not fit the op's schema.

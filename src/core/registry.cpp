@@ -1916,12 +1916,28 @@ void detail::unregister_device_type(const std::string& name) {
   reg.device_types = std::move(types);
 }
 
+constexpr const char* kLookupInLoad =
+    " (a lookup in a library's static initializer fails the load instead of throwing; "
+    "opreg::is_defined asks without failing it)";
+
 c10::OperatorHandle find_operator(const std::string& qualified) {
   auto dot = qualified.find('.', qualified.find("::"));
-  auto handle = c10::Dispatcher::singleton().findSchema(
-      {qualified.substr(0, dot), dot == std::string::npos ? "" : qualified.substr(dot + 1)});
-  TORCH_CHECK_VALUE(handle.has_value(), "opreg: no op named '", qualified, "' is defined");
-  return *handle;
+  c10::OperatorName name{qualified.substr(0, dot),
+                         dot == std::string::npos ? "" : qualified.substr(dot + 1)};
+  auto& dispatcher = c10::Dispatcher::singleton();
+  if (auto handle = dispatcher.findSchema(name)) return *handle;
+  const std::string message = "opreg: no op named '" + qualified + "' is defined";
+  TORCH_CHECK_VALUE(detail::loading_library(), message);
+  // In a library's static initializer an exception would terminate the process: the load fails
+  // instead, and the lookup returns the handle of the bare name (with no schema, its calls fail;
+  // it serves the op if one of this name is defined later), kept for the life of the process.
+  detail::record_load_caller(__builtin_return_address(0));
+  detail::record_load_failure(qualified, message + kLookupInLoad);
+  static std::mutex mutex;
+  static auto* names = new std::vector<c10::RegistrationHandleRAII>();
+  std::lock_guard<std::mutex> lock(mutex);
+  names->push_back(dispatcher.registerName(name));
+  return *dispatcher.findOp(name);
 }
 
 void check_handle_signature(const c10::OperatorHandle& handle,
@@ -2229,7 +2245,20 @@ std::vector<OpReport> describe_ops() {
   return reports;
 }
 
-OpReport describe_op(const std::string& name) { return report_of(*current_definition(name)); }
+OpReport describe_op(const std::string& name) {
+  if (!detail::loading_library()) return report_of(*current_definition(name));
+  // As find_operator: in a static initializer the load fails instead of the process, and the
+  // report names the op and nothing else.
+  detail::record_load_caller(__builtin_return_address(0));
+  try {
+    return report_of(*current_definition(name));
+  } catch (const c10::Error& error) {
+    detail::record_load_failure(name, error.what_without_backtrace() + std::string(kLookupInLoad));
+  }
+  OpReport nothing;
+  nothing.name = name;
+  return nothing;
+}
 
 bool is_defined(const std::string& name) {
   auto& reg = registry();

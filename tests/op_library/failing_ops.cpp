@@ -144,6 +144,10 @@ const auto empty_python_fake = [] {
 auto twice = opreg::op("opreg_failing::defined_twice").fallback(identity);
 const auto first = std::move(twice).define();
 const auto second = std::move(twice).define();
+#elif defined(OPREG_FIND_UNKNOWN)  // opreg's lookups of an op that is not there (23rd sweep, B-F2)
+const auto handle = opreg::find_operator("opreg_failing::not_defined_anywhere");
+#elif defined(OPREG_DESCRIBE_UNKNOWN)
+const auto report = opreg::describe_op("opreg_failing::not_described");
 #elif defined(OPREG_SIGNATURE_MISMATCH)
 const auto mismatch =
     opreg::op("opreg_failing::mismatch(Tensor x, Tensor y) -> Tensor").fallback(identity).define();

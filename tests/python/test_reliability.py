@@ -317,6 +317,16 @@ def load_failing_library(failure: str, then: str = "", before: str = "") -> str:
             "opreg_failing::empty_python_fake': python_fake() needs the name of the module",
         ),
         ("defined_twice", "this OpBuilder was already defined (or moved from)"),
+        # opreg's lookups of a missing op aborted it (23rd sweep, B-F2)
+        (
+            "find_unknown",
+            "opreg: no op named 'opreg_failing::not_defined_anywhere' is defined (a lookup in a"
+            " library's static initializer fails the load",
+        ),
+        (
+            "describe_unknown",
+            "opreg: no op named 'opreg_failing::not_described' is defined by opreg (a lookup",
+        ),
     ],
 )
 def test_a_library_whose_definition_fails_raises_and_rolls_back(failure, message):
@@ -331,6 +341,24 @@ def test_a_library_whose_definition_fails_raises_and_rolls_back(failure, message
     )
     assert message in output
     assert f"opreg_failing::good_{failure}: the op is not defined now" in output
+
+
+def test_an_op_looked_up_by_a_failed_load_can_be_defined_later():
+    # find_operator in a failed load returns the handle of the bare name, registered in the
+    # dispatcher: defining the op afterwards works, and so does that handle (23rd sweep, B-F2).
+    output = load_failing_library(
+        "find_unknown",
+        then="""
+        print("before:", hasattr(torch.ops.opreg_failing, "not_defined_anywhere"))
+        @opreg.custom_op("opreg_failing::not_defined_anywhere", mutates_args=())
+        def plus_one(x: torch.Tensor) -> torch.Tensor:
+            return x + 1
+
+        print("after:", torch.ops.opreg_failing.not_defined_anywhere(torch.ones(2)).tolist())
+        """,
+    )
+    assert "before: False" in output
+    assert "after: [2.0, 2.0]" in output
 
 
 def test_a_failed_load_unregisters_the_device_types_it_registered():

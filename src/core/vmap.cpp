@@ -433,14 +433,24 @@ class VmapKernel final : public c10::OperatorKernel {
     if (detail::debug_checks()) meta = one_example_on_meta(*stack);
     try {
       detail::run_at_transform_level([&] { fallback_->callBoxed(op, keys, stack); });
-    } catch (const c10::Error& error) {
+    } catch (c10::Error& error) {
       // The op's own checks (its arguments' dtypes, its outputs) fail the same way outside vmap:
       // no vmap advice.
       if (error.msg().rfind(op_->name + ": ", 0) == 0) throw;
-      TORCH_CHECK(false, op_->name,
+      const std::string& message = error.msg();
+      const bool from_vmap = message.find("vmap") != std::string::npos ||
+                             message.find("atching rule") != std::string::npos;
+      TORCH_CHECK(!from_vmap, op_->name,
                   ": its fallback cannot run under vmap; give the op a vmap rule, declare it "
                   "batch-polymorphic, or ask for the per-example loop. The fallback said: ",
                   error.what_without_backtrace());
+      // Anything else may be the fallback's own check, which each example fails outside vmap too:
+      // it keeps its type and message.
+      error.add_context(c10::str(
+          "(raised by the fallback of ", op_->name,
+          " under vmap; if the call succeeds without vmap, give the op a vmap rule, declare it "
+          "batch-polymorphic, or ask for the per-example loop)"));
+      throw;
     }
     if (meta) compare_with_fake(op, std::move(*meta), *stack);
   }

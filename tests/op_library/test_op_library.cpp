@@ -34,6 +34,14 @@ const auto needs_data = opreg::op("opreg_test::normalize_by_max(Tensor x) -> Ten
                             .fallback(normalize_by_max)
                             .define();
 
+// A fallback whose own argument check fails the same way with or without vmap (23rd sweep, B-F7).
+at::Tensor checked_sum(const at::Tensor& x) {
+  TORCH_CHECK_VALUE(x.numel() > 0, "x must not be empty");
+  return x.sum();
+}
+const auto nonempty_sum =
+    opreg::op("opreg_test::nonempty_sum(Tensor x) -> Tensor").fallback(checked_sum).define();
+
 at::Tensor identity(const at::Tensor& x) { return x.clone(); }
 const auto npu_only = opreg::op("opreg_test::npu_only(Tensor x) -> Tensor")
                           .fallback(identity)

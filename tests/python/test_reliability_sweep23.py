@@ -228,3 +228,29 @@ print("affine defined:", _C.is_defined("opreg_test::affine"))
     )
     assert result.stdout.count(expected) == 2, result.stdout
     assert "affine defined: False" in result.stdout
+
+
+# ---- B-F8: an op without a fake under FakeTensorMode and torch.compile ----------------------
+
+
+def exception_chain(error: BaseException) -> list[str]:
+    messages = []
+    while error is not None:
+        messages.append(f"{type(error).__name__}: {error}")
+        error = error.__cause__ or error.__context__
+    return messages
+
+
+def test_the_no_fake_advice_reaches_fake_tensor_mode_and_compile_errors():
+    # PyTorch turns the meta kernel's NotImplementedError into its own exception; opreg's reason
+    # and advice stay in the chain that a traceback prints.
+    from torch._subclasses.fake_tensor import FakeTensorMode, UnsupportedOperatorException
+
+    op = torch.ops.opreg_test.normalize_by_max
+    advice = "opreg_test::normalize_by_max: has no fake, and its fallback failed on meta tensors"
+    with pytest.raises(UnsupportedOperatorException) as faked, FakeTensorMode():
+        op(torch.randn(3))
+    assert any(advice in message for message in exception_chain(faked.value))
+    with pytest.raises(Exception, match="does not support running with fake tensors") as compiled:
+        torch.compile(lambda x: op(x) * 2, fullgraph=True, backend="eager")(torch.randn(3))
+    assert any(advice in message for message in exception_chain(compiled.value))

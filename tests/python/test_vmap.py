@@ -95,6 +95,18 @@ def test_fallback_that_cannot_be_batched_says_what_to_do():
         vmap(ops.normalize_by_max)(torch.randn(3, 4))
 
 
+def test_a_fallbacks_own_check_keeps_its_type_and_message_under_vmap():
+    # It became a RuntimeError saying the fallback "cannot run under vmap" (23rd sweep, B-F7).
+    with pytest.raises(ValueError, match="x must not be empty") as eager:
+        ops.nonempty_sum(torch.ones(0))
+    with pytest.raises(ValueError, match="x must not be empty") as vmapped:
+        vmap(ops.nonempty_sum)(torch.ones(3, 0))
+    assert "cannot run under vmap" not in str(vmapped.value)
+    assert "raised by the fallback of opreg_test::nonempty_sum under vmap" in str(vmapped.value)
+    assert "under vmap" not in str(eager.value)
+    torch.testing.assert_close(vmap(ops.nonempty_sum)(torch.ones(3, 2)), torch.full((3,), 2.0))
+
+
 def test_per_example_loop_is_opt_in_and_warned_once():
     x = torch.randn(5, 4)
     with warnings.catch_warnings(record=True) as caught:

@@ -84,6 +84,9 @@ struct Definition {
   // Names the definition as declared (kept when it is rebuilt for a new device type): what
   // Python's pieces of a definition check that they still belong to the op's current one.
   uint64_t serial = 0;
+  // A part's (spec.part_of): the serial of its owner's definition that it came with (0: none);
+  // while the owner has that definition, the part is undefined only with it.
+  uint64_t owner_serial = 0;
   // The accelerated device types it was built for: kernels without device types of their own
   // serve these.
   std::vector<std::string> device_types;
@@ -679,12 +682,21 @@ std::string enum_name(const c10::Type& type) {
   return optional ? optional->getElementType()->str() : type.str();
 }
 
-// `serial` 0: a new declaration, which gets a serial of its own.
-DefinitionPtr build(OpBuilder::State spec, const std::vector<std::string>& device_types,
-                    uint64_t serial = 0) {
+bool holds_any(const c10::Type& type) {
+  if (type.kind() == c10::TypeKind::AnyType) return true;
+  const auto contained = type.containedTypes();
+  return std::any_of(contained.begin(), contained.end(),
+                     [](const c10::TypePtr& inner) { return holds_any(*inner); });
+}
+
+// `rebuilt_from` null: a new declaration, which gets a serial of its own.
+std::shared_ptr<Definition> build(OpBuilder::State spec,
+                                  const std::vector<std::string>& device_types,
+                                  const Definition* rebuilt_from = nullptr) {
   static std::atomic<uint64_t> last_serial{0};
   auto definition = std::make_shared<Definition>(std::move(spec));
-  definition->serial = serial != 0 ? serial : ++last_serial;
+  definition->serial = rebuilt_from != nullptr ? rebuilt_from->serial : ++last_serial;
+  if (rebuilt_from != nullptr) definition->owner_serial = rebuilt_from->owner_serial;
   definition->device_types = device_types;
   const auto& declared = definition->spec;
   TORCH_CHECK_VALUE(declared.mistake.empty(), declared.mistake);
@@ -719,6 +731,19 @@ DefinitionPtr build(OpBuilder::State spec, const std::vector<std::string>& devic
   definition->dtype_rules = resolve_dtype_rules(declared, op);
   definition->sharding = resolve_sharding(declared, op);
 
+  // An `Any` value reaches the pieces unchecked, and PyTorch's tracer and functorch meet some
+  // values with errors of their own (an internal assert under vmap) that name no op.
+  for (const auto& [where, list] :
+       {std::pair{"argument", &op.schema.arguments()}, std::pair{"output", &op.schema.returns()}}) {
+    for (size_t i = 0; i < list->size(); ++i) {
+      const auto& value = (*list)[i];
+      TORCH_CHECK_VALUE(!holds_any(*value.type()), qualified, ": ", where, " '",
+                        value.name().empty() ? std::to_string(i) : value.name(), "' has type ",
+                        value.type()->str(),
+                        ", and opreg ops take no Any: declare its type (Tensor, int, float, bool, "
+                        "str, Scalar, a list or optional of them)");
+    }
+  }
   for (size_t i = 0; i < op.schema.arguments().size(); ++i) {
     const auto& argument = op.schema.arguments()[i];
     if (argument.type()->kind() == c10::TypeKind::TensorType) {
@@ -1815,7 +1840,7 @@ std::vector<std::pair<OpEntry*, DefinitionPtr>> rebuilt_for(Registry& reg,
     auto current = entry->load();
     if (!current || !follows_device_types(*current) || current->device_types == types) continue;
     try {
-      rebuilt.emplace_back(entry, build(current->spec, types, current->serial));
+      rebuilt.emplace_back(entry, build(current->spec, types, current.get()));
     } catch (const std::exception&) {
       if (!skip_failures) throw;
     }
@@ -2028,7 +2053,7 @@ bool restore_definition(const std::string& qualified, const std::shared_ptr<cons
   // types registered now, as every other op does.
   if (restored && follows_device_types(*restored) && restored->device_types != reg.device_types) {
     try {
-      restored = build(restored->spec, reg.device_types, restored->serial);
+      restored = build(restored->spec, reg.device_types, restored.get());
     } catch (const std::exception&) {
       // A kernel factory that fails now: the earlier definition as it was beats none.
     }
@@ -2133,16 +2158,25 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
   });
   // 1. Build and validate every definition; nothing is published yet.
   std::vector<DefinitionPtr> definitions;
-  std::set<std::string> names;
+  std::map<std::string, Definition*> built;
   for (auto& builder : builders) {
     TORCH_CHECK_VALUE(builder.state_ != nullptr,
                       "opreg: this OpBuilder was already defined (or moved from); make a new one");
     auto definition = build(std::move(*builder.state_), reg.device_types);
     builder.state_.reset();
     check_publishable(reg, *definition);
-    TORCH_CHECK_VALUE(names.insert(definition->name()).second, definition->name(),
-                      ": defined twice in one definition");
+    TORCH_CHECK_VALUE(built.emplace(definition->name(), definition.get()).second,
+                      definition->name(), ": defined twice in one definition");
     definitions.push_back(std::move(definition));
+  }
+  for (auto& [name, definition] : built) {
+    if (!definition->spec.part_of) continue;
+    const auto& owner = *definition->spec.part_of;
+    if (auto together = built.find(owner); together != built.end()) {
+      definition->owner_serial = together->second->serial;
+    } else if (auto found = reg.ops.find(owner); found != reg.ops.end()) {
+      if (auto current = found->second->load()) definition->owner_serial = current->serial;
+    }
   }
   // See Note [A schema change and Python's callers].
   if (!nested && !detail::loading_library() &&
@@ -2291,6 +2325,16 @@ void undefine_now(const std::string& name) {
   auto found = reg.ops.find(name);
   TORCH_CHECK_VALUE(found != reg.ops.end() && found->second->load() != nullptr,
                     "opreg: cannot undefine '", name, "': no op of this name is defined by opreg");
+  const auto part = found->second->load();
+  if (const auto& owner = part->spec.part_of) {
+    auto owner_entry = reg.ops.find(*owner);
+    auto owner_now = owner_entry == reg.ops.end() ? nullptr : owner_entry->second->load();
+    TORCH_CHECK_VALUE(owner_now == nullptr || owner_now->serial != part->owner_serial,
+                      "opreg: cannot undefine '", name, "' on its own: it is part of '", *owner,
+                      "' (such as its vmap_fn companion), which calls it and is undefined with it;"
+                      " undefine '",
+                      *owner, "', or define '", *owner, "' again without it");
+  }
   // Inside opreg::load_library, a failed load puts the definitions back with the others.
   auto previous = publish(*found->second, nullptr, &garbage);
   detail::record_loaded_definition(name, nullptr, std::move(previous), found->second->last_change);

@@ -3,6 +3,7 @@ repository), beside the earlier sweeps' files."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -254,3 +255,63 @@ def test_the_no_fake_advice_reaches_fake_tensor_mode_and_compile_errors():
     with pytest.raises(Exception, match="does not support running with fake tensors") as compiled:
         torch.compile(lambda x: op(x) * 2, fullgraph=True, backend="eager")(torch.randn(3))
     assert any(advice in message for message in exception_chain(compiled.value))
+
+
+# ---- A-F2: opreg::undefine of a vmap_fn companion on its own --------------------------------
+
+
+def test_a_companion_is_not_undefined_without_its_op():
+    # It was undefined, and every later vmap of the op said to call it again (23rd sweep, A-F2).
+    @opreg.register_vmap_op(
+        fake_fn=lambda x: torch.empty_like(x),
+        vmap_fn=lambda x: x * 3,
+        fake_vmap_fn=lambda x: torch.empty_like(x),
+        name="opreg_sweep23::with_companion",
+        schema="(Tensor x) -> Tensor",
+    )
+    def with_companion(x: Tensor) -> Tensor:
+        return x * 2
+
+    op = torch.ops.opreg_sweep23.with_companion.default
+    with pytest.raises(
+        ValueError,
+        match=r"cannot undefine 'opreg_sweep23::with_companion_vmap' on its own: it is part of "
+        r"'opreg_sweep23::with_companion'",
+    ):
+        _C.undefine("opreg_sweep23::with_companion_vmap")
+    torch.testing.assert_close(torch.vmap(op)(torch.ones(3, 2)), torch.full((3, 2), 3.0))
+    # Defined again without vmap_fn, the op drops its companion; undefining the op takes any part.
+    opreg.register_vmap_op(
+        fake_fn=lambda x: torch.empty_like(x),
+        name="opreg_sweep23::with_companion",
+        schema="(Tensor x) -> Tensor",
+        replace=True,
+    )(lambda x: x * 2)
+    assert not _C.is_defined("opreg_sweep23::with_companion_vmap")
+    torch.testing.assert_close(torch.vmap(op)(torch.ones(3, 2)), torch.full((3, 2), 2.0))
+    _C.undefine("opreg_sweep23::with_companion")
+
+
+# ---- A-F4: a schema with Any --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("schema", "what"),
+    [
+        ("(Tensor x, Any y) -> Tensor", "argument 'y' has type Any"),
+        ("(Tensor x, Any[] y) -> Tensor", "argument 'y' has type Any[]"),
+        ("(Tensor x, Any? y=None) -> Tensor", "argument 'y' has type Any?"),
+        ("(Tensor x) -> Any", "output '0' has type Any"),
+    ],
+)
+def test_a_schema_with_any_is_refused_naming_the_argument(schema, what):
+    # Calls failed with the tracer's and functorch's messages (an internal assert under vmap),
+    # which named no op (23rd sweep, A-F4).
+    with pytest.raises(ValueError, match=rf"opreg_sweep23::any: {re.escape(what)}, and opreg"):
+        opreg.register_triton_op(
+            name="opreg_sweep23::any",
+            schema=schema,
+            fake_fn=lambda x, y=None: torch.empty_like(x),
+            triton_fn=None,
+        )(lambda x, y=None: x * 2)
+    assert not _C.is_defined("opreg_sweep23::any")

@@ -287,6 +287,8 @@ def companion_owner(name: str) -> str | None:
     owner_registration = _registrations.get(owner)
     if owner_registration is None or owner_registration.companion != name:
         return None  # the owner was defined again without vmap_fn: the companion serves nothing
+    if not _C.is_defined(owner):
+        return None  # undefined (opreg::undefine took the companion along): nothing calls it
     return owner
 
 

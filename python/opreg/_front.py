@@ -168,6 +168,13 @@ def _check_options(qualname: str, options: Mapping[str, Any]) -> None:
                     f"{where}: {keyword} is given without vmap_fn; it is only used with "
                     "vmap_fn, so it would never run: give vmap_fn too, or leave it out"
                 )
+        out_dims = options.get("vmap_out_dims", 0)
+        if not (type(out_dims) is int and out_dims == 0):
+            raise ValueError(
+                f"{where}: vmap_out_dims={out_dims!r} is given without vmap_fn; it says where "
+                "vmap_fn's outputs have their batch, so it would never be used: give vmap_fn "
+                "too, or leave it out"
+            )
     traceable = options["traceable"]
     if traceable is not None and not isinstance(traceable, bool):
         raise TypeError(
@@ -304,9 +311,10 @@ def _check_autograd_and_vmap_signatures(
         return
     positional = [a.name for a in parsed.arguments if not a.kwarg_only]
     grads = [f"grad{i}" for i in range(len(parsed.returns))]
-    # backward gets one gradient per tensor output; the count is fixed when all outputs are.
-    plain_tensors = all(isinstance(r.type, torch._C.TensorType) for r in parsed.returns)
-    if given["backward"] is not None and plain_tensors:
+    # backward gets one gradient per output (None for a number's); a backward is refused for a
+    # list output, so the count is fixed where none is a list.
+    fixed_count = not any(isinstance(r.type, torch._C.ListType) for r in parsed.returns)
+    if given["backward"] is not None and fixed_count:
         check_positional(qualname, "backward", given["backward"], ["ctx", *grads])
     if given["setup_context"] is not None:
         check_positional(

@@ -125,9 +125,8 @@ class CustomOpDef:
         self._keyword_only = [a.name for a in parsed.arguments if a.kwarg_only]
         self._positional = [a.name for a in parsed.arguments if not a.kwarg_only]
         self._grads = [f"grad{i}" for i in range(len(parsed.returns))]
-        self._plain_tensor_outputs = all(
-            isinstance(r.type, torch.TensorType) for r in parsed.returns
-        )
+        # One gradient per output (None for a number's); a backward is refused for a list output.
+        self._fixed_grad_count = not any(isinstance(r.type, torch.ListType) for r in parsed.returns)
         self._registration: object = None  # the definition this object made last
         # Held while a method reads and redefines the pieces: each call from several threads
         # adds its piece to the others' and sees the definition this object made last.
@@ -354,7 +353,7 @@ class CustomOpDef:
                     f"keyword-only {argument.type}, and the backward gives gradients to "
                     "positional inputs only, so it would get none; make it a positional argument"
                 )
-        if self._plain_tensor_outputs:
+        if self._fixed_grad_count:
             check_positional(self._qualname, "backward", backward, ["ctx", *self._grads])
         if setup_context is not None:
             self._check_callable("register_autograd", setup_context, "setup_context")

@@ -750,10 +750,15 @@ def _check_vmap(op, sample, device, depths=(1, 2, 3)):
                     in_dims[pos] = batch_dim
             fn = lambda *a: op(*a, **sample.kwargs)  # noqa: E731
             randomness = "error" if _values_comparable(op) else "different"
+            # torch.vmap takes no in_dim for a None in a Tensor?[]: such a list gets one per entry.
+            vmap_in_dims = tuple(
+                type(a)(None if e is None else d for e in a)
+                if d is not None and _tensor_list(a) and any(e is None for e in a)
+                else d
+                for a, d in zip(args, in_dims, strict=True)
+            )
             for _ in range(depth):
-                fn = torch.vmap(
-                    fn, in_dims=tuple(in_dims), out_dims=out_dims, randomness=randomness
-                )
+                fn = torch.vmap(fn, in_dims=vmap_in_dims, out_dims=out_dims, randomness=randomness)
             # The op may write its arguments: each run gets its own.
             looped_args = pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, args)
             got = fn(*args)

@@ -48,6 +48,10 @@ void check_stack(const std::string& op, const torch::jit::Stack& stack);
 // checks of a call around them (vmap rules).
 void check_stack_dtypes(const std::string& op, const torch::jit::Stack& stack);
 
+// Whether a value is of a schema type that holds no tensor (int, float[], str, Scalar, ...), as
+// a call's arguments are checked; src/core/registry.cpp.
+bool value_fits(const c10::IValue& value, const c10::Type& type);
+
 [[noreturn]] void throw_no_fake(const std::string& op, const std::string& reason);
 
 }  // namespace opreg::detail

@@ -59,6 +59,7 @@
 
 #include "load_internal.h"
 #include "op_internal.h"
+#include "opreg/detail/schema_types.h"
 #include "opreg/detail/text.h"
 #include "opreg/device_types.h"
 #include "opreg/op.h"
@@ -682,11 +683,15 @@ std::string enum_name(const c10::Type& type) {
   return optional ? optional->getElementType()->str() : type.str();
 }
 
-bool holds_any(const c10::Type& type) {
-  if (type.kind() == c10::TypeKind::AnyType) return true;
-  const auto contained = type.containedTypes();
-  return std::any_of(contained.begin(), contained.end(),
-                     [](const c10::TypePtr& inner) { return holds_any(*inner); });
+// Why opreg refuses a schema type, or null. PyTorch's tracers and functorch meet an `Any`
+// value or a dict with errors of their own that name no op (an internal assert under vmap), and
+// an `Any` reaches the pieces unchecked; the tensors of a tuple or a dict would escape the
+// checks of a call's outputs (an output returned as an input's alias).
+const char* refused_type(const c10::Type& type) {
+  if (detail::holds_kind(type, c10::TypeKind::AnyType)) return "Any";
+  if (detail::holds_kind(type, c10::TypeKind::DictType)) return "Dict";
+  if (detail::holds_kind(type, c10::TypeKind::TupleType)) return "tuple";
+  return nullptr;
 }
 
 // `rebuilt_from` null: a new declaration, which gets a serial of its own.
@@ -731,17 +736,16 @@ std::shared_ptr<Definition> build(OpBuilder::State spec,
   definition->dtype_rules = resolve_dtype_rules(declared, op);
   definition->sharding = resolve_sharding(declared, op);
 
-  // An `Any` value reaches the pieces unchecked, and PyTorch's tracer and functorch meet some
-  // values with errors of their own (an internal assert under vmap) that name no op.
   for (const auto& [where, list] :
        {std::pair{"argument", &op.schema.arguments()}, std::pair{"output", &op.schema.returns()}}) {
     for (size_t i = 0; i < list->size(); ++i) {
       const auto& value = (*list)[i];
-      TORCH_CHECK_VALUE(!holds_any(*value.type()), qualified, ": ", where, " '",
+      const char* refused = refused_type(*value.type());
+      TORCH_CHECK_VALUE(refused == nullptr, qualified, ": ", where, " '",
                         value.name().empty() ? std::to_string(i) : value.name(), "' has type ",
-                        value.type()->str(),
-                        ", and opreg ops take no Any: declare its type (Tensor, int, float, bool, "
-                        "str, Scalar, a list or optional of them)");
+                        value.type()->str(), ", and opreg ops take no ", refused,
+                        " type: declare its type (Tensor, int, float, bool, str, Scalar, a list or "
+                        "optional of them), and several outputs as separate outputs");
     }
   }
   for (size_t i = 0; i < op.schema.arguments().size(); ++i) {
@@ -1995,6 +1999,8 @@ void check_handle_signature(const c10::OperatorHandle& handle,
 }
 
 namespace detail {
+
+bool value_fits(const c10::IValue& value, const c10::Type& type) { return fits(value, type); }
 
 void throw_no_fake(const std::string& op, const std::string& reason) {
   TORCH_CHECK_NOT_IMPLEMENTED(false, op,

@@ -32,6 +32,7 @@
 #include <mutex>
 
 #include "op_internal.h"
+#include "opreg/detail/schema_types.h"
 #include "opreg/detail/typed_kernels.h"
 #include "opreg/trace.h"
 #include "transform_levels.h"
@@ -338,23 +339,14 @@ class VmapKernel final : public c10::OperatorKernel {
   // As eager calls do, an int is taken for a float.
   void check_rule_output(c10::IValue& output, size_t index) const {
     const auto& type = op_->schema.returns()[index].type();
-    auto scalar_kind = type->kind();
-    if (scalar_kind == c10::TypeKind::OptionalType && !output.isNone()) {
-      scalar_kind = type->cast<c10::OptionalType>()->getElementType()->kind();
-    }
-    if (scalar_kind == c10::TypeKind::FloatType && output.isInt()) output = output.toInt() * 1.0;
-    const char* scalar = scalar_kind == c10::TypeKind::IntType     ? "an int"
-                         : scalar_kind == c10::TypeKind::FloatType ? "a float"
-                         : scalar_kind == c10::TypeKind::BoolType  ? "a bool"
-                                                                   : nullptr;
-    if (scalar != nullptr) {
-      const bool ok =
-          (scalar_kind == c10::TypeKind::IntType && (output.isInt() || output.isSymInt())) ||
-          (scalar_kind == c10::TypeKind::FloatType && (output.isDouble() || output.isSymFloat())) ||
-          (scalar_kind == c10::TypeKind::BoolType && (output.isBool() || output.isSymBool()));
-      TORCH_CHECK_TYPE(ok, op_->name, ": the vmap rule returned a ",
+    if (!detail::holds_kind(*type, c10::TypeKind::TensorType)) {
+      const auto* optional = type->castRaw<c10::OptionalType>();
+      const auto kind = (optional ? optional->getElementType() : type)->kind();
+      if (kind == c10::TypeKind::FloatType && output.isInt()) output = output.toInt() * 1.0;
+      TORCH_CHECK_TYPE(detail::value_fits(output, *type), op_->name, ": the vmap rule returned a ",
                        output.isTensorList() ? "list of tensors" : output.tagKind(), " for output ",
-                       index, ", declared ", type->str(), " in the schema; expected ", scalar);
+                       index, ", declared ", type->str(),
+                       " in the schema; expected a value of that type");
       return;
     }
     const char* expected = nullptr;

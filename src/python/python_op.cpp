@@ -22,6 +22,7 @@
 
 #include "jit_cache/jit_cache.h"
 #include "opreg/definition.h"
+#include "opreg/detail/schema_types.h"
 #include "opreg/registry.h"
 #include "opreg/trace.h"
 #include "opreg/triton.h"
@@ -572,11 +573,15 @@ std::string type_name(const py::handle& value) {
   return py::str(value.get_type()).cast<std::string>();
 }
 
-// `declared`: the schema's type of the return at this position, when it has one. A Tensor[] or
-// Tensor?[] output comes as a list or tuple of tensors (None too for Tensor?[]); other lists
-// (int[], float[], bool[]) as their values.
+// `declared`: the schema's return at this position, when it has one. A Tensor[] or Tensor?[]
+// output comes as a list or tuple of tensors (None too for Tensor?[]); an output with no tensor
+// in its type (int[], str, Scalar, ...) converts as the fallback's does.
 c10::IValue output_to_ivalue(const std::string& op, const py::handle& value,
-                             const c10::TypePtr& declared) {
+                             const c10::Argument* returned, size_t index) {
+  const c10::TypePtr declared = returned != nullptr ? returned->type() : nullptr;
+  if (declared && !detail::holds_kind(*declared, c10::TypeKind::TensorType)) {
+    return to_output(op, "the vmap rule", value, *returned, index);
+  }
   if (value.is_none()) return c10::IValue();
   if (THPVariable_Check(value.ptr())) return THPVariable_Unpack(value.ptr());
   const auto* list_type = declared ? declared->castRaw<c10::ListType>() : nullptr;
@@ -596,12 +601,6 @@ c10::IValue output_to_ivalue(const std::string& op, const py::handle& value,
       c10::List<at::Tensor> plain;
       for (size_t i = 0; i < tensors.size(); ++i) plain.push_back(*tensors.get(i));
       return plain;
-    }
-    try {
-      return torch::jit::toIValue(value, declared);
-    } catch (const std::exception& error) {
-      TORCH_CHECK_TYPE(false, op, ": the vmap rule returned ", py::str(value).cast<std::string>(),
-                       " for an output the schema declares ", declared->str(), ": ", error.what());
     }
   }
   if (py::isinstance<py::bool_>(value)) return value.cast<bool>();
@@ -627,9 +626,9 @@ VmapResult vmap_result(const std::string& op, const py::object& result, const Sc
   VmapResult converted;
   for (const auto& value : outputs) {
     const size_t index = converted.outputs.size();
-    const c10::TypePtr declared =
-        schema && index < schema->returns().size() ? schema->returns()[index].type() : nullptr;
-    converted.outputs.push_back(output_to_ivalue(op, value, declared));
+    const c10::Argument* returned =
+        schema && index < schema->returns().size() ? &schema->returns()[index] : nullptr;
+    converted.outputs.push_back(output_to_ivalue(op, value, returned, index));
   }
   for (const auto& dim : out_dims) {
     if (dim.is_none()) {

@@ -241,7 +241,11 @@ def test_a_rule_returning_a_wrong_list_element_is_refused_naming_the_op():
         schema="(Tensor x) -> (Tensor, int[])",
         vmap=lambda info, in_dims, x: ((x, ["a"]), (0, None)),
     )
-    with pytest.raises(TypeError, match=r"sweep20::int_list_wrong: the vmap rule returned \['a'\]"):
+    with pytest.raises(
+        TypeError,
+        match=r"sweep20::int_list_wrong: the vmap rule returned <class 'list'> for output 1 \(its "
+        r"element 0 is <class 'str'>\), expected int\[\]",
+    ):
         torch.vmap(wrong, out_dims=(0, None))(torch.ones(3, 2))
 
 

@@ -1,0 +1,20 @@
+// include/opreg/detail/schema_types.h: questions about a schema's types that the core and the
+// Python module both ask (which kinds of value an argument or output can hold).
+#pragma once
+
+#include <ATen/core/jit_type.h>
+
+#include <algorithm>
+
+namespace opreg::detail {
+
+// Whether `type` is of `kind` or holds one of that kind anywhere inside (a list, an optional, a
+// dict, a tuple).
+inline bool holds_kind(const c10::Type& type, c10::TypeKind kind) {
+  if (type.kind() == kind) return true;
+  const auto contained = type.containedTypes();
+  return std::any_of(contained.begin(), contained.end(),
+                     [kind](const c10::TypePtr& inner) { return holds_kind(*inner, kind); });
+}
+
+}  // namespace opreg::detail

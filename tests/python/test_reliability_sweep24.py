@@ -105,7 +105,8 @@ def test_dict_and_tuple_types_are_refused_naming_the_argument(schema, what):
 # ---- A-F3: a companion's name after its op is undefined ---------------------------------------
 
 
-def test_a_companion_name_is_free_once_its_op_is_undefined():
+def define_owner():
+    """An op with a vmap_fn, whose companion is opreg_sweep24::owner_vmap."""
     opreg.register_vmap_op(
         lambda x: x * 2,
         fake_fn=lambda x: torch.empty_like(x),
@@ -114,6 +115,10 @@ def test_a_companion_name_is_free_once_its_op_is_undefined():
         name="opreg_sweep24::owner",
         schema="(Tensor x) -> Tensor",
     )
+
+
+def test_a_companion_name_is_free_once_its_op_is_undefined():
+    define_owner()
     _C.undefine("opreg_sweep24::owner")
     assert not _C.is_defined("opreg_sweep24::owner_vmap")
     # It was refused: "torch.vmap of 'opreg_sweep24::owner' calls it".
@@ -126,14 +131,7 @@ def test_a_companion_name_is_free_once_its_op_is_undefined():
     torch.testing.assert_close(op(torch.ones(2)), torch.full((2,), 2.0))
     # The owner defined again with vmap_fn would take it over: refused, the user's op kept.
     with pytest.raises(ValueError, match="owner_vmap"):
-        opreg.register_vmap_op(
-            lambda x: x * 2,
-            fake_fn=lambda x: torch.empty_like(x),
-            vmap_fn=lambda x: x * 3,
-            fake_vmap_fn=lambda x: torch.empty_like(x),
-            name="opreg_sweep24::owner",
-            schema="(Tensor x) -> Tensor",
-        )
+        define_owner()
     torch.testing.assert_close(op(torch.ones(2)), torch.full((2,), 2.0))
 
 

@@ -54,7 +54,8 @@ else  # only the op libraries the Python tests load
   for failure in bad_schema duplicate_name signature_mismatch other_version nested_load \
     undefine_then_fail undefine_unknown undefine_named thread_define thread_replace \
     define_all factory_throws device_type_then_fail wait_then_fail empty_fallback unknown_flag \
-    empty_python_fake defined_twice find_unknown describe_unknown; do
+    empty_python_fake defined_twice find_unknown describe_unknown handle_unknown \
+    handle_mismatch check_unknown bundle_missing; do
     libraries="$libraries opreg_failing_$failure"
   done
   for name in a b c dep needy; do libraries="$libraries opreg_scripted_$name"; done

@@ -112,6 +112,9 @@ class OPREG_API OpBuilder {
   OpBuilder& sharding(Sharding sharding);
   OpBuilder& vmap(VmapRule rule);
   OpBuilder& replace(bool replace = true);
+  // Replaces the op only while its definition is the one of `serial` (detail::definition_serial;
+  // 0: only while it is not defined): a definition another thread made since is refused.
+  OpBuilder& replace_only(uint64_t serial);
   OpBuilder& origin(std::string where);
   // The op serves `owner` (Python's vmap_fn companion `<owner>_vmap`): undefining `owner`
   // undefines it too.

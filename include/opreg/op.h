@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -81,6 +82,12 @@ OPREG_API void check_handle_signature(const c10::OperatorHandle& handle,
                                       const c10::FunctionSchema& handle_signature);
 
 namespace detail {
+// Whether this thread is inside opreg::load_library, running a library's static initializers.
+OPREG_API bool inside_library_load();
+// Fails the load of this thread with `error`, naming `what`; `caller` is an address in the
+// library whose code failed.
+OPREG_API void fail_library_load(const std::string& what, const void* caller,
+                                 const std::exception& error);
 // A count of an opreg op's schema changes (null for ops opreg did not define): a typed handle
 // checks its signature again when it moves. It lives as long as the process.
 OPREG_API const std::atomic<uint64_t>* schema_changes_of(const std::string& qualified);
@@ -96,7 +103,17 @@ class OpHandle<Ret(Args...)> {
   explicit OpHandle(std::string name) : name_(std::move(name)) {}
   OpHandle(const OpHandle& other) : name_(other.name_) {}
   const std::string& name() const { return name_; }
-  Ret operator()(Args... args) const { return typed().call(std::forward<Args>(args)...); }
+  // Inside opreg::load_library (a library's static initializer), a call's error fails the load
+  // and an empty Ret comes back: an exception there would terminate the process.
+  Ret operator()(Args... args) const {
+    if (!detail::inside_library_load()) return typed().call(std::forward<Args>(args)...);
+    try {
+      return typed().call(std::forward<Args>(args)...);
+    } catch (const std::exception& error) {
+      detail::fail_library_load(name_, __builtin_return_address(0), error);
+    }
+    if constexpr (!std::is_void_v<Ret>) return Ret();
+  }
 
   // The dispatcher's handle, looked up (and its signature checked) on first use, and checked
   // again after a replace changes the op's schema (a signature that no longer fits would read its

@@ -111,6 +111,9 @@ class OpDeclaration:
     random: bool = False
     cuda_graph_unsafe: bool = False
     replace: bool = False
+    # Set: replace only the definition of this serial (_C.definition_serial; 0: none), so that
+    # one another thread made meanwhile is refused.
+    replace_only: int | None = None
     origin: str = ""
     # Python-side pieces, registered once the core accepted the definition:
     decompose_with: tuple[Callable[..., Any], list[str] | None] | None = None
@@ -163,6 +166,8 @@ class OpDeclaration:
         if self.vmap is not None:
             builder.vmap(self.vmap, self.schema)
         builder.replace(self.replace)
+        if self.replace_only is not None:
+            builder.replace_only(self.replace_only)
         builder.origin(self.origin)
         if self.companion_of is not None:
             builder.part_of(self.companion_of)

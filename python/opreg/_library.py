@@ -7,6 +7,7 @@ docs/python-front.md, "Coming from torch.library", lists the differences from to
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -212,8 +213,11 @@ class CustomOpDef:
             else [],
         )
 
-    def _define(self) -> None:
-        (self._opoverload,) = define(self._declaration())
+    def _define(self, replacing: int) -> None:
+        """Defines the op, replacing only the definition of serial ``replacing`` (0: none): a
+        definition made meanwhile on another thread (a library's load) is not overwritten."""
+        declaration = dataclasses.replace(self._declaration(), replace_only=replacing)
+        (self._opoverload,) = define(declaration)
         self._registration = registration_of(self._qualname)
 
     def _is_current(self) -> bool:
@@ -240,12 +244,13 @@ class CustomOpDef:
     def _with(self, **pieces: Any) -> None:
         """Sets pieces and re-defines the op; a refused definition restores them."""
         with self._lock, defining():  # current when checked, and still when defined
+            serial = _C.definition_serial(self._qualname)
             self._check_current()
             before = {name: getattr(self, name) for name in pieces}
             for name, value in pieces.items():
                 setattr(self, name, value)
             try:
-                self._define()
+                self._define(serial)
             except BaseException:
                 for name, value in before.items():
                     setattr(self, name, value)
@@ -441,9 +446,10 @@ def _check_name_free(api: str, name: str) -> None:
 def _publish(api: str, op: CustomOpDef) -> CustomOpDef:
     # Checked again with the definition: another thread may have defined the name meanwhile.
     with defining():
+        serial = _C.definition_serial(op._qualname)
         _check_name_free(api, op._qualname)
         previous = _defined.get(op._qualname)
-        op._define()
+        op._define(serial)
         _defined[op._qualname] = op
     if previous is not None and previous._dispatch_library is not None:
         previous._dispatch_library._destroy()

@@ -135,6 +135,12 @@ OpBuilder& OpBuilder::replace(bool replace) {
   return *this;
 }
 
+OpBuilder& OpBuilder::replace_only(uint64_t serial) {
+  live(state_).replace = true;
+  live(state_).replace_only = serial;
+  return *this;
+}
+
 OpBuilder& OpBuilder::origin(std::string where) {
   live(state_).origin = std::move(where);
   return *this;

@@ -21,6 +21,7 @@
 // found its library loaded (by a load not settled yet) waits for that load's outcome, which may
 // be that the library failed with it.
 #include "opreg/detail/text.h"
+#include "opreg/op.h"
 #include "opreg/registry.h"
 
 #include <dlfcn.h>
@@ -321,6 +322,15 @@ void when_load_succeeds(std::function<void()> commit, std::function<void()> undo
 }
 
 uint64_t current_load_id() { return t_load != nullptr ? t_load->id : 0; }
+
+bool inside_library_load() { return t_load != nullptr; }
+
+void fail_library_load(const std::string& what, const void* caller, const std::exception& error) {
+  TORCH_INTERNAL_ASSERT(t_load != nullptr, "fail_library_load outside a load");
+  record_load_caller(caller);
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&error);
+  record_load_failure(what, c10_error ? c10_error->what_without_backtrace() : error.what());
+}
 
 }  // namespace detail
 

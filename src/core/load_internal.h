@@ -3,9 +3,13 @@
 // was published is remembered so that a failed load can be rolled back.
 #pragma once
 
+#include <c10/util/Exception.h>
+
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 namespace opreg::detail {
 
@@ -15,6 +19,27 @@ bool loading_library();
 // whose builder names no caller (a raw OpBuilder, define_all).
 std::string loading_library_path();
 void record_load_failure(const std::string& op, const std::string& message);
+// Code that acted during the load of this thread other than by defining ops (asked for a device
+// type, undefined an op, registered Triton kernels): the library it is in fails with the load.
+void record_load_caller(const void* address);
+
+// Runs an opreg function that a library's static initializer may call: inside
+// opreg::load_library an exception would leave the initializer and terminate the process, so
+// `fn`'s error is recorded (the load fails, naming `what`) and `Ret{}` comes back. `caller`: the
+// function's return address. Outside a load, `fn` runs as it is.
+template <class Ret, class Fn>
+Ret or_fail_the_load(const std::string& what, const void* caller, Fn&& fn) {
+  if (!loading_library()) return fn();
+  record_load_caller(caller);
+  try {
+    return fn();
+  } catch (const c10::Error& error) {
+    record_load_failure(what, error.what_without_backtrace());
+  } catch (const std::exception& error) {
+    record_load_failure(what, error.what());
+  }
+  if constexpr (!std::is_void_v<Ret>) return Ret{};
+}
 // An op's count of published definitions before and after one publish (src/core/registry.cpp's
 // OpEntry::changes).
 struct ChangeCount {
@@ -37,10 +62,6 @@ void when_loader_is_free(std::function<void()> task);
 // An accelerated device type asked for during the load of this thread (registered, or already
 // registered): a failed load takes its request back.
 void record_loaded_device_type(const std::string& name);
-// Code that acted during the load of this thread other than by defining ops (asked for a device
-// type, undefined an op, registered Triton kernels): the library it is in fails with the load.
-void record_load_caller(const void* address);
-
 // Work that waits for the load of this thread to succeed (registering its embedded Triton
 // kernels): the outermost load runs it once every initializer has run without a failure, and a
 // failed load drops it. An exception from it fails the load, and the `undo` of each commit that

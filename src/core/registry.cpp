@@ -1759,6 +1759,11 @@ void check_publishable(Registry& reg, const Definition& definition) {
                       ": an op of this name is already defined (by ",
                       current ? current->origin : "",
                       "); pass replace=True (.replace() in C++) to replace it");
+    const auto& only = definition.spec.replace_only;
+    TORCH_CHECK_VALUE(!only || (current ? current->serial : 0) == *only, qualified,
+                      ": an op of this name was defined (by ", current ? current->origin : "",
+                      ") while this definition was made, and it replaces only the op's earlier "
+                      "definition; choose another name, or replace it explicitly");
     return;
   }
   auto known = c10::Dispatcher::singleton().findSchema(
@@ -1971,6 +1976,9 @@ c10::OperatorHandle find_operator(const std::string& qualified) {
 
 void check_handle_signature(const c10::OperatorHandle& handle,
                             const c10::FunctionSchema& handle_signature) {
+  // A lookup inside a library's load gives a handle without a schema for a missing op.
+  TORCH_CHECK_VALUE(handle.hasSchema(), "opreg: no op named '", handle.operator_name(),
+                    "' is defined");
   // An opreg op's schema is copied under the registry's lock: a replace on another thread frees
   // the dispatcher's copy, which handle.schema() refers to.
   std::optional<c10::FunctionSchema> registered;

@@ -37,6 +37,8 @@ struct OpBuilder::State {
   VmapRule vmap_rule;
   std::optional<Sharding> sharding;  // nullopt: the default (see Sharding)
   bool replace = false;
+  // Set: replace only the definition of this serial (detail::definition_serial; 0: none).
+  std::optional<uint64_t> replace_only;
   std::string origin;
   std::optional<std::string> part_of;  // set: undefined together with this op (OpBuilder::part_of)
   const void* caller = nullptr;

@@ -8,6 +8,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 
+#include "load_internal.h"
 #include "op_internal.h"
 #include "opreg/op.h"
 #include "opreg/registry.h"
@@ -234,10 +235,18 @@ void check_sample_has_data(const std::string& op, const std::vector<c10::IValue>
   }
 }
 
+// find_operator's handle, or a ValueError: inside a library's load find_operator records a missing
+// op and returns a handle without a schema, which the checks must not go on with.
+c10::OperatorHandle handle_of(const std::string& op) {
+  TORCH_CHECK_VALUE(is_defined(op) || !detail::loading_library(), "opreg: no op named '", op,
+                    "' is defined by opreg");
+  return find_operator(op);
+}
+
 bool check_sample(const std::string& op, const std::vector<c10::IValue>& sample, size_t index,
                   std::vector<CheckResult>* results) {
   const uint64_t serial = detail::definition_serial(op);
-  auto handle = find_operator(op);
+  auto handle = handle_of(op);
   const auto report = describe_op(op);
   const auto& arguments = handle.schema().arguments();
   check_count(op, handle, sample.size());
@@ -302,16 +311,18 @@ Tolerance tolerance(at::ScalarType dtype) {
   }
 }
 
-std::vector<c10::IValue> call_fallback(const std::string& op, std::vector<c10::IValue> args) {
-  const auto handle = find_operator(op);
+namespace {
+
+std::vector<c10::IValue> call_fallback_now(const std::string& op, std::vector<c10::IValue> args) {
+  const auto handle = handle_of(op);
   check_count(op, handle, args.size());
   torch::jit::Stack stack(std::move(args));
   detail::call_checked_fallback(op, handle, &stack);
   return stack;
 }
 
-std::vector<CheckResult> check(const std::string& op,
-                               const std::vector<std::vector<c10::IValue>>& samples) {
+std::vector<CheckResult> check_now(const std::string& op,
+                                   const std::vector<std::vector<c10::IValue>>& samples) {
   TORCH_CHECK_VALUE(!samples.empty(), "opreg::testing::check: ", op,
                     ": 'samples' is empty, so nothing would be checked; pass at least one "
                     "sample (the op's arguments in schema order)");
@@ -328,15 +339,35 @@ std::vector<CheckResult> check(const std::string& op,
   return results;
 }
 
-void check_or_throw(const std::string& op, const std::vector<std::vector<c10::IValue>>& samples) {
+void check_or_throw_now(const std::string& op,
+                        const std::vector<std::vector<c10::IValue>>& samples) {
   std::ostringstream failures;
-  for (const auto& result : check(op, samples)) {
+  for (const auto& result : check_now(op, samples)) {
     if (!result.passed) {
       failures << "\n  " << result.check << " failed for " << result.op << " on " << result.device
                << ", sample " << result.sample << ": " << result.message;
     }
   }
   TORCH_CHECK(failures.tellp() == 0, "opreg::testing::check:", failures.str());
+}
+
+}  // namespace
+
+// Called from a library's static initializer, each fails the load instead of throwing.
+std::vector<c10::IValue> call_fallback(const std::string& op, std::vector<c10::IValue> args) {
+  return detail::or_fail_the_load<std::vector<c10::IValue>>(
+      op, __builtin_return_address(0), [&] { return call_fallback_now(op, std::move(args)); });
+}
+
+std::vector<CheckResult> check(const std::string& op,
+                               const std::vector<std::vector<c10::IValue>>& samples) {
+  return detail::or_fail_the_load<std::vector<CheckResult>>(op, __builtin_return_address(0),
+                                                            [&] { return check_now(op, samples); });
+}
+
+void check_or_throw(const std::string& op, const std::vector<std::vector<c10::IValue>>& samples) {
+  detail::or_fail_the_load<void>(op, __builtin_return_address(0),
+                                 [&] { check_or_throw_now(op, samples); });
 }
 
 }  // namespace opreg::testing

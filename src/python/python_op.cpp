@@ -802,6 +802,9 @@ void bind_op_builder(py::module& m) {
           "replace", [](OpBuilder& builder, bool replace) { builder.replace(replace); },
           py::arg("replace"))
       .def(
+          "replace_only", [](OpBuilder& builder, uint64_t serial) { builder.replace_only(serial); },
+          py::arg("serial"))
+      .def(
           "origin", [](OpBuilder& builder, std::string where) { builder.origin(std::move(where)); },
           py::arg("origin"))
       .def(

@@ -1209,7 +1209,9 @@ std::vector<std::pair<std::string, size_t>> index_entries(const std::string& tex
 
 // Reads and checks every manifest and binary of the folder before registering any: a folder with
 // one bad manifest registers nothing.
-std::vector<std::string> load_bundle_dir(const std::string& path) {
+namespace {
+
+std::vector<std::string> load_bundle_dir_now(const std::string& path) {
   const auto index_path = path + "/index.txt";
   std::error_code error;
   TORCH_CHECK_VALUE(std::filesystem::exists(index_path, error), "opreg: ", escaped(path),
@@ -1229,6 +1231,14 @@ std::vector<std::string> load_bundle_dir(const std::string& path) {
   }
   add_kernels(std::move(kernels), origins);
   return names;
+}
+
+}  // namespace
+
+std::vector<std::string> load_bundle_dir(const std::string& path) {
+  // A library's static initializer may load its kernels: inside a load, an error fails the load.
+  return detail::or_fail_the_load<std::vector<std::string>>(
+      path, __builtin_return_address(0), [&] { return load_bundle_dir_now(path); });
 }
 
 std::vector<KernelReport> describe_kernels() {

@@ -20,6 +20,7 @@
 #define OPREG_VERSION_MINOR 99
 #endif
 #include <opreg/opreg.h>
+#include <opreg/triton.h>
 
 namespace {
 
@@ -148,6 +149,17 @@ const auto second = std::move(twice).define();
 const auto handle = opreg::find_operator("opreg_failing::not_defined_anywhere");
 #elif defined(OPREG_DESCRIBE_UNKNOWN)
 const auto report = opreg::describe_op("opreg_failing::not_described");
+#elif defined(OPREG_HANDLE_UNKNOWN)  // opreg's other API in an initializer (24th sweep, B-F1)
+const at::Tensor called =
+    opreg::OpHandle<at::Tensor(const at::Tensor&)>("opreg_failing::no_handle")(at::ones({2}));
+#elif defined(OPREG_HANDLE_MISMATCH)
+const at::Tensor called = opreg::OpHandle<at::Tensor(const at::Tensor&, int64_t)>(
+    "opreg_failing::good_handle_mismatch")(at::ones({2}), 3);
+#elif defined(OPREG_CHECK_UNKNOWN)
+const auto results = opreg::testing::check("opreg_failing::not_checked", {{at::ones({2})}});
+const auto outputs = opreg::testing::call_fallback("opreg_failing::not_called", {at::ones({2})});
+#elif defined(OPREG_BUNDLE_MISSING)
+const auto kernels = opreg::triton::load_bundle_dir("/nonexistent/opreg_failing_bundle");
 #elif defined(OPREG_SIGNATURE_MISMATCH)
 const auto mismatch =
     opreg::op("opreg_failing::mismatch(Tensor x, Tensor y) -> Tensor").fallback(identity).define();

@@ -327,6 +327,12 @@ def load_failing_library(failure: str, then: str = "", before: str = "") -> str:
             "describe_unknown",
             "opreg: no op named 'opreg_failing::not_described' is defined by opreg (a lookup",
         ),
+        # so did calling an OpHandle, testing::check and load_bundle_dir there (24th sweep, B-F1)
+        ("handle_unknown", "opreg: no op named 'opreg_failing::no_handle' is defined"),
+        ("handle_mismatch", "the handle's C++ signature does not match"),
+        ("check_unknown", "opreg: no op named 'opreg_failing::not_checked' is defined by opreg"),
+        ("check_unknown", "opreg: no op named 'opreg_failing::not_called' is defined by opreg"),
+        ("bundle_missing", "/nonexistent/opreg_failing_bundle has no index.txt"),
     ],
 )
 def test_a_library_whose_definition_fails_raises_and_rolls_back(failure, message):

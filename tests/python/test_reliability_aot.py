@@ -218,6 +218,20 @@ def test_unwritable_paths_are_one_line(tmp_path, option, where, message):
     assert not (tmp_path / "no_such_folder").exists()
 
 
+@pytest.mark.parametrize("which", ["spec", "--emit-cpp"])
+def test_a_fifo_for_the_spec_or_the_generated_source_is_refused(tmp_path, which):
+    # Sweep 24 B-F3: reading the spec, or probing --emit-cpp, waited for ever on a FIFO.
+    spec, fifo = tmp_path / "spec.toml", tmp_path / "fifo"
+    spec.write_text(scale_spec())
+    os.mkfifo(fifo)
+    command = [sys.executable, "-m", "opreg.aot", str(fifo if which == "spec" else spec)]
+    command += ["--out", str(tmp_path / "out")]
+    if which == "--emit-cpp":
+        command += ["--emit-cpp", str(fifo)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert_one_line_error(result, "it is not a regular file")
+
+
 @pytest.mark.parametrize(
     ("configs", "message"),
     [

@@ -458,3 +458,39 @@ def test_the_cli_checks_an_op_in_a_namespace_torch_ops_holds_an_attribute_of(scr
         "its own for (torch.ops._dir), so PyTorch's tools (opcheck, FakeTensorMode, "
         "torch.compile) cannot reach the op: define it in another namespace"
     ], result.stderr
+
+
+def test_a_custom_op_racing_a_load_of_the_same_name_replaces_nothing(scripted, tmp_path):
+    # The 24th sweep's B-F2: custom_op found the name free, waited for the load, then replaced
+    # the op the library defined (custom_op replaces only its own definitions): neither side
+    # raised, and the library's op was gone. Now one of the two definitions is refused.
+    started, go = tmp_path / "started", tmp_path / "go"
+    out = probe(
+        f"""
+        errors, refused = [], []
+        loading = in_background({scripted("a")!r}, errors)
+        wait_for({str(started)!r})
+        def define():
+            try:
+                @opreg.custom_op("opreg_script::raced", mutates_args=())
+                def raced(x: torch.Tensor) -> torch.Tensor:
+                    return x * 10
+            except ValueError as error:
+                refused.append(str(error))
+        defining = threading.Thread(target=define)
+        defining.start()
+        time.sleep(0.3)  # the definition now waits for the load
+        open({str(go)!r}, "w").close()
+        loading.join()
+        defining.join()
+        print("load refused:", bool(errors), "custom_op refused:", bool(refused))
+        print("messages:", errors + refused)
+        print("value:", torch.ops.opreg_script.raced(torch.ones(1)).tolist())
+        """,
+        a=f"touch:{started};wait:{go};def:raced:1",
+    )
+    assert out.count("refused: True") == 1, out
+    if "load refused: True" in out:
+        assert "value: [10.0]" in out, out
+    else:
+        assert "while this definition was made" in out and "value: [2.0]" in out, out

@@ -168,13 +168,6 @@ def _check_options(qualname: str, options: Mapping[str, Any]) -> None:
                     f"{where}: {keyword} is given without vmap_fn; it is only used with "
                     "vmap_fn, so it would never run: give vmap_fn too, or leave it out"
                 )
-        out_dims = options.get("vmap_out_dims", 0)
-        if not (type(out_dims) is int and out_dims == 0):
-            raise ValueError(
-                f"{where}: vmap_out_dims={out_dims!r} is given without vmap_fn; it says where "
-                "vmap_fn's outputs have their batch, so it would never be used: give vmap_fn "
-                "too, or leave it out"
-            )
     traceable = options["traceable"]
     if traceable is not None and not isinstance(traceable, bool):
         raise TypeError(
@@ -192,6 +185,12 @@ def _check_options(qualname: str, options: Mapping[str, Any]) -> None:
     ):
         raise TypeError(
             f"{where}: vmap_out_dims must be an int, None or a sequence of them, got {out_dims!r}"
+        )
+    if options["vmap_fn"] is None and not (type(out_dims) is int and out_dims == 0):
+        raise ValueError(
+            f"{where}: vmap_out_dims={out_dims!r} is given without vmap_fn; it says where "
+            "vmap_fn's outputs have their batch, so it would never be used: give vmap_fn too, "
+            "or leave it out"
         )
     mutates = options["mutates_args"]
     if mutates != "unknown" and (

@@ -933,6 +933,12 @@ void check_arguments(const Definition& definition, const torch::jit::Stack& stac
         "' must be a Tensor, got ", value.isNone() || value.isTensor() ? "None" : value.tagKind(),
         " (declare it 'Tensor? ", arguments[index].name(), "' in the schema to accept None)");
   }
+  for (size_t index : definition.optional_tensors) {
+    const auto& value = first[index];
+    TORCH_CHECK_TYPE(value.isNone() || value.isTensor(), definition.name(), ": argument '",
+                     arguments[index].name(), "' must be a Tensor or None, got ", value.tagKind(),
+                     " (schema '", definition.schema_text(), "')");
+  }
   for (const auto& [index, type] : definition.checked_values) {
     const auto& value = first[index];
     if (fits(value, *type)) continue;

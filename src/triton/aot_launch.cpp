@@ -20,6 +20,7 @@
 #include "launch.h"
 #include "opreg/aot_launch.h"
 #include "opreg/definition.h"
+#include "opreg/detail/text.h"
 #include "opreg/trace.h"
 #include "opreg/triton.h"
 
@@ -364,9 +365,8 @@ class AotLaunchKernel final : public c10::OperatorKernel {
                       ": aot_kernel names no kernel (an empty name); name the kernel its bundle "
                       "was compiled as");
     if (!triton::is_identifier(launch.kernel)) {
-      std::ostringstream quoted;
-      c10::printQuotedString(quoted, launch.kernel);
-      TORCH_CHECK_VALUE(false, runtime_->name, ": aot_kernel names kernel ", quoted.str(),
+      TORCH_CHECK_VALUE(false, runtime_->name, ": aot_kernel names kernel '",
+                        detail::escaped(launch.kernel), "'",
                         ", which no bundle can hold: kernel names are C identifiers (letters, "
                         "digits, _); name the kernel its bundle was compiled as");
     }

@@ -202,26 +202,7 @@ bool is_plain_file_name(const std::string& name) {
          name.find_first_of("/\\") == std::string::npos && name.find('\0') == std::string::npos;
 }
 
-// `text` with control bytes and bytes that are not UTF-8 written \xNN: a name read from a file,
-// safe to put in an error message (Python decodes messages as UTF-8).
-std::string escaped(const std::string& text) {
-  static const char digits[] = "0123456789abcdef";
-  std::string out;
-  for (size_t i = 0; i < text.size();) {
-    const auto byte = static_cast<unsigned char>(text[i]);
-    const size_t length = byte >= 0x80 ? opreg::detail::utf8_sequence_length(text, i) : 0;
-    if (byte >= 0x20 && byte < 0x7f) {
-      out += text[i++];
-    } else if (length > 0) {
-      out.append(text, i, length);
-      i += length;
-    } else {
-      out += {'\\', 'x', digits[byte >> 4], digits[byte & 15]};
-      ++i;
-    }
-  }
-  return out;
-}
+using opreg::detail::escaped;
 
 // The bytes of the file at `path`; a ValueError naming it (and `named_by`: where its name was
 // read) when it is missing, unreadable, a directory or not a regular file (a FIFO would block).
@@ -469,6 +450,8 @@ std::unique_ptr<KernelImpl> parse_fields(const nlohmann::json& manifest, Manifes
     std::ostringstream assumptions;
     std::vector<bool> assumed(kernel->params.size(), false);
     for (const auto& a : in.array(raw, "assumptions")) {
+      TORCH_CHECK_VALUE(!kernel->params.empty(), in.context(),
+                        ": a variant's assumption names a parameter, but 'params' is empty");
       const auto param = static_cast<size_t>(
           in.integer(a, "param", 0, static_cast<int64_t>(kernel->params.size()) - 1));
       const auto kind_text = in.string(a, "kind");

@@ -96,6 +96,25 @@ TEST(Reliability, ABoxedCallWithTheWrongKindOfScalarNamesTheArgument) {
   EXPECT_TRUE(at::equal(stack[0].toTensor(), at::full({2}, 3.0)));
 }
 
+// 24th sweep, B-F5: a string for a Tensor? reached the fallback's unboxing, whose message named
+// no argument.
+TEST(Reliability, ABoxedCallWithNoTensorForAnOptionalTensorNamesTheArgument) {
+  opreg::op("opreg_rel::maybe_scaled(Tensor x, Tensor? w=None) -> Tensor")
+      .fallback([](const at::Tensor& x, const std::optional<at::Tensor>& w) {
+        return w ? x * *w : x.clone();
+      })
+      .define();
+  EXPECT_CONTAINS(error_of([&] {
+                    opreg_test::call_boxed("opreg_rel::maybe_scaled",
+                                           {at::ones({2}), std::string("w")});
+                  }),
+                  "opreg_rel::maybe_scaled: argument 'w' must be a Tensor or None, got String");
+  auto stack = opreg_test::call_boxed("opreg_rel::maybe_scaled", {at::ones({2}), c10::IValue()});
+  EXPECT_TRUE(at::equal(stack[0].toTensor(), at::ones({2})));
+  stack = opreg_test::call_boxed("opreg_rel::maybe_scaled", {at::ones({2}), at::full({2}, 3.0)});
+  EXPECT_TRUE(at::equal(stack[0].toTensor(), at::full({2}, 3.0)));
+}
+
 // Fourteenth sweep: both were accepted, and vmap did one of the two without a word.
 TEST(Reliability, BatchPolymorphicAndThePerExampleLoopAreNotBothDeclared) {
   EXPECT_CONTAINS(error_of([&] {

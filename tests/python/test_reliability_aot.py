@@ -625,6 +625,10 @@ def unknown_assumption_field(m, _):
     m["variants"][0]["assumptions"][0]["x"] = 1
 
 
+def no_params(m, _):
+    m["params"] = []
+
+
 def no_generic_variant_for_sm90(m, _):
     generic_sm90 = [v for v in m["variants"] if v["arch"] == 90 and not v["assumptions"]]
     assert generic_sm90, "the bundle has a generic sm_90 variant to drop"
@@ -656,6 +660,8 @@ def no_generic_variant_for_sm90(m, _):
             ", variant 0",
             "unknown field \"x\" of an assumption on parameter 'x_ptr'; an assumption has",
         ),
+        # Sweep 24 B-F6: "field 'param' must be an integer from 0 to -1, got 0".
+        (no_params, ", variant 0", "a variant's assumption names a parameter, but 'params' is"),
         (
             no_generic_variant_for_sm90,
             "",

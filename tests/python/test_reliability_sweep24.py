@@ -190,3 +190,21 @@ def test_vmap_out_dims_without_vmap_fn_is_refused(out_dims):
             vmap_out_dims=out_dims,
         )
     assert not _C.is_defined("opreg_sweep24::out_dims_alone")
+
+
+# ---- B-F4: an AotLaunch kernel name that is not ASCII ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kernel", "shown"), [("é", "'é'"), ("ü_kernel", "'ü_kernel'"), ("a\tb", "'a\\x09b'")]
+)
+def test_a_kernel_name_that_is_no_identifier_is_shown_as_given(kernel, shown):
+    # c10::printQuotedString wrote each UTF-8 byte as a signed octal escape: "\0)+\/.)" for 'é'.
+    with pytest.raises(ValueError, match=f"aot_kernel names kernel {re.escape(shown)}, which"):
+        opreg.register_triton_op(
+            fake_fn=None,
+            triton_fn=None,
+            name="opreg_sweep24::unicode_aot_name",
+            schema="(Tensor x) -> Tensor",
+            aot=opreg.AotLaunch(kernel, ["1"], ["x"], "like:x"),
+        )(lambda x: x * 2)

@@ -35,14 +35,17 @@ inline size_t utf8_sequence_length(std::string_view text, size_t i) {
   return length;
 }
 
-// `text` with each byte that is not part of valid UTF-8 written as \xNN.
-inline std::string valid_utf8(std::string_view text) {
+// `text` with each byte that is not part of valid UTF-8 written as \xNN, and with the control
+// bytes too where `controls` is set.
+inline std::string escape_bytes(std::string_view text, bool controls) {
   static const char digits[] = "0123456789abcdef";
   std::string out;
   out.reserve(text.size());
   for (size_t i = 0; i < text.size();) {
     const auto byte = static_cast<unsigned char>(text[i]);
-    const size_t length = byte < 0x80 ? 1 : utf8_sequence_length(text, i);
+    const bool control = byte < 0x20 || byte == 0x7f;
+    const size_t length =
+        byte >= 0x80 ? utf8_sequence_length(text, i) : (controls && control ? 0 : 1);
     if (length > 0) {
       out.append(text.substr(i, length));
       i += length;
@@ -53,5 +56,12 @@ inline std::string valid_utf8(std::string_view text) {
   }
   return out;
 }
+
+// `text` with each byte that is not part of valid UTF-8 written as \xNN.
+inline std::string valid_utf8(std::string_view text) { return escape_bytes(text, false); }
+
+// `text` with control bytes and bytes that are not UTF-8 written \xNN: a name from a file or a
+// user, safe to put in a message on one line.
+inline std::string escaped(std::string_view text) { return escape_bytes(text, true); }
 
 }  // namespace opreg::detail

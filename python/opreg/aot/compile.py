@@ -92,7 +92,7 @@ class SpecError(ValueError):
 
 def load_spec(path: Path) -> tuple[list[KernelSpec], Path]:
     # Reading a FIFO would wait for a writer for ever.
-    if path.exists() and not path.is_file():
+    if path.is_fifo():
         raise SpecError(f"{path}: cannot read the spec: it is not a regular file")
     try:
         # An editor may start the file with a byte order mark; index.txt tolerates one too.
@@ -725,7 +725,7 @@ def write_file(option: str, path: Path, write) -> None:
 
 def probe_writable(path: Path) -> None:
     existed = path.exists()
-    if existed and not path.is_file():  # opening a FIFO would wait for a reader for ever
+    if path.is_fifo():  # opening it would wait for a reader for ever
         raise OSError(0, "it is not a regular file")
     path.open("ab").close()
     if not existed:

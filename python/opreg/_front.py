@@ -301,6 +301,10 @@ def _check_vmap_flags(qualname: str, given: Mapping[str, Any], flags: Mapping[st
             )
 
 
+def _tensor_list_type(schema_type: Any) -> bool:
+    return isinstance(schema_type, torch._C.ListType) and "Tensor" in str(schema_type)
+
+
 def _check_autograd_and_vmap_signatures(
     qualname: str, given: Mapping[str, Any], full_schema: str
 ) -> None:
@@ -311,8 +315,8 @@ def _check_autograd_and_vmap_signatures(
     positional = [a.name for a in parsed.arguments if not a.kwarg_only]
     grads = [f"grad{i}" for i in range(len(parsed.returns))]
     # backward gets one gradient per output (None for a number's); a backward is refused for a
-    # list output, so the count is fixed where none is a list.
-    fixed_count = not any(isinstance(r.type, torch._C.ListType) for r in parsed.returns)
+    # tensor list output, so the count is fixed where none is one.
+    fixed_count = not any(_tensor_list_type(r.type) for r in parsed.returns)
     if given["backward"] is not None and fixed_count:
         check_positional(qualname, "backward", given["backward"], ["ctx", *grads])
     if given["setup_context"] is not None:

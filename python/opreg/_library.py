@@ -126,8 +126,10 @@ class CustomOpDef:
         self._keyword_only = [a.name for a in parsed.arguments if a.kwarg_only]
         self._positional = [a.name for a in parsed.arguments if not a.kwarg_only]
         self._grads = [f"grad{i}" for i in range(len(parsed.returns))]
-        # One gradient per output (None for a number's); a backward is refused for a list output.
-        self._fixed_grad_count = not any(isinstance(r.type, torch.ListType) for r in parsed.returns)
+        # One gradient per output (None for a number's); a backward is refused for a tensor list.
+        self._fixed_grad_count = not any(
+            isinstance(r.type, torch.ListType) and "Tensor" in str(r.type) for r in parsed.returns
+        )
         self._registration: object = None  # the definition this object made last
         # Held while a method reads and redefines the pieces: each call from several threads
         # adds its piece to the others' and sees the definition this object made last.

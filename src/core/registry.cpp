@@ -691,6 +691,17 @@ const char* refused_type(const c10::Type& type) {
   if (detail::holds_kind(type, c10::TypeKind::AnyType)) return "Any";
   if (detail::holds_kind(type, c10::TypeKind::DictType)) return "Dict";
   if (detail::holds_kind(type, c10::TypeKind::TupleType)) return "tuple";
+  // The tensors of a list inside a list (Tensor[][]) reach neither autograd's nor functorch's
+  // handling of list arguments, nor the checks of the outputs.
+  const c10::Type* outer = &type;
+  if (const auto* optional = type.castRaw<c10::OptionalType>()) {
+    outer = optional->getElementType().get();
+  }
+  const auto* list = outer->castRaw<c10::ListType>();
+  if (list != nullptr && detail::holds_kind(*list->getElementType(), c10::TypeKind::ListType) &&
+      detail::holds_kind(type, c10::TypeKind::TensorType)) {
+    return "list of tensor lists";
+  }
   return nullptr;
 }
 

@@ -208,3 +208,28 @@ def test_a_kernel_name_that_is_no_identifier_is_shown_as_given(kernel, shown):
             schema="(Tensor x) -> Tensor",
             aot=opreg.AotLaunch(kernel, ["1"], ["x"], "like:x"),
         )(lambda x: x * 2)
+
+
+# ---- the 25th sweep: A-F1 (Tensor[][]) and A-F3 (a backward's arity with a number list) --------
+
+
+@pytest.mark.parametrize(
+    "schema",
+    ["(Tensor[][] xs) -> Tensor", "(Tensor x) -> Tensor[][]", "(Tensor?[][] xs) -> Tensor"],
+)
+def test_a_list_of_tensor_lists_is_refused(schema):
+    # Its tensors escaped torch.func (zero tangents), autograd policies and the alias check.
+    with pytest.raises(ValueError, match="opreg ops take no list of tensor lists type"):
+        opreg.custom_op("opreg_sweep25::nested", mutates_args=(), schema=schema)(lambda x: x)
+    assert not _C.is_defined("opreg_sweep25::nested")
+
+
+@pytest.mark.parametrize("numbers", ["int[]", "float[]"])
+def test_a_backward_of_the_wrong_arity_is_refused_when_an_output_is_a_number_list(numbers):
+    op = opreg.custom_op(
+        f"opreg_sweep25::with_{numbers[:-2]}s",
+        mutates_args=(),
+        schema=f"(Tensor x) -> (Tensor, {numbers})",
+    )(lambda x: (x * 2, [1]))
+    with pytest.raises(TypeError, match=r"backward is called as backward\(ctx, grad0, grad1\)"):
+        op.register_autograd(lambda ctx, grad: grad * 2)

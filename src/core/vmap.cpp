@@ -338,7 +338,7 @@ class VmapKernel final : public c10::OperatorKernel {
   // would reach the caller where the op's eager calls give a list, a float for an int a float.
   // As eager calls do, an int is taken for a float.
   void check_rule_output(c10::IValue& output, size_t index) const {
-    const auto& type = op_->schema.returns()[index].type();
+    const auto& type = op_->schema.returns()[index].real_type();  // ScalarType, not its int
     if (!detail::holds_kind(*type, c10::TypeKind::TensorType)) {
       const auto* optional = type->castRaw<c10::OptionalType>();
       const auto kind = (optional ? optional->getElementType() : type)->kind();

@@ -233,3 +233,18 @@ def test_a_backward_of_the_wrong_arity_is_refused_when_an_output_is_a_number_lis
     )(lambda x: (x * 2, [1]))
     with pytest.raises(TypeError, match=r"backward is called as backward\(ctx, grad0, grad1\)"):
         op.register_autograd(lambda ctx, grad: grad * 2)
+
+
+@pytest.mark.parametrize(
+    ("enum", "bad"), [("ScalarType", 999), ("Layout", 99), ("MemoryFormat", 99)]
+)
+def test_a_vmap_rule_enum_output_out_of_range_is_refused(enum, bad):
+    # The 25th sweep's A-F4: the fallback's 999 was refused, a rule's was returned as it came.
+    op = opreg.custom_op(
+        f"opreg_sweep25::enum_{enum}", mutates_args=(), schema=f"(Tensor x) -> (Tensor, {enum})"
+    )(lambda x: (x.clone(), bad))
+    op.register_vmap(lambda info, in_dims, x: ((x.clone(), bad), (0, None)))
+    with pytest.raises(
+        TypeError, match=f"the vmap rule returned a Int for output 1, declared {enum}"
+    ):
+        torch.vmap(op, out_dims=(0, None))(torch.ones(2, 3))

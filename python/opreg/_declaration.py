@@ -185,7 +185,8 @@ def parse_schema(qualname: str, schema: str) -> torch._C.FunctionSchema:
     try:
         return torch._C.parse_schema(schema)
     except Exception as error:
-        why = str(error).split("\n")[0]
+        # torch's parser starts some messages with a newline: the first line that says something.
+        why = next((line for line in str(error).splitlines() if line.strip()), str(error))
         if isinstance(error, IndexError | OverflowError):
             why = "a number in it is out of range (an int default must fit in 64 bits)"
         elif "INTERNAL ASSERT" in why and "expected " in str(error):

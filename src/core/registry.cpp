@@ -683,6 +683,38 @@ std::string enum_name(const c10::Type& type) {
   return optional ? optional->getElementType()->str() : type.str();
 }
 
+// The types opreg checks and passes on every path (eager, autograd, vmap, fakes); others
+// (Future, Await, RRef, Union, Storage, Stream, ...) would reach the pieces unchecked, and some
+// crash the process when given None.
+bool supported(const c10::Type& type) {
+  switch (type.kind()) {
+    case c10::TypeKind::OptionalType:
+      return supported(*type.castRaw<c10::OptionalType>()->getElementType());
+    case c10::TypeKind::ListType: {
+      const auto& element = *type.castRaw<c10::ListType>()->getElementType();
+      return element.kind() != c10::TypeKind::ListType && supported(element);
+    }
+    case c10::TypeKind::TensorType:
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType:
+    case c10::TypeKind::FloatType:
+    case c10::TypeKind::SymFloatType:
+    case c10::TypeKind::BoolType:
+    case c10::TypeKind::SymBoolType:
+    case c10::TypeKind::ComplexType:
+    case c10::TypeKind::NumberType:
+    case c10::TypeKind::StringType:
+    case c10::TypeKind::ScalarTypeType:
+    case c10::TypeKind::LayoutType:
+    case c10::TypeKind::MemoryFormatType:
+    case c10::TypeKind::DeviceObjType:
+    case c10::TypeKind::GeneratorType:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Why opreg refuses a schema type, or null. PyTorch's tracers and functorch meet an `Any`
 // value or a dict with errors of their own that name no op (an internal assert under vmap), and
 // an `Any` reaches the pieces unchecked; the tensors of a tuple or a dict would escape the
@@ -702,7 +734,7 @@ const char* refused_type(const c10::Type& type) {
       detail::holds_kind(type, c10::TypeKind::TensorType)) {
     return "list of tensor lists";
   }
-  return nullptr;
+  return supported(type) ? nullptr : "such";
 }
 
 // `rebuilt_from` null: a new declaration, which gets a serial of its own.
@@ -751,10 +783,10 @@ std::shared_ptr<Definition> build(OpBuilder::State spec,
        {std::pair{"argument", &op.schema.arguments()}, std::pair{"output", &op.schema.returns()}}) {
     for (size_t i = 0; i < list->size(); ++i) {
       const auto& value = (*list)[i];
-      const char* refused = refused_type(*value.type());
+      const char* refused = refused_type(*value.real_type());
       TORCH_CHECK_VALUE(refused == nullptr, qualified, ": ", where, " '",
                         value.name().empty() ? std::to_string(i) : value.name(), "' has type ",
-                        value.type()->str(), ", and opreg ops take no ", refused,
+                        value.real_type()->str(), ", and opreg ops take no ", refused,
                         " type: declare its type (Tensor, int, float, bool, str, Scalar, a list or "
                         "optional of them), and several outputs as separate outputs");
     }

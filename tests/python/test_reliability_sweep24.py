@@ -248,3 +248,48 @@ def test_a_vmap_rule_enum_output_out_of_range_is_refused(enum, bad):
         TypeError, match=f"the vmap rule returned a Int for output 1, declared {enum}"
     ):
         torch.vmap(op, out_dims=(0, None))(torch.ones(2, 3))
+
+
+@pytest.mark.parametrize(
+    ("schema", "why"),
+    [
+        ("(Tensor x, Tensor[] y=[]) -> Tensor", "lists are only supported for float, int"),
+        ("(Tensor x, float y=inf) -> Tensor", "invalid numeric default value"),
+    ],
+)
+def test_custom_op_says_why_a_schema_cannot_be_parsed(schema, why):
+    # The 25th sweep's A-F6: the message ended in "': " (torch's starts with a newline).
+    with pytest.raises(ValueError, match=rf"cannot parse schema .*': {why}"):
+        opreg.custom_op("opreg_sweep25::parse", mutates_args=(), schema=schema)(lambda x, y: x)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        "(Tensor x, Future(int) f) -> Tensor",
+        "(Tensor x, Await(int) a) -> Tensor",
+        "(Tensor x, Stream s) -> Tensor",
+        "(Tensor x) -> Union(Tensor, int)",
+        "(Tensor x, int[][] n) -> Tensor",
+    ],
+)
+def test_types_opreg_cannot_check_are_refused(schema):
+    # The 25th sweep's B-F1..F3: a Future given None crashed the process, a Union output escaped
+    # the alias check, a Stream took an int.
+    with pytest.raises(ValueError, match=r"has type .*, and opreg ops take no such type"):
+        opreg.custom_op("opreg_sweep25::unchecked", mutates_args=(), schema=schema)(
+            lambda x, y=0: x
+        )
+    assert not _C.is_defined("opreg_sweep25::unchecked")
+
+
+def test_the_types_opreg_checks_are_accepted():
+    schema = (
+        "(Tensor x, Tensor? w, Tensor[] xs, Tensor?[] ys, int n, SymInt s, float f, bool b, str t,"
+        " Scalar c, ScalarType d, Layout l, MemoryFormat m, Device v, Generator? g, int[] ns,"
+        " float[]? fs, complex z) -> Tensor"
+    )
+    op = opreg.custom_op("opreg_sweep25::all_kinds", mutates_args=(), schema=schema)(
+        lambda x, *rest: x * 2
+    )
+    assert op._opoverload is not None

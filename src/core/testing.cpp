@@ -253,7 +253,7 @@ bool check_sample(const std::string& op, const std::vector<c10::IValue>& sample,
   check_sample_has_data(op, sample, index);
   const std::string device = device_of(sample);
 
-  CheckResult kernel{"kernel_vs_fallback", op, device, index};
+  CheckResult kernel{"kernel_vs_fallback", op, device, index, true, 0, {}};
   const auto kernel_args = clone_tensors(sample);  // shares its tensors with the call's stack
   torch::jit::Stack stack = kernel_args;
   detail::check_stack(op, stack);
@@ -279,7 +279,7 @@ bool check_sample(const std::string& op, const std::vector<c10::IValue>& sample,
   }
   kernel.passed = kernel.message.empty();
 
-  CheckResult fake{"fake_vs_real", op, device, index};
+  CheckResult fake{"fake_vs_real", op, device, index, true, 0, {}};
   torch::jit::Stack meta = to_meta(sample);
   handle.callBoxed(&meta);
   for (size_t i = 0; fake.message.empty() && i < meta.size() && i < stack.size(); ++i) {

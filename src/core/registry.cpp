@@ -687,31 +687,20 @@ std::string enum_name(const c10::Type& type) {
 // (Future, Await, RRef, Union, Storage, Stream, ...) would reach the pieces unchecked, and some
 // crash the process when given None.
 bool supported(const c10::Type& type) {
+  if (const auto* optional = type.castRaw<c10::OptionalType>()) {
+    return supported(*optional->getElementType());
+  }
+  if (const auto* list = type.castRaw<c10::ListType>()) {
+    const auto& element = *list->getElementType();
+    return element.kind() != c10::TypeKind::ListType && supported(element);
+  }
   switch (type.kind()) {
-    case c10::TypeKind::OptionalType:
-      return supported(*type.castRaw<c10::OptionalType>()->getElementType());
-    case c10::TypeKind::ListType: {
-      const auto& element = *type.castRaw<c10::ListType>()->getElementType();
-      return element.kind() != c10::TypeKind::ListType && supported(element);
-    }
     case c10::TypeKind::TensorType:
-    case c10::TypeKind::IntType:
-    case c10::TypeKind::SymIntType:
-    case c10::TypeKind::FloatType:
-    case c10::TypeKind::SymFloatType:
-    case c10::TypeKind::BoolType:
-    case c10::TypeKind::SymBoolType:
     case c10::TypeKind::ComplexType:
-    case c10::TypeKind::NumberType:
-    case c10::TypeKind::StringType:
-    case c10::TypeKind::ScalarTypeType:
-    case c10::TypeKind::LayoutType:
-    case c10::TypeKind::MemoryFormatType:
-    case c10::TypeKind::DeviceObjType:
     case c10::TypeKind::GeneratorType:
       return true;
     default:
-      return false;
+      return checkable(type);  // the values a call's arguments are checked as
   }
 }
 

@@ -159,23 +159,34 @@ std::optional<FileId> file_of_handle(void* handle) {
   return file_id(map->l_name);
 }
 
-// After a successful outermost load: a library opened for the first time has its ops recorded;
-// one that was open already (its initializers did not run) must still have them defined.
+// After a successful load (nested ones too): a library opened for the first time has the ops it
+// left defined recorded; one that was open already (its initializers did not run) must still
+// have them defined.
 void check_defines_again(void* handle, const std::string& path, const LoadContext& context,
                          const std::set<FileId>& files_before) {
   const auto id = file_of_handle(handle);
   if (!id) return;
   std::vector<std::string> defined;
+  if (files_before.count(*id) == 0) {
+    // An op the load defined and then undefined is not among them: its last record decides.
+    std::map<std::string, bool> defined_last;
+    {
+      std::lock_guard<std::mutex> lock(g_loads_mutex);
+      for (const auto& record : context.published) {
+        if (defined_last.count(record.qualified) == 0) defined.push_back(record.qualified);
+        defined_last[record.qualified] = record.definition != nullptr;
+      }
+    }
+    defined.erase(std::remove_if(defined.begin(), defined.end(),
+                                 [&](const std::string& name) { return !defined_last[name]; }),
+                  defined.end());
+    std::lock_guard<std::mutex> lock(g_failed_mutex);
+    defined_by_file()[*id] = std::move(defined);
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(g_failed_mutex);
-    auto& recorded = defined_by_file()[*id];
-    if (files_before.count(*id) == 0) {
-      for (const auto& record : context.published) {
-        if (record.definition != nullptr) recorded.push_back(record.qualified);
-      }
-      return;
-    }
-    defined = recorded;
+    defined = defined_by_file()[*id];
   }
   std::vector<std::string> undefined;
   for (const auto& name : defined) {
@@ -297,7 +308,13 @@ void when_loader_is_free(std::function<void()> task) {
 }
 
 void record_load_failure(const std::string& op, const std::string& message) {
-  t_load->failures.emplace_back(op, message);
+  // The same failure twice (a call in a loop, a lookup and then the call on what it found) is
+  // listed once.
+  std::pair<std::string, std::string> failure{op, message};
+  auto& failures = t_load->failures;
+  if (std::find(failures.begin(), failures.end(), failure) == failures.end()) {
+    failures.push_back(std::move(failure));
+  }
 }
 
 void record_loaded_definition(const std::string& qualified, std::shared_ptr<const void> published,
@@ -576,7 +593,7 @@ void load_once(const std::string& path) {
       wait_until_settled(unsettled_then);
     }
     check_not_failed(handle);
-    if (outermost) check_defines_again(handle, path, context, files_before);
+    check_defines_again(handle, path, context, files_before);
     // A library loaded from inside another one's initializers belongs to the outer load.
     if (!outermost) {
       auto& outer = *context.outer;

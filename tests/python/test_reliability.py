@@ -349,6 +349,14 @@ def test_a_library_whose_definition_fails_raises_and_rolls_back(failure, message
     assert f"opreg_failing::good_{failure}: the op is not defined now" in output
 
 
+def test_a_failure_in_a_load_is_listed_once():
+    # An OpHandle call of a missing op failed the lookup and then the call: two lines for one
+    # failure (25th sweep, B-F8).
+    output = load_failing_library("handle_unknown")
+    assert "failed (1)" in output
+    assert output.count("opreg: no op named 'opreg_failing::no_handle' is defined") == 1
+
+
 def test_an_op_looked_up_by_a_failed_load_can_be_defined_later():
     # find_operator in a failed load returns the handle of the bare name, registered in the
     # dispatcher: defining the op afterwards works, and so does that handle (23rd sweep, B-F2).

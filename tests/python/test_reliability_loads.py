@@ -494,3 +494,41 @@ def test_a_custom_op_racing_a_load_of_the_same_name_replaces_nothing(scripted, t
         assert "value: [10.0]" in out, out
     else:
         assert "while this definition was made" in out and "value: [2.0]" in out, out
+
+
+def test_a_library_loaded_by_another_reports_its_ops_undefined_since(scripted):
+    # Sweep 25, B-F4: only the outermost library had its ops recorded, so loading the inner one
+    # again, after its op was undefined, succeeded without a word and left the op undefined.
+    out = probe(
+        f"""
+        import ctypes
+        run = ctypes.CDLL({scripted("c")!r}).opreg_scripted_run
+        run.argtypes = [ctypes.c_char_p]
+        errors = []
+        load({scripted("a")!r}, errors)
+        assert not errors, errors
+        assert run(b"undef:inner") == 0
+        load({scripted("b")!r}, errors)
+        print("errors:", errors)
+        """,
+        a=f"def:outer:1;loadlib:{scripted('b')}",
+        b="def:inner:5",
+    )
+    assert "ops it defined were undefined since: opreg_script::inner" in out, out
+
+
+def test_a_library_that_undefines_its_own_op_loads_again(scripted):
+    # Sweep 25, B-F5: the op it defined and then undefined in its initializer was recorded as one
+    # of its ops, so a second load said it was "undefined since".
+    out = probe(
+        f"""
+        errors = []
+        load({scripted("a")!r}, errors)
+        load({scripted("a")!r}, errors)
+        print("errors:", errors)
+        print("kept:", defined("opreg_script::kept"), defined("opreg_script::temporary"))
+        """,
+        a="def:temporary:1;def:kept:2;undef:temporary",
+    )
+    assert "errors: []" in out, out
+    assert "kept: True False" in out, out

@@ -47,6 +47,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/op_registration/infer_schema.h>
 #include <ATen/functorch/BatchedTensorImpl.h>
+#include <ATen/functorch/DynamicLayer.h>
+#include <ATen/functorch/PlumbingHelper.h>
 #include <ATen/functorch/TensorWrapper.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/TensorOptions.h>
@@ -98,6 +100,9 @@ struct Definition {
   // the pieces' unboxing would meet with an internal assert, or an enum beyond its values.
   std::vector<std::pair<size_t, const c10::Type*>> checked_values;
   std::vector<size_t> optional_tensors;  // Tensor? arguments: an undefined tensor there is None
+  // Tensor[]? arguments: PyTorch's dispatcher computes a call's keys from every other kind of
+  // tensor argument, but not from these (see Note [Tensors only in a Tensor[]?]).
+  std::vector<size_t> optional_tensor_lists;
   std::vector<std::pair<size_t, std::vector<c10::ScalarType>>> dtype_rules;  // by argument index
   std::vector<size_t> plain_tensor_returns;
   std::vector<size_t> other_tensor_returns;  // Tensor? and Tensor[]
@@ -789,6 +794,9 @@ std::shared_ptr<Definition> build(OpBuilder::State spec,
     } else if (checkable(*argument.real_type())) {
       definition->checked_values.emplace_back(i, argument.real_type().get());
     }
+    if (argument.type()->isSubtypeOf(*c10::OptionalType::create(c10::ListType::ofTensors()))) {
+      definition->optional_tensor_lists.push_back(i);
+    }
   }
   for (size_t i = 0; i < op.schema.returns().size(); ++i) {
     const auto& ret = op.schema.returns()[i];
@@ -865,7 +873,9 @@ std::set<c10::DispatchKey> keys_of(const Definition& definition) {
   std::set<c10::DispatchKey> keys{c10::DispatchKey::CompositeExplicitAutograd,
                                   c10::DispatchKey::Autograd, c10::DispatchKey::FuncTorchBatched};
   if (definition.meta) keys.insert(c10::DispatchKey::Meta);
-  if (definition.randomness) keys.insert(c10::DispatchKey::FuncTorchVmapMode);
+  if (definition.randomness || !definition.optional_tensor_lists.empty()) {
+    keys.insert(c10::DispatchKey::FuncTorchVmapMode);
+  }
   for (const auto& served : definition.kernels) keys.insert(served.key);
   return keys;
 }
@@ -911,10 +921,18 @@ bool fits(const c10::IValue& value, const c10::Type& type) {
           return value.isBoolList();
         case c10::TypeKind::TensorType:
           return value.isTensorList();
-        default:
-          return value.isList();
+        default: {
+          // A generic list (Tensor?[], str[], Scalar[], ...) may hold anything: its elements.
+          if (!value.isList()) return false;
+          for (const auto& item : value.toListRef()) {
+            if (!fits(item, element)) return false;
+          }
+          return true;
+        }
       }
     }
+    case c10::TypeKind::TensorType:
+      return value.isTensor();
     default:
       return true;
   }
@@ -1519,6 +1537,30 @@ void run_checked_fallback(const Definition& d, const c10::OperatorHandle& op,
               /*compare_with_fake=*/true);
 }
 
+// Note [Tensors only in a Tensor[]?]
+// PyTorch's dispatcher computes a call's dispatch keys from its Tensor, Tensor?, Tensor[] and
+// Tensor?[] arguments, not from a Tensor[]? one. Under vmap, when the only batched tensors are in
+// such a list, the call would miss FuncTorchBatched and reach functorch's lower levels with
+// batched tensors (an internal assert). Ops with a Tensor[]? argument have a kernel at
+// FuncTorchVmapMode, which every call under vmap passes, that sends such a call on to the op's
+// batching kernel.
+bool batched_only_in_lists(const Definition& d, const torch::jit::Stack& stack) {
+  if (d.optional_tensor_lists.empty()) return false;
+  const auto layer = at::functorch::maybeCurrentDynamicLayer();
+  if (!layer.has_value()) return false;
+  const c10::IValue* first = stack.data() + (stack.size() - d.schema().arguments().size());
+  for (size_t index : d.optional_tensor_lists) {
+    const auto& value = first[index];
+    if (!value.isTensorList()) continue;
+    for (const at::Tensor& tensor : value.toTensorVector()) {
+      if (tensor.defined() && at::functorch::isBatchedAtLevel(tensor, layer->layerId())) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 // The kernel the dispatcher calls at `key` for one op: see Note [Definitions are immutable].
 class Trampoline final : public c10::OperatorKernel {
  public:
@@ -1543,6 +1585,16 @@ class Trampoline final : public c10::OperatorKernel {
         d.vmap.callBoxed(op, keys, stack);
         return;
       case c10::DispatchKey::FuncTorchVmapMode:
+        if (!keys.has(c10::DispatchKey::FuncTorchBatched) && batched_only_in_lists(d, *stack)) {
+          TORCH_CHECK(!d.randomness, d.name(),
+                      ": under vmap, a random op's batched tensors must not all be in a Tensor[]? "
+                      "argument; declare it Tensor[] or Tensor?[], or batch another argument");
+          op.redispatchBoxed((keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER,
+                                                         c10::DispatchKey::FuncTorchVmapMode))
+                                 .add(c10::DispatchKey::FuncTorchBatched),
+                             stack);
+          return;
+        }
         if (d.randomness) {
           d.randomness->callBoxed(op, keys, stack);
         } else {
@@ -2015,8 +2067,9 @@ c10::OperatorHandle find_operator(const std::string& qualified) {
 void check_handle_signature(const c10::OperatorHandle& handle,
                             const c10::FunctionSchema& handle_signature) {
   // A lookup inside a library's load gives a handle without a schema for a missing op.
+  // Inside the load, the lookup's failure is recorded with the same message (listed once).
   TORCH_CHECK_VALUE(handle.hasSchema(), "opreg: no op named '", handle.operator_name(),
-                    "' is defined");
+                    "' is defined", detail::loading_library() ? kLookupInLoad : "");
   // An opreg op's schema is copied under the registry's lock: a replace on another thread frees
   // the dispatcher's copy, which handle.schema() refers to.
   std::optional<c10::FunctionSchema> registered;

@@ -115,6 +115,35 @@ TEST(Reliability, ABoxedCallWithNoTensorForAnOptionalTensorNamesTheArgument) {
   EXPECT_TRUE(at::equal(stack[0].toTensor(), at::full({2}, 3.0)));
 }
 
+// Sweep 25 (B-F6): a generic list's elements went unchecked, so ints and strings reached the
+// fallback as a Tensor?[].
+TEST(Reliability, ABoxedListOfOtherValuesForOptionalTensorsIsRefused) {
+  opreg::op("opreg_rel::sum_present(Tensor x, Tensor?[] more) -> Tensor")
+      .fallback([](const at::Tensor& x, const c10::List<std::optional<at::Tensor>>& more) {
+        at::Tensor sum = x.clone();
+        for (std::optional<at::Tensor> item : more) {
+          if (item) sum += *item;
+        }
+        return sum;
+      })
+      .define();
+  c10::impl::GenericList numbers(c10::AnyType::get());
+  numbers.push_back(1);
+  numbers.push_back(2);
+  EXPECT_CONTAINS(
+      error_of([&] { opreg_test::call_boxed("opreg_rel::sum_present", {at::ones({2}), numbers}); }),
+      "opreg_rel::sum_present: argument 'more' must be Tensor?[]");
+  c10::List<std::string> words({"a", "b"});
+  EXPECT_CONTAINS(
+      error_of([&] { opreg_test::call_boxed("opreg_rel::sum_present", {at::ones({2}), words}); }),
+      "opreg_rel::sum_present: argument 'more' must be Tensor?[]");
+  c10::List<std::optional<at::Tensor>> present;
+  present.push_back(at::ones({2}));
+  present.push_back(std::nullopt);
+  auto stack = opreg_test::call_boxed("opreg_rel::sum_present", {at::ones({2}), present});
+  EXPECT_TRUE(at::equal(stack[0].toTensor(), at::full({2}, 2.0)));
+}
+
 // Fourteenth sweep: both were accepted, and vmap did one of the two without a word.
 TEST(Reliability, BatchPolymorphicAndThePerExampleLoopAreNotBothDeclared) {
   EXPECT_CONTAINS(error_of([&] {

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from opreg import _C, _compile_key, _dtensor
+from opreg import _C, _compile_key, _dtensor, _torch_library
 from opreg._public import public
 from opreg._registry import forget_compiled_code, op_name, op_overload, refresh_handles
 from opreg._triton import AotLaunch, decomposition, functional_tensor_mode
@@ -508,8 +508,8 @@ def _fake_mode_rule(qualname: str, serial: int, library: torch.library.Library) 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     returns = len(op_overload(qualname)._schema.returns)
-    torch.library.register_torch_dispatch(
-        qualname, FakeTensorMode, _fallback_without_tensors(qualname, serial, returns), lib=library
+    _torch_library.register_torch_dispatch(
+        library, qualname, FakeTensorMode, _fallback_without_tensors(qualname, serial, returns)
     )
 
 
@@ -536,6 +536,7 @@ def follow_cpp_definitions(names: Sequence[str]) -> None:
             held[1]._destroy()
         if serial == 0:
             continue
+        _torch_library.claim(qualname)
         report = _C.describe_op(qualname)
         if report.fake == _C.FakeSource.PYTHON or not _may_run_without_tensors(report.schema):
             continue
@@ -688,13 +689,14 @@ def _define(declarations: Sequence[OpDeclaration]) -> list[torch._ops.OpOverload
         _forget(qualname)
         library = torch.library.Library(qualname.split("::")[0], "FRAGMENT")
         if declaration.fake is not None:
-            torch.library.register_fake(qualname, _checked_fake(declaration, serial), lib=library)
+            _torch_library.register_fake(library, qualname, _checked_fake(declaration, serial))
         elif _may_run_without_tensors(declaration.schema):
             _fake_mode_rule(qualname, serial, library)
 
         if declaration.decompose_with is not None:
             triton_fn, device_types = declaration.decompose_with
-            torch.library.register_torch_dispatch(
+            _torch_library.register_torch_dispatch(
+                library,
                 qualname,
                 functional_tensor_mode(),
                 decomposition(
@@ -705,8 +707,8 @@ def _define(declarations: Sequence[OpDeclaration]) -> list[torch._ops.OpOverload
                         qualname, serial
                     ),
                 ),
-                lib=library,
             )
+        _torch_library.claim(qualname)
         companion = next((d.qualname for d in declarations if d.companion_of == qualname), None)
         _registrations[qualname] = _Registration(
             qualname,

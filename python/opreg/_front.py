@@ -159,6 +159,14 @@ def _check_options(qualname: str, options: Mapping[str, Any]) -> None:
         raise TypeError(
             f"{where}: vmap_fn needs fake_vmap_fn (the fake of the batched computation), as in EvoX"
         )
+    if options["triton_accepts"] is not None and (
+        options["triton_fn"] is None or options["aot"] is not None
+    ):
+        serving = "aot's C++ launcher serves the calls" if options["aot"] else "no triton_fn"
+        raise ValueError(
+            f"{where}: triton_accepts is given but {serving}; it decides which calls triton_fn "
+            "takes, so it would never run: give triton_fn (without aot), or leave it out"
+        )
     if options["vmap"] is not None and options["vmap_fn"] is not None:
         raise TypeError(f"{where}: give vmap (a rule) or vmap_fn, not both")
     if options["vmap_fn"] is None:
@@ -175,13 +183,14 @@ def _check_options(qualname: str, options: Mapping[str, Any]) -> None:
             f"opreg.wrap_triton), got {traceable!r}"
         )
     out_dims = options["vmap_out_dims"]
+
+    def is_dim(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
     if not (
         out_dims is None
-        or isinstance(out_dims, int)
-        or (
-            isinstance(out_dims, (tuple, list))
-            and all(d is None or isinstance(d, int) for d in out_dims)
-        )
+        or is_dim(out_dims)
+        or (isinstance(out_dims, (tuple, list)) and all(d is None or is_dim(d) for d in out_dims))
     ):
         raise TypeError(
             f"{where}: vmap_out_dims must be an int, None or a sequence of them, got {out_dims!r}"
@@ -434,6 +443,12 @@ def register_triton_op(
 
         _device_types(qualname, "device_types", device_types)  # checked as EvoX's torch does
         kernel_types = _device_types(qualname, "triton_device_types", triton_device_types)
+        if triton_device_types is not None and triton_fn is None and aot is None:
+            raise ValueError(
+                f"opreg: op '{qualname}': triton_device_types={triton_device_types!r} is given "
+                "without triton_fn or aot; it says which devices their kernel serves, so it "
+                "would never be used: give the kernel too, or leave it out"
+            )
         if kernel_types == []:
             raise ValueError(
                 f"opreg: op '{qualname}': triton_device_types names no device type, so triton_fn "

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from opreg import _C, _jit_cache
+from opreg import _C, _jit_cache, _torch_library
 from opreg._declaration import (
     KernelDeclaration,
     OpDeclaration,
@@ -399,8 +399,8 @@ class CustomOpDef:
                     self._dispatch_library = torch.library.Library(
                         self._qualname.split("::")[0], "FRAGMENT"
                     )
-                torch.library.register_torch_dispatch(
-                    self._qualname, torch_dispatch_class, fn, lib=self._dispatch_library
+                _torch_library.register_torch_dispatch(
+                    self._dispatch_library, self._qualname, torch_dispatch_class, fn
                 )
             return fn
 
@@ -553,6 +553,12 @@ def _find(api: str, op: Any) -> CustomOpDef | None:
             f"opreg.{api}: op must be a CustomOpDef, an op of torch.ops or a 'namespace::name' "
             f"string, got {type(op).__name__}"
         )
+    return find_custom_op(f"opreg.{api}", name)
+
+
+def find_custom_op(where: str, name: str) -> CustomOpDef | None:
+    """The op of :func:`custom_op` or :func:`triton_op` named ``name``, which takes pieces; None
+    for ops opreg does not define; ValueError for ops opreg defines otherwise."""
     if name in _defined:
         return _defined[name]
     try:
@@ -560,8 +566,8 @@ def _find(api: str, op: Any) -> CustomOpDef | None:
     except ValueError:
         return None
     raise ValueError(
-        f"opreg.{api}: op '{name}' was defined by opreg.register_triton_op, "
-        "register_vmap_op or C++; give this piece where it is defined (fake_fn=, backward=/"
+        f"{where}: op '{name}' was defined by opreg.register_triton_op, register_vmap_op, "
+        "opreg.define or C++; give this piece where it is defined (fake_fn=, backward=/"
         "setup_context=, vmap=, a kernel) instead"
     )
 

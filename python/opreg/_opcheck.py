@@ -384,39 +384,49 @@ def _same_value(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+def _compared_values(op, sample: Sample, outputs: Any) -> list[tuple[str, Any]]:
+    """(what, value) for each output, then each tensor of the arguments the op wrote."""
+    compared = [(f"output {index}", value) for index, value in enumerate(_outputs(outputs))]
+    for name, value in zip(_written_arguments(op), _written(op, sample), strict=True):
+        written = _outputs(value)
+        compared += [
+            (f"argument '{name}'" + (f"[{i}]" if len(written) > 1 else "") + " (written)", v)
+            for i, v in enumerate(written)
+        ]
+    return compared
+
+
 def _check_kernel_vs_fallback(op, sample, device):
     report = describe_op(_qualified(op))
-    got = _outputs(op(*_clone(sample).args, **_clone(sample).kwargs))
-    want = _outputs(_call_fallback(op, _clone(sample)))
+    called, by_fallback = _clone(sample), _clone(sample)
+    got = _compared_values(op, called, op(*called.args, **called.kwargs))
+    want = _compared_values(op, by_fallback, _call_fallback(op, by_fallback))
     if len(got) != len(want):
         return False, 0.0, f"{len(got)} outputs, the fallback gives {len(want)}"
     error = 0.0
-    for index, (a, b) in enumerate(zip(got, want, strict=True)):
+    for (what, a), (_, b) in zip(got, want, strict=True):
         if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
             if not _same_value(a, b):
-                return False, error, f"output {index} is {a!r}, the fallback's {b!r}"
+                return False, error, f"{what} is {a!r}, the fallback's {b!r}"
             continue
         if a.shape != b.shape or a.dtype != b.dtype:
             return (
                 False,
                 error,
-                (
-                    f"output {index} is {a.dtype}{tuple(a.shape)}, the fallback's "
-                    f"{b.dtype}{tuple(b.shape)}"
-                ),
+                f"{what} is {a.dtype}{tuple(a.shape)}, the fallback's {b.dtype}{tuple(b.shape)}",
             )
         error = max(error, _max_error(a, b))
         if report.flags["random"] or not a.numel():
             continue
         b = b.to(a.device)
         if (a.is_floating_point() or a.is_complex()) and not torch.equal(a.isnan(), b.isnan()):
-            return False, error, f"output {index} has NaN at other positions than the fallback's"
+            return False, error, f"{what} has NaN at other positions than the fallback's"
         atol, rtol = _tolerance(a.dtype, report.flags["bitwise"])
         if torch.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True).all():
             if not report.flags["bitwise"] or _same_zero_signs(a, b):
                 continue
             why = "has -0.0 where the fallback's has +0.0, or the reverse (the op declares bitwise)"
-            return False, error, f"output {index} {why}"
+            return False, error, f"{what} {why}"
         if report.flags["bitwise"]:
             why = "is not bitwise equal to the fallback's (the op declares bitwise)"
         elif atol == rtol == 0:
@@ -426,7 +436,7 @@ def _check_kernel_vs_fallback(op, sample, device):
                 f"differs from the fallback's by up to {error:.3g}, more than atol {atol:g} + "
                 f"rtol {rtol:g} * |fallback| ({a.dtype})"
             )
-        return False, error, f"output {index} {why}"
+        return False, error, f"{what} {why}"
     return True, error, ""
 
 
@@ -1029,7 +1039,17 @@ def _devices(devices: Iterable[str] | None) -> list[tuple[str, str]]:
                 f"opreg.opcheck: devices: {given!r} is not a device (expected names like "
                 "'cpu', 'cuda' or 'cuda:1')"
             ) from None
+        if device.type == "meta":
+            raise ValueError(
+                "opreg.opcheck: devices: 'meta' holds no values to compare, so no check could "
+                "fail there; the fake is checked on every device given (e.g. ['cpu', 'cuda'])"
+            )
         checked.append((str(given), _unavailable(device)))
+    if not checked:
+        raise ValueError(
+            "opreg.opcheck: devices= is empty, so nothing would be checked; name at least one "
+            "device (e.g. ['cpu']), or leave devices out for the CPU and CUDA when there is one"
+        )
     return checked
 
 

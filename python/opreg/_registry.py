@@ -296,6 +296,9 @@ def op_name(name: Any, function: str) -> str:
             f"opreg.{function}: expected an op name like 'ns::op', got {type(name).__name__} "
             f"{name!r}"
         )
+    if "\0" in name:
+        # C++ would read the name up to its NUL, and answer for another op.
+        raise ValueError(f"opreg.{function}: op name {name!r} holds a NUL character; no op has one")
     return name
 
 

@@ -248,8 +248,10 @@ def load_function(source: str, base: Path):
         )
     if location.endswith(".py"):
         path = (base / location).resolve()
-        if not path.is_file():
+        if not path.exists():
             raise SpecError(f"source '{source}': no file {path}")
+        if not path.is_file():  # a directory, or a FIFO that would block the import
+            raise SpecError(f"source '{source}': {path} is not a regular file")
         module_name = "opreg_aot_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
         spec = importlib.util.spec_from_file_location(module_name, path)
         if spec is None or spec.loader is None:

@@ -426,6 +426,15 @@ def load_library(path: str | Path) -> None:
     os.PathLike, TypeError; an empty one, ValueError.
     """
     path = path_argument("opreg.load_library", path)
+    if b"/" not in os.fsencode(path):  # looked up as the core looks it up, not in the cwd
+        file = _C.library_file(os.fsencode(path))
+        if not file:
+            raise FileNotFoundError(
+                f"opreg.load_library: no library named {str(path)!r:.200} in LD_LIBRARY_PATH or "
+                "the system's library directories (/etc/ld.so.conf); a name without a '/' is not "
+                f"looked up in the working directory: pass './{path!s:.200}' for a file there"
+            )
+        path = Path(os.fsdecode(file))
     try:
         found = path.is_file()
     except OSError as error:  # a name too long, say

@@ -294,6 +294,11 @@ std::string loading_library_path() { return t_load != nullptr ? t_load->path : "
 
 bool library_loading_elsewhere() { return g_dlopens.load() > t_dlopens; }
 
+std::string library_file(const std::string& path) {
+  if (path.find('/') != std::string::npos) return path;
+  return find_library_file(path).value_or("");
+}
+
 void when_loader_is_free(std::function<void()> task) {
   if (!library_loading_elsewhere()) {
     task();

@@ -216,6 +216,10 @@ PYBIND11_MODULE(_C, m) {
         opreg::load_library(path);
       },
       py::arg("path"), py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "library_file",
+      [](const std::string& path) { return py::bytes(opreg::detail::library_file(path)); },
+      py::arg("path"));
   // How many values an enumeration the schema language names has (the range of such an output).
   m.def("enum_value_count", [](const std::string& name) -> int64_t {
     if (name == "ScalarType") return static_cast<int64_t>(c10::ScalarType::NumOptions);

@@ -3,10 +3,14 @@ repository), beside the earlier sweeps' files."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
+from test_reliability import assert_survived, run_probe
 
 import opreg
+from conftest import TEST_OPS_LIBRARY
 
 # ---- A-F1: opcheck compared a kernel's outputs with the fallback's, not what they wrote ------
 
@@ -54,3 +58,36 @@ def test_opcheck_refuses_an_empty_list_of_devices():
     )(lambda x: x * 2)
     with pytest.raises(ValueError, match="devices= is empty, so nothing would be checked"):
         opreg.opcheck(op, devices=[])
+
+
+# ---- B-F1: opreg.load_library looked a bare name up in the working directory ----------------
+
+
+def test_a_bare_library_name_is_looked_up_as_the_core_documents(tmp_path):
+    # Python checked Path(name).is_file() first: a name only on LD_LIBRARY_PATH was "not found",
+    # and a file of that name in the working directory was loaded instead.
+    listed, cwd = tmp_path / "listed", tmp_path / "cwd"
+    listed.mkdir()
+    cwd.mkdir()
+    shutil.copy(TEST_OPS_LIBRARY, listed / "libopreg_probe26.so")
+    (cwd / "libopreg_probe26.so").write_bytes(b"not a library")
+    (cwd / "libopreg_only_here.so").write_bytes(b"not a library")
+    result = run_probe(
+        f"""
+        import os
+        os.environ["LD_LIBRARY_PATH"] = {str(listed)!r}
+        os.chdir({str(cwd)!r})
+        import opreg
+        opreg.load_library("libopreg_probe26.so")
+        print("loaded:", [r.origin for r in opreg.describe_ops() if "probe26" in r.origin][:1])
+        try:
+            opreg.load_library("libopreg_only_here.so")
+        except FileNotFoundError as error:
+            print("only here:", error)
+        """
+    )
+    assert_survived(result)
+    assert f"loaded: ['{listed}/libopreg_probe26.so" in result.stdout, result.stdout
+    assert "only here: opreg.load_library: no library named 'libopreg_only_here.so' in" in (
+        result.stdout
+    )

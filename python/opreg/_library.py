@@ -199,7 +199,7 @@ class CustomOpDef:
             fallback_label="" if reference is not None else "no reference",
             fake=fake,
             kernels=kernels,
-            autograd="fallback" if has_reference else "error",
+            autograd="fallback" if has_reference or self._backward is not None else "error",
             backward=self._adapted_backward(),
             setup_context=self._adapted_setup_context(),
             vmap=None

@@ -559,6 +559,13 @@ c10::KernelFunction make_autograd_kernel(IdentityPtr op, const AutogradDeclarati
   TORCH_CHECK_VALUE(policy >= static_cast<int>(AutogradPolicy::kFallback) &&
                         policy <= static_cast<int>(AutogradPolicy::kNone),
                     op->name, ": autograd policy ", policy, " is no opreg::AutogradPolicy");
+  // The policy says what happens without a backward: with one, 'error' and 'none' would be
+  // silently ignored (Python's front refuses the same pairs).
+  TORCH_CHECK_VALUE(!autograd.backward || autograd.policy == AutogradPolicy::kFallback, op->name,
+                    ": autograd policy '",
+                    autograd.policy == AutogradPolicy::kError ? "error" : "none",
+                    "' says the op has no gradients to give, but a backward is given; leave one "
+                    "of them out");
   return c10::KernelFunction::makeFromBoxedFunctor(
       std::make_unique<AutogradKernel>(std::move(op), autograd, std::move(fallback)));
 }

@@ -1195,6 +1195,10 @@ std::vector<std::pair<std::string, size_t>> index_entries(const std::string& tex
 namespace {
 
 std::vector<std::string> load_bundle_dir_now(const std::string& path) {
+  // "" would name /index.txt.
+  TORCH_CHECK_VALUE(!path.empty(),
+                    "opreg::triton::load_bundle_dir: 'path' is empty; pass the folder that "
+                    "python -m opreg.aot wrote");
   const auto index_path = path + "/index.txt";
   std::error_code error;
   TORCH_CHECK_VALUE(std::filesystem::exists(index_path, error), "opreg: ", escaped(path),

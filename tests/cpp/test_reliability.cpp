@@ -144,6 +144,24 @@ TEST(Reliability, ABoxedListOfOtherValuesForOptionalTensorsIsRefused) {
   EXPECT_TRUE(at::equal(stack[0].toTensor(), at::full({2}, 2.0)));
 }
 
+// Sweep 26 (B-F2): a backward with the 'error' policy was accepted and the policy ignored.
+TEST(Reliability, ABackwardWithAPolicyThatRefusesGradientsIsRefused) {
+  for (auto policy : {opreg::AutogradPolicy::kError, opreg::AutogradPolicy::kNone}) {
+    EXPECT_CONTAINS(
+        error_of([&] {
+          opreg::op("opreg_rel::policy_and_backward(Tensor x) -> Tensor")
+              .fallback([](const at::Tensor& x) { return x * 2; })
+              .autograd(policy)
+              .backward([](opreg::AutogradContext&, const std::vector<at::Tensor>& grads) {
+                return std::vector<at::Tensor>{grads[0] * 2};
+              })
+              .define();
+        }),
+        "but a backward is given; leave one of them out");
+    EXPECT_FALSE(opreg::is_defined("opreg_rel::policy_and_backward"));
+  }
+}
+
 // Fourteenth sweep: both were accepted, and vmap did one of the two without a word.
 TEST(Reliability, BatchPolymorphicAndThePerExampleLoopAreNotBothDeclared) {
   EXPECT_CONTAINS(error_of([&] {

@@ -123,6 +123,12 @@ TEST(Triton, UnknownKernel) {
                   "'opreg_test_missing'");
 }
 
+// Sweep 26 (B-F3): the message had a blank for the path (and "" named /index.txt).
+TEST(Triton, AnEmptyBundlePathIsNamedAsSuch) {
+  EXPECT_CONTAINS(error_of([&] { opreg::triton::load_bundle_dir(""); }),
+                  "opreg::triton::load_bundle_dir: 'path' is empty");
+}
+
 TEST(Triton, AvailabilityFollowsTheDriver) {
   opreg::triton::Kernel kernel("opreg_test_scale");
   std::string driver_why;

@@ -816,7 +816,9 @@ def test_a_fallback_returning_one_value_for_two_outputs_names_the_op():
     ],
 )
 def test_a_piece_that_cannot_take_the_arguments_is_refused_at_definition(keyword, piece):
-    options = {"fake_fn": None, "triton_fn": None, keyword: piece}
+    # triton_accepts decides triton_fn's calls: without one it is refused for that instead.
+    kernel = (lambda x, y: x + y) if keyword == "triton_accepts" else None
+    options = {"fake_fn": None, "triton_fn": kernel, keyword: piece}
     with pytest.raises(
         TypeError,
         match=f"rel_arity::op': {keyword} cannot be called with the "

@@ -582,6 +582,9 @@ def _checked_fake(declaration: OpDeclaration, serial: int) -> Callable[..., Any]
         if not still_current(qualname, serial):
             return op_overload(qualname)(*args, **kwargs)
         check_dtypes(args, kwargs)
+        if _C.trace_enabled():  # as the core records a C++ fake: the first tensor's device
+            first = next((t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)), None)
+            _C.record_trace(qualname, "fake", "-" if first is None else str(first.device))
         try:
             result = fake_fn(*args, **kwargs)
         except Exception as error:  # it stays itself; a note names the op, as for the fallback

@@ -366,6 +366,10 @@ PYBIND11_MODULE(_C, m) {
              return records;
            })
       .def("close", &TraceBlock::close);
+  // For pieces run by Python rather than by the core (a fake registered with torch).
+  m.def("trace_enabled", &opreg::trace_enabled);
+  m.def("record_trace", &opreg::detail::record_trace, py::arg("op"), py::arg("impl"),
+        py::arg("device"));
 
   // kernel_vs_fallback's (atol, rtol) for a dtype: opreg.opcheck applies the C++ rule.
   m.def("testing_tolerance", [](at::ScalarType dtype) {

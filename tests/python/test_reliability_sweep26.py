@@ -91,3 +91,23 @@ def test_a_bare_library_name_is_looked_up_as_the_core_documents(tmp_path):
     assert "only here: opreg.load_library: no library named 'libopreg_only_here.so' in" in (
         result.stdout
     )
+
+
+# ---- opreg.trace() recorded C++ fakes but not fakes written in Python -------------------------
+
+
+def test_a_python_fake_is_traced_as_a_cpp_fake_is():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = opreg.register_triton_op(
+        fake_fn=lambda x: torch.empty_like(x),
+        triton_fn=None,
+        name="opreg_sweep26::traced_fake",
+        schema="(Tensor x) -> Tensor",
+    )(lambda x: x * 2)
+    with opreg.trace() as trace, FakeTensorMode() as mode:
+        op(mode.from_tensor(torch.ones(2)))
+    with opreg.trace() as on_meta:
+        op(torch.ones(2, device="meta"))
+    assert trace.records == [("opreg_sweep26::traced_fake", "fake", "cpu")]
+    assert on_meta.records == [("opreg_sweep26::traced_fake", "fake", "meta")]

@@ -70,7 +70,8 @@ OPREG_API void set_replace_listener(std::function<void()> listener);
 // definition (a fake) check it, since a definition made from C++ does not pass through Python.
 OPREG_API uint64_t definition_serial(const std::string& name);
 // The file load_library opens for `path`: `path` itself when it holds a '/', else the file of that
-// name in LD_LIBRARY_PATH or the system's library directories ("" when there is none).
+// name in LD_LIBRARY_PATH or the system's library directories, else the file of a library of that
+// name mapped already ("" when there is none).
 OPREG_API std::string library_file(const std::string& path);
 }  // namespace detail
 

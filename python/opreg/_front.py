@@ -57,6 +57,13 @@ def _qualified_name(name: str | None, fn: Callable[..., Any]) -> str:
 
 def _schema(qualname: str, fn: Callable[..., Any], schema: str | None, mutates_args: Any) -> str:
     inferred = schema is None
+    if mutates_args != "unknown" and (
+        isinstance(mutates_args, str) or not isinstance(mutates_args, Iterable)
+    ):  # torch's inference would say only "'int' object is not iterable"
+        raise TypeError(
+            f"opreg: op '{qualname}': mutates_args must be a sequence of argument names or "
+            f"'unknown', got {mutates_args!r}"
+        )
     if schema is None:
         if not (inspect.isfunction(fn) or inspect.ismethod(fn)):
             raise ValueError(

@@ -1059,6 +1059,13 @@ def _unavailable(device: torch.device) -> str:
         return ""
     module = getattr(torch, device.type, None)
     if module is None or not hasattr(module, "is_available"):
+        # A type PyTorch names but serves with no backend here (hpu, lazy, ipu, ...): a tensor
+        # there says whether it works.
+        try:
+            torch.empty(0, device=device)
+        except Exception as error:  # ModuleNotFoundError, NotImplementedError, RuntimeError
+            first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            return f"no {device.type} device here ({type(error).__name__}: {first[:160]})"
         return ""
     if not module.is_available():
         return f"no {device.type} device (torch.{device.type}.is_available() is False)"

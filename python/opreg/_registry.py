@@ -425,14 +425,17 @@ def load_library(path: str | Path) -> None:
     process survives. A missing file raises FileNotFoundError; a path that is not a str or
     os.PathLike, TypeError; an empty one, ValueError.
     """
-    path = path_argument("opreg.load_library", path)
-    if b"/" not in os.fsencode(path):  # looked up as the core looks it up, not in the cwd
+    given = path
+    path = path_argument("opreg.load_library", given)
+    # As given: Path("./lib.so") reads as the bare name "lib.so".
+    if b"/" not in os.fsencode(os.fspath(given)):  # looked up as the core does, not in the cwd
         file = _C.library_file(os.fsencode(path))
         if not file:
             raise FileNotFoundError(
                 f"opreg.load_library: no library named {str(path)!r:.200} in LD_LIBRARY_PATH or "
-                "the system's library directories (/etc/ld.so.conf); a name without a '/' is not "
-                f"looked up in the working directory: pass './{path!s:.200}' for a file there"
+                "the system's library directories (/etc/ld.so.conf), and none of that name is "
+                "loaded; a name without a '/' is not looked up in the working directory: pass "
+                f"'./{path!s:.200}' for a file there"
             )
         path = Path(os.fsdecode(file))
     try:

@@ -296,7 +296,18 @@ bool library_loading_elsewhere() { return g_dlopens.load() > t_dlopens; }
 
 std::string library_file(const std::string& path) {
   if (path.find('/') != std::string::npos) return path;
-  return find_library_file(path).value_or("");
+  if (const auto found = find_library_file(path)) return *found;
+  // Found by the dynamic loader elsewhere (a runpath) and mapped already, as load_once accepts it:
+  // the file it mapped.
+  std::string file;
+  if (void* loaded = dlopen(path.c_str(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD)) {
+    link_map* map = nullptr;
+    if (dlinfo(loaded, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr) {
+      file = map->l_name;
+    }
+    dlclose(loaded);
+  }
+  return file;
 }
 
 void when_loader_is_free(std::function<void()> task) {

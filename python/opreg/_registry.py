@@ -413,6 +413,9 @@ def path_argument(function: str, value: object) -> Path:
         )
     if os.fspath(value) in ("", b""):  # Path("") is ".", the current folder
         raise ValueError(f"{function}: 'path' is empty; pass the path of a file or folder")
+    raw = os.fspath(value)
+    if ("\0" if isinstance(raw, str) else b"\0") in raw:  # C++ would read it up to the NUL
+        raise ValueError(f"{function}: 'path' {raw!r:.200} holds a NUL character")
     return Path(value)
 
 

@@ -3,11 +3,13 @@ repository), beside the earlier sweeps' files."""
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
 import torch
 from test_reliability import assert_survived, run_probe
+from test_reliability_aot import assert_one_line_error, run_aot, scale_spec
 
 import opreg
 from conftest import TEST_OPS_LIBRARY
@@ -77,3 +79,44 @@ def test_mutates_args_that_is_not_a_sequence_names_the_op(api):
 
     with pytest.raises(TypeError, match="op 'opreg_sweep27::mutates': mutates_args must be a"):
         getattr(opreg, api)("opreg_sweep27::mutates", mutates_args=5)(fn)
+
+
+# ---- B-F3: an error of a fallback that FakeTensorMode ran came back empty ---------------------
+
+
+def test_a_fallback_error_under_fake_tensor_mode_keeps_its_message():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with (
+        FakeTensorMode(),
+        pytest.raises(RuntimeError, match="upper bound and lower bound") as raised,
+    ):
+        torch.ops.opreg_test.arange(-3)  # no tensor: FakeTensorMode runs the fallback
+    assert "opreg: raised in the fallback of opreg_test::arange" in raised.value.__notes__[0]
+
+
+# ---- B-F5: a NUL in a bundle's path -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("function", ["load_triton_bundle", "load_library"])
+def test_a_path_with_a_nul_is_refused_as_such(tmp_path, function):
+    with pytest.raises(ValueError, match="holds a NUL character"):
+        getattr(opreg, function)(f"{tmp_path}\0tail")
+
+
+# ---- B-F1, B-F7: python -m opreg.aot with --emit-cpp on a device, a source that is a link loop --
+
+
+def test_emit_cpp_does_not_replace_what_is_no_regular_file(tmp_path):
+    # A device (seen: /dev/full) was replaced by a regular file, and the run succeeded.
+    target = tmp_path / "device.cpp"
+    target.symlink_to("/dev/null")
+    result = run_aot(scale_spec(), tmp_path, "--emit-cpp", str(target))
+    assert_one_line_error(result, "it is not a regular file")
+    assert target.is_symlink() and os.readlink(target) == "/dev/null"
+
+
+def test_a_kernel_source_that_is_a_link_loop_is_one_line(tmp_path):
+    (tmp_path / "loop.py").symlink_to(tmp_path / "loop.py")
+    spec = scale_spec(source=f'"{tmp_path / "loop.py"}:scale_kernel"')
+    assert_one_line_error(run_aot(spec, tmp_path), "loop.py", "cannot resolve the path")

@@ -238,6 +238,14 @@ def triton_config_defaults() -> dict[str, object]:
     return {f.name: f.default for f in dataclasses.fields(CUDAOptions) if f.name in CONFIG_KEYS}
 
 
+def resolved(path: Path) -> Path:
+    """``path`` made absolute with its links followed; SpecError (one line) for a link loop."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as error:  # Python 3.11 raises RuntimeError for a loop
+        raise SpecError(f"{str(path)!r}: cannot resolve the path: {error}") from None
+
+
 def load_function(source: str, base: Path):
     """The @triton.jit function `source` names; SpecError (one line, naming the source) when it
     cannot be imported or is something else."""
@@ -247,7 +255,7 @@ def load_function(source: str, base: Path):
             f"source '{source}' must be 'file.py:function' or 'module:function', with one ':'"
         )
     if location.endswith(".py"):
-        path = (base / location).resolve()
+        path = resolved(base / location)
         if not path.exists():
             raise SpecError(f"source '{source}': no file {path}")
         if not path.is_file():  # a directory, or a FIFO that would block the import
@@ -727,7 +735,9 @@ def write_file(option: str, path: Path, write) -> None:
 
 def probe_writable(path: Path) -> None:
     existed = path.exists()
-    if path.is_fifo():  # opening it would wait for a reader for ever
+    # A FIFO would wait for a reader for ever; a device or folder would be replaced by the rename
+    # that writes the file.
+    if existed and not path.is_file() and not path.is_dir():  # opening a folder says so
         raise OSError(0, "it is not a regular file")
     path.open("ab").close()
     if not existed:
@@ -736,18 +746,19 @@ def probe_writable(path: Path) -> None:
 
 def input_files(spec: Path, kernels: list[KernelSpec], base: Path) -> list[Path]:
     """The spec and the kernels' sources."""
-    inputs = [spec.resolve()]
+    inputs = [resolved(spec)]
     for kernel in kernels:
         file = kernel.source.rpartition(":")[0]
         if file.endswith(".py"):
-            inputs.append((base / file).resolve())
+            inputs.append(resolved(base / file))
     return inputs
 
 
 def bundle_files(out: Path, kernels: list[KernelSpec]) -> list[Path]:
     """The files of the bundle in --out that may share a name with an input (the cubins'
     names end in .cubin, which no input's may)."""
-    return [out.resolve() / "index.txt", *(out.resolve() / f"{k.name}.json" for k in kernels)]
+    folder = resolved(out)
+    return [folder / "index.txt", *(folder / f"{k.name}.json" for k in kernels)]
 
 
 def check_out_target(spec: Path, kernels: list[KernelSpec], base: Path, out: Path) -> None:
@@ -767,16 +778,16 @@ def check_emit_target(
 ) -> None:
     """The generated source must not take the place of an input (the spec, a kernel's source) or
     of what the compiler writes (the bundle in --out, the cache): it would be lost, silently."""
-    resolved = target.resolve()
+    resolved_target = resolved(target)
     inputs = input_files(spec, kernels, base)
     outputs = bundle_files(out, kernels)
     taken = (
-        resolved in inputs
-        or resolved in outputs
-        or resolved.suffix == ".cubin"
+        resolved_target in inputs
+        or resolved_target in outputs
+        or resolved_target.suffix == ".cubin"
         or any(_same_file(target, path) for path in [*inputs, *outputs])  # a hard link
     )
-    if taken or resolved.is_relative_to(cache.resolve()):
+    if taken or resolved_target.is_relative_to(resolved(cache)):
         raise SpecError(
             f"--emit-cpp {str(target)!r}: that is the spec, a kernel's source, or a file the "
             "compiler writes (the bundle in --out, the cache); name a file of its own (e.g. "

@@ -497,8 +497,14 @@ def _fallback_without_tensors(qualname: str, serial: int, returns: int) -> Calla
                 return op(*args, **kwargs)
         if any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves((args, kwargs))):
             return mode.__torch_dispatch__(op, types, args, kwargs)
-        with mode:
-            outputs = _C.call_fallback(qualname, list(args), dict(kwargs))
+        try:
+            with mode:
+                outputs = _C.call_fallback(qualname, list(args), dict(kwargs))
+        except Exception as error:  # it stays itself; a note names the op, as for the fake
+            note = f"opreg: raised in the fallback of {qualname} (run by FakeTensorMode)"
+            if note not in getattr(error, "__notes__", []):
+                error.add_note(note)
+            raise
         return None if returns == 0 else outputs[0] if returns == 1 else tuple(outputs)
 
     return rule

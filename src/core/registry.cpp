@@ -933,6 +933,8 @@ bool fits(const c10::IValue& value, const c10::Type& type) {
     }
     case c10::TypeKind::TensorType:
       return value.isTensor();
+    case c10::TypeKind::GeneratorType:
+      return value.isGenerator();
     default:
       return true;
   }
@@ -953,6 +955,7 @@ bool checkable(const c10::Type& type) {
     case c10::TypeKind::StringType:
     case c10::TypeKind::DeviceObjType:
     case c10::TypeKind::NumberType:
+    case c10::TypeKind::GeneratorType:
     case c10::TypeKind::ListType:
       return true;
     default:

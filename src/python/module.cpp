@@ -299,7 +299,10 @@ PYBIND11_MODULE(_C, m) {
       if (error) std::rethrow_exception(error);
     } catch (::python_error& python_error) {
       if (python_error.type == nullptr) {
-        PyErr_SetString(PyExc_RuntimeError, python_error.what());
+        // Not fetched: Python's error indicator still holds it (a dispatch mode's error raised
+        // under a fallback that opreg.opcheck or a FakeTensorMode rule called), and what() is
+        // empty.
+        if (PyErr_Occurred() == nullptr) PyErr_SetString(PyExc_RuntimeError, python_error.what());
       } else {
         python_error.restore();
       }

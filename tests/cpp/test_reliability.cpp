@@ -162,6 +162,19 @@ TEST(Reliability, ABackwardWithAPolicyThatRefusesGradientsIsRefused) {
   }
 }
 
+// Sweep 27 (B-F4): an int for a Generator? met PyTorch's internal assert in the fallback.
+TEST(Reliability, ABoxedCallWithAnotherKindForAGeneratorNamesTheArgument) {
+  opreg::op("opreg_rel::maybe_random(Tensor x, Generator? g=None) -> Tensor")
+      .fallback([](const at::Tensor& x, const std::optional<at::Generator>&) { return x.clone(); })
+      .define();
+  EXPECT_CONTAINS(error_of([&] {
+                    opreg_test::call_boxed("opreg_rel::maybe_random", {at::ones({2}), int64_t{3}});
+                  }),
+                  "opreg_rel::maybe_random: argument 'g' must be Generator?, got Int");
+  auto stack = opreg_test::call_boxed("opreg_rel::maybe_random", {at::ones({2}), c10::IValue()});
+  EXPECT_TRUE(at::equal(stack[0].toTensor(), at::ones({2})));
+}
+
 // Fourteenth sweep: both were accepted, and vmap did one of the two without a word.
 TEST(Reliability, BatchPolymorphicAndThePerExampleLoopAreNotBothDeclared) {
   EXPECT_CONTAINS(error_of([&] {

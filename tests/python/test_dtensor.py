@@ -271,7 +271,10 @@ def test_elementwise_ops_run_shard_wise(ranks):
             ("softmax", half),
             ("softmax", (dtensor_sharding.ROWS, dtensor_sharding.COLUMNS)),
         ]
-        served = [(op, impl) for op, impl, device in saved["trace"] if device != "meta"]
+        # Less the fakes: DTensor's shape checks (on meta tensors, or fake ones for a Python fake).
+        served = [
+            (op, impl) for op, impl, device in saved["trace"] if device != "meta" and impl != "fake"
+        ]
         assert served == [
             ("opreg::fused_add", "fallback"),
             ("opreg_dtensor_test::scaled_tanh", "fallback"),

@@ -1423,15 +1423,13 @@ std::optional<torch::jit::Stack> meta_arguments(const Definition& definition,
 // a data-dependent size (get_ctx() is None outside FakeTensorMode), or an output placed off meta.
 // The signs are torch's own texts: a data-dependent op's meta function ("data-independent",
 // "NotImplementedError"), an op without one ("with Meta tensors"), Tensor.item() on meta, a tensor
-// the fake made on the CPU met with a meta one, data read from a meta tensor (numpy, a data
-// pointer).
+// the fake made on the CPU met with a meta one.
 bool cannot_run_on_meta(const std::string& why) {
   for (const char* sign :
        {"new_dynamic_size", "DynamicOutputShape", "data-dependent", "data dependent",
         "data-independent", "NotImplementedError", "with Meta tensors", "on meta tensors",
         "a meta tensor", ", expected meta", "expected device meta", "on device meta",
-        "devices, meta and", "devices, cpu and meta", "meta device", "of meta tensor",
-        "data pointer", "have storage"}) {
+        "devices, meta and", "devices, cpu and meta"}) {
     if (why.find(sign) != std::string::npos) return true;
   }
   return false;
@@ -1564,12 +1562,6 @@ bool batched_only_in_lists(const Definition& d, const torch::jit::Stack& stack) 
     }
   }
   return false;
-}
-
-// The same for a fallback run on meta tensors as the op's fake, by its c10 error.
-bool cannot_run_on_meta(const c10::Error& error) {
-  return dynamic_cast<const c10::NotImplementedError*>(&error) != nullptr ||
-         cannot_run_on_meta(error.msg());
 }
 
 // The kernel the dispatcher calls at `key` for one op: see Note [Definitions are immutable].
@@ -1708,19 +1700,10 @@ class Trampoline final : public c10::OperatorKernel {
     const size_t base = stack->size() - d.schema().arguments().size();
     try {
       d.meta->callBoxed(op, keys, stack);
-    } catch (c10::Error& error) {
-      // An ATen op without a meta kernel, or one that reads data (.item(), a data pointer):
-      // the op needs a fake. Any other error (shapes that do not broadcast) the call has on real
-      // tensors too: it stays itself.
-      if (!cannot_run_on_meta(error)) {
-        error.add_context("in the fallback of " + d.name() + ", run on meta tensors as its fake");
-        throw;
-      }
+    } catch (const c10::Error& error) {
       detail::throw_no_fake(d.name(), error.what_without_backtrace());
-    } catch (const std::exception& error) {  // a Python fallback, or a Python meta kernel, raised
-      const std::string message = error.what();
-      if (!message.empty() && !cannot_run_on_meta(message)) throw;
-      detail::throw_no_fake(d.name(), message);
+    } catch (const std::exception& error) {  // a Python fallback raised
+      detail::throw_no_fake(d.name(), error.what());
     }
     check_outputs(d, *stack, base, inputs, "the fallback on meta tensors", devices.device);
   }

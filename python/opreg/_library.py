@@ -95,10 +95,13 @@ def _device_list(where: str, device_types: _DeviceTypes) -> list[str | None]:
 
 
 @public
-class CustomOpDef:
+class CustomOpDef(torch._library.custom_ops.CustomOpDef):
     """What :func:`opreg.triton_op` and :func:`opreg.custom_op` return: called like the op, with
     torch.library.CustomOpDef's methods. Each method that adds a piece (fake, kernel, backward,
-    vmap rule) re-defines the op with it; ``torch.ops.<ns>.<name>`` stays the same op."""
+    vmap rule) re-defines the op with it; ``torch.ops.<ns>.<name>`` stays the same op.
+
+    A torch CustomOpDef in name only (its constructor, which would define an op, is not run), so
+    that torch.library's functions given this object call its methods, as they do torch's."""
 
     def __init__(
         self,
@@ -108,7 +111,7 @@ class CustomOpDef:
         triton_fn: Callable[..., Any] | None,
         origin: str,
     ) -> None:
-        self._qualname = qualname
+        self._namespace, self._name = qualname.split("::")  # torch's _qualname joins them
         self._schema = schema
         self._triton_fn = triton_fn
         self._origin = origin
@@ -385,6 +388,21 @@ class CustomOpDef:
 
         return register if func is None else register(func)
 
+    def register_autocast(self, device_type: str, cast_inputs: Any) -> None:
+        raise ValueError(
+            f"{self._where('register_autocast')}: autocast does not cast the inputs of opreg "
+            "ops: cast them before the call"
+        )
+
+    def set_kernel_enabled(self, device_type: str, enabled: bool = True) -> Any:
+        raise ValueError(
+            f"{self._where('set_kernel_enabled')}: opreg ops do not switch kernels off; define "
+            "the op again without the kernel (its fallback then serves)"
+        )
+
+    def register_effect(self, effect: Any) -> None:
+        pass  # torch's _register_effectful_op registers it through a library after this call
+
     def register_torch_dispatch(
         self, torch_dispatch_class: Any, fn: Callable[..., Any] | None = None, /
     ) -> Callable[..., Any]:
@@ -399,7 +417,7 @@ class CustomOpDef:
                     self._dispatch_library = torch.library.Library(
                         self._qualname.split("::")[0], "FRAGMENT"
                     )
-                _torch_library.register_torch_dispatch(
+                _torch_library.register_user_rule(
                     self._dispatch_library, self._qualname, torch_dispatch_class, fn
                 )
             return fn
@@ -559,8 +577,10 @@ def _find(api: str, op: Any) -> CustomOpDef | None:
 def find_custom_op(where: str, name: str) -> CustomOpDef | None:
     """The op of :func:`custom_op` or :func:`triton_op` named ``name``, which takes pieces; None
     for ops opreg does not define; ValueError for ops opreg defines otherwise."""
-    if name in _defined:
-        return _defined[name]
+    with defining():  # not between a redefinition and its record
+        found = _defined.get(name)
+        if found is not None and (found._is_current() or not _C.is_defined(name)):
+            return found  # (an undefined one says so when given a piece)
     try:
         _C.describe_op(name)
     except ValueError:

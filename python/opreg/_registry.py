@@ -7,6 +7,7 @@ import inspect
 import os
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -156,29 +157,99 @@ def forget_compiled_code() -> None:
     graph cache and get its code back (seen). Nothing to do if Dynamo was never imported, or is
     being imported for the first time (nothing is compiled before that import ends).
 
-    A compile on another thread holds Dynamo's compile lock, which the reset waits for. A replace
-    from inside a compile on this thread (a fake that replaces an op) cannot reset there: Dynamo
-    still holds the code cache being compiled into and crashes on its freed memory (SIGSEGV, seen).
-    The reset is then handed to a thread of its own, which waits for that lock: it runs once the
-    compile ends and Python switches to it, so calls made until then (the first call of the
-    code that compile made, at least) still run code compiled before the replace.
+    Dynamo frees the code it drops, so it goes only while no thread compiles or runs compiled
+    code (Note [Dropping compiled code]): the replace waits for other threads' compiles and
+    compiled calls to end (at most _WAIT_FOR_OTHERS_S); where this thread itself is inside one (a
+    fake that replaces an op, a replace between two graphs of a compiled function) or the wait
+    runs out, a thread of its own drops the code at the first such moment, and calls made until
+    then still run code compiled before the replace.
 
     Never raises: the definition it follows has taken effect, so a failed reset warns."""
     dynamo = sys.modules.get("torch._dynamo")
     reset_code_caches = getattr(dynamo, "reset_code_caches", None)
     if reset_code_caches is None:
         return
-    import torch._guards  # imported by torch._dynamo
+    global _reset_requests, _reset_worker
+    with _reset_lock:  # never held while waiting for Dynamo's compile lock: a compile may replace
+        _reset_requests += 1
+        worker_running = _reset_worker is not None
+    if not worker_running and _reset_when_free(reset_code_caches, _WAIT_FOR_OTHERS_S):
+        return
+    with _reset_lock:
+        if _reset_worker is None:
+            _reset_worker = threading.Thread(
+                target=_reset_for_all_requests,
+                args=(reset_code_caches,),
+                name=DEFERRED_RESET,
+                daemon=True,
+            )
+            _reset_worker.start()
 
-    if torch._guards.CompileContext.try_get() is not None:
-        threading.Thread(
-            target=_reset_code_caches, args=(reset_code_caches,), name=DEFERRED_RESET, daemon=True
-        ).start()
-    else:
+
+# Note [Dropping compiled code]
+# Dynamo's reset frees each code object's cache entries and the globals its compiled code calls,
+# which a frame running that code still reads (its record_function name, its guard manager; seen:
+# a use after free) and which a compile fills until its code is installed (seen: SIGSEGV inside
+# the compile, a NameError for the compiled function's global just after). So the reset waits
+# until no thread's stack holds a frame of Dynamo's output code or of its frame handling
+# (convert_frame.py: compiling and installing code; eval_frame.py: a compiled callable's call),
+# and the check and the reset run with Python's thread switching held off, so that no thread
+# enters such code in between. A reset serves every request made before it.
+DEFERRED_RESET = "opreg: forget compiled code when no compiled code runs"
+_WAIT_FOR_OTHERS_S = 1.0
+_WORKER_GIVES_UP_S = 600.0
+_reset_lock = threading.Lock()
+_reset_requests = 0
+_reset_worker: threading.Thread | None = None
+
+
+def _reset_when_free(reset_code_caches: Any, wait_s: float) -> bool:
+    """Drops the compiled code once no thread compiles or runs compiled code, waiting at most
+    ``wait_s`` for other threads; False (nothing done) if the time ran out or this thread is
+    inside such code itself."""
+    delay, waited = 0.001, 0.0
+    while True:
+        blocking = _threads_in_compiled_code(reset_code_caches)
+        if blocking is None:
+            return True
+        if threading.get_ident() in blocking or waited >= wait_s:
+            return False
+        time.sleep(delay)
+        waited += delay
+        delay = min(2 * delay, 0.05)
+
+
+def _threads_in_compiled_code(reset_code_caches: Any) -> set[int] | None:
+    """The threads that compile or run compiled code; None once there were none and the code
+    was dropped."""
+    guards = sys.modules.get("torch._guards")
+    if guards is not None and guards.CompileContext.try_get() is not None:
+        return {threading.get_ident()}
+    convert_frame = sys.modules.get("torch._dynamo.convert_frame")
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if convert_frame is None or eval_frame is None:  # nothing can have been compiled
         _reset_code_caches(reset_code_caches)
-
-
-DEFERRED_RESET = "opreg: forget compiled code after the compile"
+        return None
+    with convert_frame.compile_lock:  # no compile starts meanwhile
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e6)
+        try:
+            output_codes = [code for ref in convert_frame.output_codes.seen if (code := ref())]
+            ids = {id(code) for code in output_codes}
+            files = {convert_frame.__file__, eval_frame.__file__}
+            blocking = set()
+            for thread, frame in sys._current_frames().items():
+                while frame is not None:
+                    if id(frame.f_code) in ids or frame.f_code.co_filename in files:
+                        blocking.add(thread)
+                        break
+                    frame = frame.f_back
+            if blocking:
+                return blocking
+            _reset_code_caches(reset_code_caches)
+            return None
+        finally:
+            sys.setswitchinterval(interval)
 
 
 def _reset_code_caches(reset_code_caches: Any) -> None:
@@ -188,8 +259,30 @@ def _reset_code_caches(reset_code_caches: Any) -> None:
         warnings.warn(
             "opreg: code torch.compile compiled before a replace (or a library load) could not "
             f"be dropped, and may run the earlier definition: {type(error).__name__}: {error}",
-            stacklevel=3,
+            stacklevel=5,
         )
+
+
+def _reset_for_all_requests(reset_code_caches: Any) -> None:
+    """The worker's loop: resets until a reset served every request made."""
+    global _reset_worker
+    while True:
+        with _reset_lock:
+            served = _reset_requests
+        if not _reset_when_free(reset_code_caches, _WORKER_GIVES_UP_S):
+            with _reset_lock:
+                _reset_worker = None
+            warnings.warn(
+                "opreg: code torch.compile compiled before a replace (or a library load) ran on "
+                f"some thread for {_WORKER_GIVES_UP_S:.0f} s without a pause; it is not dropped, "
+                "and may run the earlier definition",
+                stacklevel=1,
+            )
+            return
+        with _reset_lock:
+            if served == _reset_requests:
+                _reset_worker = None
+                return
 
 
 # Note [One handle per op]: PyTorch's dispatcher hands a dispatch mode (FakeTensorMode,

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._library import custom_ops
+from torch._library import custom_ops, simple_registry
 
 # OPDEFS holds its entries weakly: these keep them.
 _entries: dict[str, TorchLibraryEntry] = {}
@@ -33,10 +33,19 @@ class TorchLibraryEntry(custom_ops.CustomOpDef):
 
     def __init__(self, qualname: str) -> None:
         self._namespace, self._name = qualname.split("::")  # torch's _qualname joins them
+
+    @property
+    def _abstract_fn(self) -> Callable[..., Any]:
+        """The op's fake as torch reads it: whether the op has one (has_fake_kernel: every opreg
+        op has one), and the one to give back after a block that swaps it (torch's
+        fake_profile.unsafe_generate_fake_kernels): a custom_op's fake, or the op itself, which
+        register_fake takes as "no fake of its own"."""
+        from opreg import _library
         from opreg._registry import op_overload
 
-        # torch asks whether the op has a fake (has_fake_kernel): every opreg op has one.
-        self._abstract_fn = op_overload(qualname)
+        found = _library._defined.get(self._qualname)
+        fake = getattr(found, "_fake", None)
+        return fake if fake is not None else op_overload(self._qualname)
 
     def __repr__(self) -> str:
         return f"<opreg's entry for {self._qualname} in torch.library>"
@@ -57,7 +66,11 @@ class TorchLibraryEntry(custom_ops.CustomOpDef):
         return self._forward("register_kernel").register_kernel(device_types, fn)
 
     def register_fake(self, fn: Callable[..., Any], /) -> Any:
-        return self._forward("register_fake").register_fake(fn)
+        custom_op = self._forward("register_fake")
+        if _is_op_itself(fn, self._qualname):  # what _abstract_fn gave for "no fake of its own"
+            custom_op._with(_fake=None)
+            return fn
+        return custom_op.register_fake(fn)
 
     def register_autograd(
         self, backward: Callable[..., Any], /, *, setup_context: Callable[..., Any] | None = None
@@ -76,11 +89,10 @@ class TorchLibraryEntry(custom_ops.CustomOpDef):
     def register_torch_dispatch(
         self, torch_dispatch_class: Any, fn: Callable[..., Any] | None = None, /
     ) -> Any:
-        # A rule for one Tensor subclass or mode overrides nothing of opreg's: torch's own path.
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             library = torch.library.Library(self._namespace, "FRAGMENT")
             torch.library._keep_alive.append(library)
-            library._register_torch_dispatch_rule(self._name, torch_dispatch_class, fn)
+            register_user_rule(library, self._qualname, torch_dispatch_class, fn)
             return fn
 
         return register if fn is None else register(fn)
@@ -110,8 +122,40 @@ def register_fake(library: torch.library.Library, qualname: str, fn: Callable[..
     library._register_fake(qualname.split("::")[1], fn, _stacklevel=2)
 
 
+def _is_op_itself(fn: Any, qualname: str) -> bool:
+    return isinstance(fn, torch._ops.OpOverload) and fn._schema.name == qualname
+
+
+# Note [Rules for a mode: the user's serve]
+# opreg gives some ops a rule of its own for a mode (FakeTensorMode for calls without a tensor,
+# FunctionalTensorMode to decompose a Triton function under compile); torch keeps one rule per op
+# and mode. A rule the user registers (torch.library.register_torch_dispatch, a custom_op's
+# method) serves in its place: opreg's is dropped for it, and a definition made while the
+# user's is in place does not add opreg's. Adding opreg's rule after the op was defined would
+# fail with the definition already made, which a definition must never do.
+_own_rules: dict[tuple[str, Any], tuple[torch.library.Library, Any]] = {}
+
+
 def register_torch_dispatch(
     library: torch.library.Library, qualname: str, torch_dispatch_class: Any, fn: Callable
 ) -> None:
-    """opreg's own rule of an op for a Tensor subclass or mode, past its entry in torch's table."""
-    library._register_torch_dispatch_rule(qualname.split("::")[1], torch_dispatch_class, fn)
+    """opreg's own rule of an op for a Tensor subclass or mode, past its entry in torch's table;
+    none where the user's rule for it is in place (Note [Rules for a mode: the user's serve])."""
+    with _lock:
+        rules = simple_registry.singleton.find(qualname).torch_dispatch_rules
+        if rules.find(torch_dispatch_class) is not None:
+            return
+        library._register_torch_dispatch_rule(qualname.split("::")[1], torch_dispatch_class, fn)
+        _own_rules[(qualname, torch_dispatch_class)] = (library, library._registration_handles[-1])
+
+
+def register_user_rule(
+    library: torch.library.Library, qualname: str, torch_dispatch_class: Any, fn: Callable
+) -> None:
+    """The user's rule of an op for a Tensor subclass or mode, in place of opreg's own."""
+    with _lock:
+        own = _own_rules.pop((qualname, torch_dispatch_class), None)
+        if own is not None and any(handle is own[1] for handle in own[0]._registration_handles):
+            own[0]._registration_handles.remove(own[1])
+            own[1].destroy()
+        library._register_torch_dispatch_rule(qualname.split("::")[1], torch_dispatch_class, fn)

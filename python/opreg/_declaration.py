@@ -467,14 +467,20 @@ _ENUM_CLASSES = {
 }
 
 
-# Note [Calls without a tensor under FakeTensorMode]
-# FakeTensorMode takes an op called without a tensor for a factory (torch.empty): it calls the op
-# with device='meta', which its schema lacks, or (for a Tensor? given None, an empty Tensor[]) finds
-# no device for its outputs. Such a call's fallback makes its outputs itself, on the device the op
-# puts them on, and run under the mode it makes fake tensors: so a call without a tensor runs the
-# fallback under FakeTensorMode, through a rule of the op for the mode (calls with tensors take
-# the mode's usual path). Ops with a fake given from Python keep it. Every op whose schema has no
-# plain Tensor argument gets the rule: from define() for ops defined from Python, and from
+# Note [An op's rule for FakeTensorMode]
+# Three things FakeTensorMode does not do right for an op whose fake is its fallback run on meta
+# tensors (or that may be called without a tensor), which a rule of the op for the mode does:
+# - A call without a tensor: FakeTensorMode takes the op for a factory (torch.empty) and calls it
+#   with device='meta', which its schema lacks, or (for a Tensor? given None, an empty Tensor[])
+#   finds no device for its outputs. The fallback makes such a call's outputs itself, on the
+#   device the op puts them on, and run under the mode it makes fake tensors: so the rule runs it.
+# - A fallback that fails on meta tensors: FakeTensorMode replaces opreg's NotImplementedError,
+#   which says why, with an UnsupportedOperatorException naming only the op (torch.compile then
+#   runs the op outside the graph, which must stay so); the rule gives that exception the reason.
+# - A Device output: the fallback on meta tensors gives 'meta'; the rule gives the device of the
+#   fake tensors, as the fallback on the real ones would.
+# Calls with tensors otherwise take the mode's usual path. Ops with a fake given from Python keep
+# it; the rule is given from define() for ops defined from Python, and from
 # follow_cpp_definitions() for ops defined in C++ (libraries loaded by opreg.load_library, and a
 # definition a rule finds made from C++ behind Python's back).
 
@@ -488,15 +494,44 @@ def _may_run_without_tensors(schema: str) -> bool:
     return not any(isinstance(argument.type, torch.TensorType) for argument in arguments)
 
 
-def _fallback_without_tensors(qualname: str, serial: int, returns: int) -> Callable[..., Any]:
-    """FakeTensorMode's rule of an op (Note [Calls without a tensor under FakeTensorMode])."""
+def _fake_mode_rule_of(qualname: str, serial: int) -> Callable[..., Any]:
+    """FakeTensorMode's rule of an op (Note [An op's rule for FakeTensorMode])."""
+    from torch._subclasses.fake_tensor import UnsupportedOperatorException
+
+    returns = op_overload(qualname)._schema.returns
+    device_returns = [
+        index for index, r in enumerate(returns) if isinstance(r.real_type, torch.DeviceObjType)
+    ]
+
+    def with_tensors(mode: Any, op: Any, types: Any, args: Any, kwargs: Any, device: Any) -> Any:
+        try:
+            result = mode.__torch_dispatch__(op, types, args, kwargs)
+        except UnsupportedOperatorException as error:
+            reason = error.__cause__ or error.__context__
+            if not isinstance(reason, NotImplementedError) or qualname not in str(reason):
+                raise
+            clearer = UnsupportedOperatorException(error.func)
+            said = str(reason).split("\n\nAt:\n")[0]  # not the Python stack of the fallback's error
+            clearer.args = (f"{error.func}: {said}",)
+            raise clearer from reason
+        if not device_returns or device.type == "meta":
+            return result
+        values = list(result) if len(returns) > 1 else [result]
+        for index in device_returns:
+            if isinstance(values[index], torch.device) and values[index].type == "meta":
+                values[index] = device
+        return tuple(values) if len(returns) > 1 else values[0]
 
     def rule(mode: Any, op: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not still_current(qualname, serial):  # defined again from C++: its rule now, if any
             with mode:
                 return op(*args, **kwargs)
-        if any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves((args, kwargs))):
-            return mode.__torch_dispatch__(op, types, args, kwargs)
+        first = next(
+            (leaf for leaf in pytree.tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)),
+            None,
+        )
+        if first is not None:
+            return with_tensors(mode, op, types, args, kwargs, first.device)
         try:
             with mode:
                 outputs = _C.call_fallback(qualname, list(args), dict(kwargs))
@@ -505,7 +540,8 @@ def _fallback_without_tensors(qualname: str, serial: int, returns: int) -> Calla
             if note not in getattr(error, "__notes__", []):
                 error.add_note(note)
             raise
-        return None if returns == 0 else outputs[0] if returns == 1 else tuple(outputs)
+        count = len(returns)
+        return None if count == 0 else outputs[0] if count == 1 else tuple(outputs)
 
     return rule
 
@@ -513,9 +549,8 @@ def _fallback_without_tensors(qualname: str, serial: int, returns: int) -> Calla
 def _fake_mode_rule(qualname: str, serial: int, library: torch.library.Library) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    returns = len(op_overload(qualname)._schema.returns)
     _torch_library.register_torch_dispatch(
-        library, qualname, FakeTensorMode, _fallback_without_tensors(qualname, serial, returns)
+        library, qualname, FakeTensorMode, _fake_mode_rule_of(qualname, serial)
     )
 
 
@@ -544,7 +579,9 @@ def follow_cpp_definitions(names: Sequence[str]) -> None:
             continue
         _torch_library.claim(qualname)
         report = _C.describe_op(qualname)
-        if report.fake == _C.FakeSource.PYTHON or not _may_run_without_tensors(report.schema):
+        if report.fake == _C.FakeSource.PYTHON or (
+            report.fake == _C.FakeSource.EXPLICIT and not _may_run_without_tensors(report.schema)
+        ):
             continue
         library = torch.library.Library(qualname.split("::")[0], "FRAGMENT")
         _fake_mode_rule(qualname, serial, library)
@@ -699,7 +736,7 @@ def _define(declarations: Sequence[OpDeclaration]) -> list[torch._ops.OpOverload
         library = torch.library.Library(qualname.split("::")[0], "FRAGMENT")
         if declaration.fake is not None:
             _torch_library.register_fake(library, qualname, _checked_fake(declaration, serial))
-        elif _may_run_without_tensors(declaration.schema):
+        else:  # Note [An op's rule for FakeTensorMode]
             _fake_mode_rule(qualname, serial, library)
 
         if declaration.decompose_with is not None:

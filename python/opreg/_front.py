@@ -57,13 +57,8 @@ def _qualified_name(name: str | None, fn: Callable[..., Any]) -> str:
 
 def _schema(qualname: str, fn: Callable[..., Any], schema: str | None, mutates_args: Any) -> str:
     inferred = schema is None
-    if mutates_args != "unknown" and (
-        isinstance(mutates_args, str) or not isinstance(mutates_args, Iterable)
-    ):  # torch's inference would say only "'int' object is not iterable"
-        raise TypeError(
-            f"opreg: op '{qualname}': mutates_args must be a sequence of argument names or "
-            f"'unknown', got {mutates_args!r}"
-        )
+    # torch's inference would say only "'int' object is not iterable"
+    _check_mutates_args_type(f"opreg: op '{qualname}'", mutates_args)
     if schema is None:
         if not (inspect.isfunction(fn) or inspect.ismethod(fn)):
             raise ValueError(
@@ -83,6 +78,16 @@ def _schema(qualname: str, fn: Callable[..., Any], schema: str | None, mutates_a
     if not inferred:
         _check_mutates_args(qualname, qualname + schema.strip(), mutates_args)
     return qualname + schema.strip()
+
+
+def _check_mutates_args_type(where: str, mutates_args: Any) -> None:
+    if isinstance(mutates_args, str) and mutates_args == "unknown":
+        return
+    if isinstance(mutates_args, str) or not isinstance(mutates_args, Iterable):
+        raise TypeError(
+            f"{where}: mutates_args must be a sequence of argument names or 'unknown', "
+            f"got {mutates_args!r}"
+        )
 
 
 def _check_mutates_args(qualname: str, full_schema: str, mutates_args: Any) -> None:
@@ -208,14 +213,7 @@ def _check_options(qualname: str, options: Mapping[str, Any]) -> None:
             "vmap_fn's outputs have their batch, so it would never be used: give vmap_fn too, "
             "or leave it out"
         )
-    mutates = options["mutates_args"]
-    if mutates != "unknown" and (
-        isinstance(mutates, str) or not isinstance(mutates, (tuple, list, set, frozenset))
-    ):
-        raise TypeError(
-            f"{where}: mutates_args must be a sequence of argument names or 'unknown', "
-            f"got {mutates!r}"
-        )
+    _check_mutates_args_type(where, options["mutates_args"])
     aot = options["aot"]
     if aot is not None and not isinstance(aot, AotLaunch):
         raise TypeError(f"{where}: aot must be an opreg.AotLaunch, got {type(aot).__name__}")

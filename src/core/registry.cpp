@@ -99,6 +99,8 @@ struct Definition {
   // Arguments other than Tensor: a boxed call's hand-made stack may hold another kind there, which
   // the pieces' unboxing would meet with an internal assert, or an enum beyond its values.
   std::vector<std::pair<size_t, const c10::Type*>> checked_values;
+  // Lists of a declared length (int[2]): PyTorch's unboxing passes any length on.
+  std::vector<std::pair<size_t, size_t>> fixed_lengths;
   std::vector<size_t> optional_tensors;  // Tensor? arguments: an undefined tensor there is None
   // Tensor[]? arguments: PyTorch's dispatcher computes a call's keys from every other kind of
   // tensor argument, but not from these (see Note [Tensors only in a Tensor[]?]).
@@ -111,6 +113,7 @@ struct Definition {
   std::vector<std::vector<size_t>> return_alias_arguments;
   // ScalarType, Layout and MemoryFormat outputs: integers on the stack, with their count of values.
   std::vector<std::pair<size_t, int64_t>> enum_returns;
+  std::vector<size_t> string_returns;  // str and str?: Python reads them as UTF-8
   c10::KernelFunction fallback;
   // The fallback behind the checks of a call, for kernels that decline and for the autograd and
   // vmap kernels, which call it directly rather than through the dispatcher.
@@ -325,6 +328,16 @@ void split_name(const std::string& qualified, const std::string& what, std::stri
                     "' belongs to PyTorch; define ops in a namespace of your own");
 }
 
+// The number of elements of a list value; none for other values.
+std::optional<size_t> list_length(const c10::IValue& value) {
+  if (value.isIntList()) return value.toIntList().size();
+  if (value.isDoubleList()) return value.toDoubleList().size();
+  if (value.isBoolList()) return value.toBoolList().size();
+  if (value.isTensorList()) return value.toTensorList().size();
+  if (value.isList()) return value.toListRef().size();
+  return std::nullopt;
+}
+
 // PyTorch's schema parser reads an int default such as 0x10 as 0, silently: refuse prefixed
 // literals (0x, 0o, 0b) where a default value starts.
 void check_decimal_defaults(const std::string& qualified, const std::string& text) {
@@ -425,6 +438,12 @@ c10::FunctionSchema parse_schema(const OpBuilder::State& spec) {
                         "' has the default ", shown.str(), " (a ", default_value->type()->str(),
                         "), expected a ", argument.real_type()->str(), " (schema '", text, "')");
     }
+    // PyTorch's parser takes a list default of any length for an int[N].
+    const auto length = list_length(default_value ? *default_value : c10::IValue());
+    TORCH_CHECK_VALUE(!argument.N() || !length || *length == static_cast<size_t>(*argument.N()),
+                      "opreg: op '", qualified, "': argument '", argument.name(),
+                      "' has a default of ", length.value_or(0), " elements, expected ",
+                      argument.N().value_or(0), " (schema '", text, "')");
     // PyTorch's parser takes any int for a ScalarType, Layout or MemoryFormat default.
     const auto values = enum_values(*argument.real_type());
     if (values && default_value && default_value->isInt()) {
@@ -797,11 +816,15 @@ std::shared_ptr<Definition> build(OpBuilder::State spec,
     if (argument.type()->isSubtypeOf(*c10::OptionalType::create(c10::ListType::ofTensors()))) {
       definition->optional_tensor_lists.push_back(i);
     }
+    if (argument.N()) definition->fixed_lengths.emplace_back(i, *argument.N());
   }
   for (size_t i = 0; i < op.schema.returns().size(); ++i) {
     const auto& ret = op.schema.returns()[i];
     if (auto values = enum_values(*ret.real_type()))
       definition->enum_returns.emplace_back(i, *values);
+    if (ret.type()->isSubtypeOf(*c10::OptionalType::create(c10::StringType::get()))) {
+      definition->string_returns.push_back(i);
+    }
     if (ret.type()->kind() == c10::TypeKind::TensorType) {
       definition->plain_tensor_returns.push_back(i);
     } else if (ret.type()->isSubtypeOf(*c10::OptionalType::ofTensor()) ||
@@ -1004,6 +1027,12 @@ void check_arguments(const Definition& definition, const torch::jit::Stack& stac
                      "' must be ", type->str(), ", got ",
                      value.isList() ? value.type()->str() : value.tagKind(), " (schema '",
                      definition.schema_text(), "')");
+  }
+  for (const auto& [index, expected] : definition.fixed_lengths) {
+    const auto length = list_length(first[index]);
+    TORCH_CHECK_VALUE(!length || *length == expected, definition.name(), ": argument '",
+                      arguments[index].name(), "' has ", length.value_or(0), " elements, expected ",
+                      expected, " (schema '", definition.schema_text(), "')");
   }
 }
 
@@ -1355,6 +1384,15 @@ void check_outputs(const Definition& definition, const torch::jit::Stack& stack,
                       " returned ", value.toInt(), " for output ", index, ", which is no ",
                       enum_name(*definition.schema().returns()[index].real_type()),
                       " (expected 0 to ", values - 1, "; schema '", definition.schema_text(), "')");
+  }
+  for (size_t index : definition.string_returns) {
+    const auto& value = stack[base + index];
+    if (!value.isString()) continue;  // None of an optional one
+    const auto text = value.toStringView();
+    TORCH_CHECK_VALUE(detail::valid_utf8(text) == text, definition.name(), ": ", impl,
+                      " returned a str for output ", index, " that is not UTF-8 ('",
+                      detail::valid_utf8(text), "'), which Python cannot read (schema '",
+                      definition.schema_text(), "')");
   }
   if (definition.plain_tensor_returns.size() + definition.other_tensor_returns.size() > 1 ||
       !definition.other_tensor_returns.empty()) {  // more than one tensor can come back
@@ -2276,6 +2314,25 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
     TORCH_CHECK_VALUE(built.emplace(definition->name(), definition.get()).second,
                       definition->name(), ": defined twice in one definition");
     definitions.push_back(std::move(definition));
+  }
+  // A part of its own part could be undefined by neither: refuse a part_of chain that comes back.
+  for (const auto& [name, definition] : built) {
+    std::vector<std::string> chain{name};
+    for (auto owner = definition->spec.part_of; owner;) {
+      const bool cycle = std::find(chain.begin(), chain.end(), *owner) != chain.end();
+      chain.push_back(*owner);
+      TORCH_CHECK_VALUE(!cycle, name, ": part_of('", *definition->spec.part_of,
+                        "') makes a cycle (", c10::Join(" is part of ", chain),
+                        "): an op cannot be part of one of its own parts");
+      if (auto together = built.find(*owner); together != built.end()) {
+        owner = together->second->spec.part_of;
+      } else if (auto found = reg.ops.find(*owner); found != reg.ops.end()) {
+        const auto current = found->second->load();
+        owner = current ? current->spec.part_of : std::nullopt;
+      } else {
+        owner = std::nullopt;
+      }
+    }
   }
   for (auto& [name, definition] : built) {
     if (!definition->spec.part_of) continue;

@@ -244,3 +244,82 @@ TEST(Errors, DescribingAnUnknownOp) {
 }
 
 }  // namespace
+
+// Sweep 28 B-F2: the length of an int[N] was checked neither in a default nor in a call, so a
+// fallback that trusts the schema read past the end of a shorter list.
+TEST(Errors, AListOfADeclaredLengthIsCheckedInItsDefaultAndInACall) {
+  auto first = [](const at::Tensor& x, c10::IntArrayRef k) { return x + k[0] + k[1]; };
+  EXPECT_EQ(error_of([&] {
+              opreg::op("opreg_err::long_default(Tensor x, int[2] k=[1,2,3]) -> Tensor")
+                  .fallback(first)
+                  .define();
+            }),
+            "opreg: op 'opreg_err::long_default': argument 'k' has a default of 3 elements, "
+            "expected 2 (schema 'opreg_err::long_default(Tensor x, int[2] k=[1,2,3]) -> Tensor')");
+  EXPECT_FALSE(opreg::is_defined("opreg_err::long_default"));
+  opreg::op("opreg_err::pair(Tensor x, int[2] k=1) -> Tensor").fallback(first).define();
+  auto call = [](std::vector<int64_t> k) {
+    return opreg_test::call_boxed("opreg_err::pair", {at::zeros({1}), c10::IValue(k)});
+  };
+  EXPECT_EQ(call({2, 3})[0].toTensor().item<float>(), 5.0F);
+  for (const std::vector<int64_t>& k : {std::vector<int64_t>{}, std::vector<int64_t>{9, 8, 7}}) {
+    EXPECT_EQ(error_of([&] { call(k); }),
+              "opreg_err::pair: argument 'k' has " + std::to_string(k.size()) +
+                  " elements, expected 2 (schema 'opreg_err::pair(Tensor x, int[2] k=1) -> "
+                  "Tensor')");
+  }
+}
+
+// Sweep 28 B-F5: two ops each part of the other were defined; each undefine then named the other.
+TEST(Errors, APartOfItsOwnPartIsRefused) {
+  auto part = [](const std::string& name, const std::string& owner) {
+    opreg::OpBuilder builder(name + "(Tensor x) -> Tensor");
+    builder.fallback(
+        opreg::detail::typed_kernel(std::function<at::Tensor(const at::Tensor&)>(identity)));
+    builder.part_of(owner);
+    return builder;
+  };
+  std::vector<opreg::OpBuilder> builders;
+  builders.push_back(part("opreg_err::cycle_a", "opreg_err::cycle_b"));
+  builders.push_back(part("opreg_err::cycle_b", "opreg_err::cycle_a"));
+  EXPECT_EQ(error_of([&] { opreg::define_all(std::move(builders)); }),
+            "opreg_err::cycle_a: part_of('opreg_err::cycle_b') makes a cycle (opreg_err::cycle_a "
+            "is part of opreg_err::cycle_b is part of opreg_err::cycle_a): an op cannot be part of "
+            "one of its own parts");
+  EXPECT_FALSE(opreg::is_defined("opreg_err::cycle_a"));
+  EXPECT_FALSE(opreg::is_defined("opreg_err::cycle_b"));
+  // Through a defined op: its part, defined again as its owner.
+  opreg::op("opreg_err::owner(Tensor x) -> Tensor").fallback(identity).define();
+  opreg::op("opreg_err::part(Tensor x) -> Tensor")
+      .fallback(identity)
+      .part_of("opreg_err::owner")
+      .define();
+  EXPECT_CONTAINS(error_of([&] {
+                    opreg::op("opreg_err::owner(Tensor x) -> Tensor")
+                        .fallback(identity)
+                        .part_of("opreg_err::part")
+                        .replace()
+                        .define();
+                  }),
+                  "makes a cycle (opreg_err::owner is part of opreg_err::part is part of "
+                  "opreg_err::owner)");
+  opreg::undefine("opreg_err::owner");
+  EXPECT_FALSE(opreg::is_defined("opreg_err::part"));
+}
+
+// Sweep 28 B-F6: a str output that is not UTF-8 reached Python, which failed to decode it without
+// naming the op.
+TEST(Errors, AStrOutputThatIsNotUtf8IsRefused) {
+  auto op = opreg::op("opreg_err::bytes(Tensor x) -> str")
+                .fallback([](const at::Tensor& x) -> std::string {
+                  return x.numel() == 1 ? "caf\xc3\xa9"
+                                        : "a\xff\xfe"
+                                          "b";
+                })
+                .define();
+  EXPECT_EQ(op(at::ones({1})), "caf\xc3\xa9");
+  EXPECT_EQ(error_of([&] { op(at::ones({2})); }),
+            "opreg_err::bytes: the fallback returned a str for output 0 that is not UTF-8 "
+            "('a\\xff\\xfeb'), which Python cannot read (schema 'opreg_err::bytes(Tensor x) -> "
+            "str')");
+}

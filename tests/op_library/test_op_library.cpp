@@ -183,7 +183,7 @@ const auto bad_vmap_rule =
         })
         .define();
 
-// Ops a call may give no tensor (Note [Calls without a tensor under FakeTensorMode]).
+// Ops a call may give no tensor (Note [An op's rule for FakeTensorMode]).
 const auto arange_cpp = opreg::op("opreg_test::arange(int n) -> Tensor")
                             .fallback([](int64_t n) { return at::arange(n, at::kFloat); })
                             .define();

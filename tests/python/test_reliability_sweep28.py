@@ -10,6 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import opreg
 from conftest import TEST_OPS_LIBRARY
+from opreg._registry import _C
 
 
 def _arange(n: int) -> torch.Tensor:
@@ -231,3 +232,57 @@ def test_a_cpp_thread_replacing_an_op_while_compiled_code_runs_leaves_it_running
     )
     assert_survived(result)
     assert "calls:" in result.stdout
+
+
+# ---- B-F2, B-F3, B-F9: what a call and FakeTensorMode check and say -----------------------------
+
+
+def test_a_list_of_a_declared_length_is_checked_in_a_call():
+    @opreg.custom_op("sweep28::pair", mutates_args=(), schema="(Tensor x, int[2] k=1) -> Tensor")
+    def pair(x, k):
+        return x + k[0] + k[1]
+
+    assert pair(torch.zeros(1), [2, 3]).tolist() == [5.0]
+    assert pair(torch.zeros(1), 4).tolist() == [8.0]  # one int stands for both, as in PyTorch
+    for k in ([], [9, 8, 7]):
+        with pytest.raises(ValueError, match=rf"sweep28::pair: argument 'k' has {len(k)} elements"):
+            pair(torch.zeros(1), k)
+    with pytest.raises(ValueError, match=r"argument 'k' has a default of 3 elements, expected 2"):
+        opreg.custom_op(
+            "sweep28::long_default",
+            mutates_args=(),
+            schema="(Tensor x, int[2] k=[1,2,3]) -> Tensor",
+        )(lambda x, k: x)
+    assert not _C.is_defined("sweep28::long_default")
+
+
+def test_a_device_output_under_fake_tensor_mode_is_the_inputs_device():
+    # The fallback run on meta tensors as the op's fake gave 'meta' for a Device output.
+    @opreg.custom_op("sweep28::where", mutates_args=(), schema="(Tensor x) -> (Tensor, Device)")
+    def where(x):
+        return x.clone(), x.device
+
+    with FakeTensorMode() as mode:
+        out, device = where(mode.from_tensor(torch.ones(3)))
+    assert device == torch.device("cpu") and out.device == torch.device("cpu")
+    assert where(torch.ones(1, device="meta"))[1] == torch.device("meta")
+
+
+def test_fake_tensor_mode_says_why_a_fallback_serves_as_no_fake():
+    # FakeTensorMode replaced opreg's reason with an exception naming only the op; its type stays,
+    # since torch.compile runs the op outside the graph on it.
+    from torch._subclasses.fake_tensor import UnsupportedOperatorException
+
+    with FakeTensorMode(), pytest.raises(UnsupportedOperatorException) as caught:
+        torch.ops.opreg.fused_add(torch.empty(2), torch.empty(3))
+    assert caught.value.func is torch.ops.opreg.fused_add.default
+    message = str(caught.value)
+    assert "opreg::fused_add: has no fake" in message and "broadcast" in message, message
+    assert "At:" not in message
+
+    @opreg.custom_op("sweep28::reads_data", mutates_args=())
+    def reads_data(x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(x.numpy() * 2)
+
+    compiled = torch.compile(lambda x: reads_data(x) + 1, backend="eager")
+    assert compiled(torch.ones(2)).tolist() == [3.0, 3.0]

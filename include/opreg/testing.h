@@ -1,8 +1,9 @@
 // include/opreg/testing.h: checks that an opreg op keeps its promises, from C++ (usable in
 // GoogleTest): on each sample, every kernel against the fallback (equal when the op declares
-// bitwise, else within the tolerance of the output's dtype) and the fake against real outputs
-// (shapes, dtypes, strides). The Python opreg.opcheck adds torch.library.opcheck, gradients,
-// vmap and compile, and applies the same tolerance (docs/opcheck.md).
+// bitwise, else within the tolerance of the output's dtype; shapes and dtypes alone when it
+// declares random, as two runs draw other numbers) and the fake against real outputs (shapes,
+// dtypes, strides). The Python opreg.opcheck adds torch.library.opcheck, gradients, vmap and
+// compile, and applies the same tolerance (docs/opcheck.md).
 #pragma once
 
 #include <string>

@@ -30,13 +30,16 @@
 #include <glob.h>
 #include <link.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -133,6 +136,106 @@ std::map<FileId, std::string>& failed_files() {
 std::map<FileId, std::vector<std::string>>& defined_by_file() {
   static auto* defined = new std::map<FileId, std::vector<std::string>>();  // leaked: as above
   return *defined;
+}
+
+// Note [A library rebuilt under a loaded path]
+// dlopen compares the path it is given with the names of the libraries it mapped before it looks
+// at any file: a library loaded from a path, rebuilt there (a new file, or the old one written
+// again) and loaded again gets the old mapped library back, whose initializers do not run, so none
+// of the new file's ops would be defined while the load reported success. Each load records the
+// file it mapped a library from (device, inode, size, modification time), and a later load that
+// dlopen would answer with that library refuses when the file at its path is no longer that one.
+// A library that other code mapped (a plain dlopen, torch.ops.load_library, a library another
+// needs) has no record: its file is known to be another only when the file mapped was deleted.
+struct FileStamp {
+  dev_t device = 0;
+  ino_t inode = 0;
+  off_t size = 0;
+  timespec modified{};
+  bool operator==(const FileStamp& other) const {
+    return device == other.device && inode == other.inode && size == other.size &&
+           modified.tv_sec == other.modified.tv_sec && modified.tv_nsec == other.modified.tv_nsec;
+  }
+};
+
+// The file each library that load_library mapped was mapped from, by dlopen handle (under
+// g_failed_mutex).
+std::map<void*, FileStamp>& mapped_stamps() {
+  static auto* stamps = new std::map<void*, FileStamp>();  // leaked: read until exit
+  return *stamps;
+}
+
+std::optional<FileStamp> stamp_of(const std::string& path) {
+  struct stat status{};
+  if (stat(path.c_str(), &status) != 0) return std::nullopt;
+  return FileStamp{status.st_dev, status.st_ino, status.st_size, status.st_mtim};
+}
+
+std::string describe_stamp(const FileStamp& stamp) {
+  std::tm utc{};
+  char when[32] = "?";
+  if (gmtime_r(&stamp.modified.tv_sec, &utc) != nullptr) {
+    std::strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &utc);
+  }
+  char nanoseconds[16];
+  std::snprintf(nanoseconds, sizeof(nanoseconds), ".%09ld",
+                static_cast<long>(stamp.modified.tv_nsec));
+  std::ostringstream text;
+  text << "device " << major(stamp.device) << ":" << minor(stamp.device) << ", inode "
+       << stamp.inode << ", " << stamp.size << " bytes, modified " << when << nanoseconds << " UTC";
+  return text.str();
+}
+
+// Whether the file that the library `map` was mapped from was deleted since (its mappings read
+// "(deleted)" in /proc/self/maps).
+bool mapped_file_deleted(const link_map* map) {
+  std::ifstream maps("/proc/self/maps");
+  const auto address = reinterpret_cast<uintptr_t>(map->l_ld);
+  for (std::string line; std::getline(maps, line);) {
+    uintptr_t start = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx", &start, &end) != 2) continue;
+    if (address < start || address >= end) continue;
+    const std::string deleted = " (deleted)";
+    return line.size() > deleted.size() &&
+           line.compare(line.size() - deleted.size(), deleted.size(), deleted) == 0;
+  }
+  return false;
+}
+
+// Before the load of `file` (`path` as given): whether dlopen would hand back a library mapped
+// already, and then that the file at the path is the one it was mapped from (Note [A library
+// rebuilt under a loaded path]). `stamp`: the file's stamp now.
+bool check_not_rebuilt(const std::string& path, const std::string& file,
+                       std::optional<FileStamp>* stamp) {
+  *stamp = stamp_of(file);
+  void* mapped = dlopen(file.c_str(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+  if (mapped == nullptr) return false;
+  std::optional<FileStamp> then;
+  {
+    std::lock_guard<std::mutex> lock(g_failed_mutex);
+    const auto found = mapped_stamps().find(mapped);
+    if (found != mapped_stamps().end()) then = found->second;
+  }
+  bool deleted = false;
+  if (!then) {
+    link_map* map = nullptr;
+    deleted = dlinfo(mapped, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr &&
+              map->l_name != nullptr && file == map->l_name && mapped_file_deleted(map);
+  }
+  dlclose(mapped);
+  const bool other_file = deleted || (then && *stamp && !(*then == **stamp));
+  if (!other_file) return true;
+  TORCH_CHECK_VALUE(
+      false, "opreg::load_library: cannot load '", detail::valid_utf8(path),
+      "': a library was loaded from that path earlier in this process, from another file than "
+      "the one there now (",
+      then ? "loaded: " + describe_stamp(*then) + "; now: " + describe_stamp(**stamp)
+           : std::string("the file loaded was deleted since"),
+      "). The dynamic loader hands back the library it mapped for a path it loaded before, so "
+      "the new file's static initializers would not run and none of its ops would be defined: a "
+      "process cannot load a rebuilt library under the same path again; load it from another "
+      "path (a copy of it), or restart the process");
+  return true;
 }
 
 std::optional<FileId> file_id(const char* path) {
@@ -559,6 +662,8 @@ void load_once(const std::string& path) {
   TORCH_CHECK_VALUE(truncated.empty(), "opreg::load_library: cannot load '",
                     detail::valid_utf8(file), "': the file is a truncated shared library (",
                     truncated, ")");
+  std::optional<FileStamp> stamp;
+  const bool mapped_before = !mapped_already && check_not_rebuilt(path, file, &stamp);
   LoadContext context(path, t_load);
   const bool outermost = context.outer == nullptr;
   // Inside another load this thread holds the dynamic loader's lock, so nothing loads meanwhile.
@@ -584,6 +689,11 @@ void load_once(const std::string& path) {
     const char* why = dlerror();
     TORCH_CHECK(false, "opreg::load_library: cannot load '", detail::valid_utf8(path),
                 "': ", detail::valid_utf8(why != nullptr ? why : "unknown error"));
+  }
+  // The file it was mapped from, unless it changed while dlopen read it (then it is not known).
+  if (!mapped_already && !mapped_before && stamp && stamp_of(file) == stamp) {
+    std::lock_guard<std::mutex> lock(g_failed_mutex);
+    mapped_stamps().emplace(handle, *stamp);
   }
   if (context.failures.empty() && outermost) {
     size_t committed = 0;

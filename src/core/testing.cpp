@@ -85,8 +85,15 @@ bool same_zero_signs(const at::Tensor& a, const at::Tensor& b) {
   return at::equal(real_a.signbit().logical_and(numbers), real_b.signbit().logical_and(numbers));
 }
 
+// How two runs' values are compared: a random op's two runs draw other numbers, so only their
+// metadata (shapes and dtypes) can be, as opreg.opcheck does (python/opreg/_opcheck.py).
+struct Comparison {
+  bool bitwise = false;
+  bool random = false;
+};
+
 std::string compare_tensors(const std::string& what, const at::Tensor& a, const at::Tensor& b,
-                            bool bitwise, double* max_error) {
+                            Comparison how, double* max_error) {
   std::ostringstream why;
   if (!a.defined() || !b.defined()) {
     if (a.defined() == b.defined()) return "";
@@ -99,7 +106,8 @@ std::string compare_tensors(const std::string& what, const at::Tensor& a, const 
         << b.sizes();
     return why.str();
   }
-  if (a.numel() == 0) return "";
+  if (a.numel() == 0 || how.random) return "";
+  const bool bitwise = how.bitwise;
   const auto allowed = bitwise ? Tolerance{} : tolerance(a.scalar_type());
   const bool is_bool = a.scalar_type() == at::kBool;
   const auto a_values = is_bool ? a.to(at::kByte) : a;
@@ -138,9 +146,10 @@ std::string compare_tensors(const std::string& what, const at::Tensor& a, const 
 // value ("output 0", "output 1[2]", "argument 'x', which the op writes"); lists are compared
 // element by element, with the tolerance of each tensor's dtype.
 std::string compare_values(const std::string& what, const c10::IValue& got, const c10::IValue& want,
-                           bool bitwise, double* max_error) {
+                           Comparison how, double* max_error) {
+  const bool bitwise = how.bitwise;
   if (got.isTensor() && want.isTensor()) {
-    return compare_tensors(what, got.toTensor(), want.toTensor(), bitwise, max_error);
+    return compare_tensors(what, got.toTensor(), want.toTensor(), how, max_error);
   }
   if (got.isList() && want.isList()) {
     const auto a = got.toListRef();
@@ -150,8 +159,7 @@ std::string compare_values(const std::string& what, const c10::IValue& got, cons
              std::to_string(b.size());
     }
     for (size_t j = 0; j < a.size(); ++j) {
-      auto why =
-          compare_values(what + "[" + std::to_string(j) + "]", a[j], b[j], bitwise, max_error);
+      auto why = compare_values(what + "[" + std::to_string(j) + "]", a[j], b[j], how, max_error);
       if (!why.empty()) return why;
     }
     return "";
@@ -260,13 +268,13 @@ bool check_sample(const std::string& op, const std::vector<c10::IValue>& sample,
   handle.callBoxed(&stack);
   const auto fallback_args = clone_tensors(sample);
   const auto fallback = call_fallback(op, fallback_args);
-  const bool bitwise = report.flags.bitwise;
+  const Comparison how{report.flags.bitwise, report.flags.random};
   if (stack.size() != fallback.size()) {
     kernel.message = "the kernel gave " + std::to_string(stack.size()) + " outputs, the fallback " +
                      std::to_string(fallback.size());
   }
   for (size_t i = 0; kernel.message.empty() && i < stack.size(); ++i) {
-    kernel.message = compare_values("output " + std::to_string(i), stack[i], fallback[i], bitwise,
+    kernel.message = compare_values("output " + std::to_string(i), stack[i], fallback[i], how,
                                     &kernel.max_error);
   }
   // What the op writes is its result as much as what it returns (an in-place kernel that writes
@@ -275,7 +283,7 @@ bool check_sample(const std::string& op, const std::vector<c10::IValue>& sample,
     const auto* alias = arguments[i].alias_info();
     if (alias == nullptr || !alias->isWrite()) continue;
     kernel.message = compare_values("argument '" + arguments[i].name() + "', which the op writes,",
-                                    kernel_args[i], fallback_args[i], bitwise, &kernel.max_error);
+                                    kernel_args[i], fallback_args[i], how, &kernel.max_error);
   }
   kernel.passed = kernel.message.empty();
 

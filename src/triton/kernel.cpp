@@ -307,6 +307,8 @@ class ManifestReader {
 constexpr int64_t kMaxWarps = 32;  // 1024 threads per block
 constexpr int64_t kMaxCtas = 16;   // the largest (non-portable) cluster
 constexpr int64_t kMaxInt32 = INT32_MAX;
+constexpr int64_t kMaxStages = 16;      // python/opreg/aot/compile.py MAX_STAGES
+constexpr int64_t kMaxRegisters = 255;  // per thread (compile.py MAX_REGISTERS)
 
 template <class ReadFile>
 std::unique_ptr<KernelImpl> parse_fields(const nlohmann::json& manifest, ManifestReader& in,
@@ -488,6 +490,30 @@ std::unique_ptr<KernelImpl> parse_fields(const nlohmann::json& manifest, Manifes
                       ManifestReader::shown(config_json));
     in.only_fields(config_json, {"num_warps", "num_stages", "num_ctas", "maxnreg"},
                    " in field 'config'", "a config has num_warps, num_stages, num_ctas, maxnreg");
+    // The values python3 -m opreg.aot takes in a spec's configs (python/opreg/aot/compile.py
+    // check_kernel_spec): the config describes the binary in reports and tells variants apart.
+    struct ConfigLimit {
+      const char* key;
+      const char* expected;
+      int64_t high;
+    };
+    for (const auto& limit :
+         std::array<ConfigLimit, 4>{{{"num_warps", "a power of two", kMaxWarps},
+                                     {"num_stages", "a pipeline depth", kMaxStages},
+                                     {"num_ctas", "a CTA count", kMaxCtas},
+                                     {"maxnreg", "a register count", kMaxRegisters}}}) {
+      if (!config_json.contains(limit.key)) continue;
+      const nlohmann::json& value = config_json.at(limit.key);
+      const bool fits =
+          value.is_number_integer() &&
+          !(value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX));
+      const int64_t number = fits ? value.get<int64_t>() : 0;
+      const bool power = std::strcmp(limit.key, "num_warps") != 0 || (number & (number - 1)) == 0;
+      TORCH_CHECK_VALUE(fits && number >= 1 && number <= limit.high && power, in.context(),
+                        ": field 'config' entry '", limit.key, "' must be ", limit.expected,
+                        " from 1 to ", limit.high, " (an integer), got ",
+                        ManifestReader::shown(value));
+    }
     for (const auto& [key, value] : config_json.items()) {
       config << (config.tellp() > 0 ? " " : "") << key << "=" << value;
     }

@@ -1,9 +1,13 @@
 // tests/cpp/test_reliability.cpp: a replace or undefine never frees what a running call uses, a
 // failed define or replace changes nothing, and calls to undefined ops raise an error naming them.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <link.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <thread>
 
 #include <torch/csrc/autograd/autograd.h>
@@ -596,6 +600,61 @@ TEST(Reliability, ALibraryPathThatIsNoRegularFileIsRefused) {
   EXPECT_CONTAINS(error,
                   "opreg::load_library: cannot load '" + fifo + "': it is not a regular file");
   EXPECT_CONTAINS(error_of([&] { opreg::load_library("/"); }), "it is not a regular file");
+}
+
+// Sweep 28 B-F7: a library loaded from a path, replaced there by another file (a rebuild) and
+// loaded again: the dynamic loader handed back the library mapped for that path, and the load
+// reported success with none of the new file's ops defined.
+TEST(Reliability, ALibraryRebuiltUnderALoadedPathIsRefused) {
+  // glibc's stubs of the libraries merged into libc (2.34 and later): two other files, each a
+  // library with no code of its own.
+  void* libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+  ASSERT_NE(libc, nullptr);
+  link_map* map = nullptr;
+  ASSERT_EQ(dlinfo(libc, RTLD_DI_LINKMAP, &map), 0);
+  const auto system = std::filesystem::path(map->l_name).parent_path();
+  dlclose(libc);
+  const auto one = system / "libdl.so.2", other = system / "libutil.so.1";
+  if (!std::filesystem::exists(one) || !std::filesystem::exists(other)) {
+    GTEST_SKIP() << "no " << one << " and " << other << " (glibc 2.34 or later) here";
+  }
+  const auto dir =
+      std::filesystem::path(::testing::TempDir()) / ("opreg_rebuilt_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = dir / "libopreg_rebuilt.so";
+  std::filesystem::copy_file(one, path);
+  opreg::load_library(path);
+  opreg::load_library(path);  // the same file again
+
+  // Another file at the path (new inode), as a build that writes a new file leaves it.
+  std::filesystem::remove(path);
+  std::filesystem::copy_file(other, path);
+  const std::string refused =
+      "opreg::load_library: cannot load '" + path +
+      "': a library was loaded from that path earlier in this process, from another file than "
+      "the one there now (loaded: device ";
+  auto error = error_of([&] { opreg::load_library(path); });
+  EXPECT_CONTAINS(error, refused);
+  EXPECT_CONTAINS(error,
+                  "a process cannot load a rebuilt library under the same path again; load it "
+                  "from another path (a copy of it), or restart the process");
+  EXPECT_EQ(error_of([&] { opreg::load_library(path); }), error);  // the failure changed nothing
+  const std::string copy = dir / "libopreg_rebuilt_copy.so";
+  std::filesystem::copy_file(path, copy);
+  opreg::load_library(copy);
+
+  // The same file written again in place (its modification time changes), and then put back.
+  struct stat before{};
+  ASSERT_EQ(stat(copy.c_str(), &before), 0);
+  timespec times[2] = {before.st_atim, before.st_mtim};
+  times[1].tv_sec += 10;
+  ASSERT_EQ(utimensat(AT_FDCWD, copy.c_str(), times, 0), 0);
+  EXPECT_CONTAINS(error_of([&] { opreg::load_library(copy); }),
+                  "opreg::load_library: cannot load '" + copy + "': a library was loaded");
+  times[1] = before.st_mtim;
+  ASSERT_EQ(utimensat(AT_FDCWD, copy.c_str(), times, 0), 0);
+  opreg::load_library(copy);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Reliability, TheCpuAndMetaAreNoAcceleratedDeviceTypes) {

@@ -285,4 +285,33 @@ TEST(Testing, NoSamplesIsRefused) {
                   expected);
 }
 
+// Sweep 28 B-F4: an op declared random, without a kernel, failed kernel_vs_fallback: the check
+// compared two independent draws. A random op's runs are compared by shapes and dtypes alone, as
+// opreg.opcheck compares them, and what it writes too; other shapes still fail.
+TEST(Testing, ARandomOpsRunsAreComparedByShapesAndDtypes) {
+  opreg::op("opreg_check::rand(Tensor x) -> Tensor")
+      .fallback([](const at::Tensor& x) { return at::rand_like(x); })
+      .random()
+      .define();
+  auto results = opreg::testing::check("opreg_check::rand", samples());
+  ASSERT_EQ(results.size(), 6u);
+  for (const auto& result : results) EXPECT_TRUE(result.passed) << result.message;
+
+  opreg::op("opreg_check::fill_random(Tensor(a!) x) -> ()")
+      .fallback([](const at::Tensor& x) { x.uniform_(); })
+      .random()
+      .define();
+  opreg::testing::check_or_throw("opreg_check::fill_random", samples());
+
+  opreg::op("opreg_check::rand_other_shape(Tensor x) -> Tensor")
+      .fallback([](const at::Tensor& x) { return at::rand_like(x); })
+      .kernel([](const at::Tensor& x) { return at::rand({x.numel() + 1}); }, opreg::on({"cpu"}))
+      .random()
+      .define();
+  EXPECT_CONTAINS(
+      error_of([] { opreg::testing::check_or_throw("opreg_check::rand_other_shape", samples()); }),
+      "kernel_vs_fallback failed for opreg_check::rand_other_shape on cpu, sample 0: "
+      "output 0 is Float[36], the fallback's Float[5, 7]");
+}
+
 }  // namespace

@@ -2,6 +2,10 @@
 // opreg_add_triton_kernels() are registered at load time with their variants; launches that
 // cannot happen are refused with the kernel's name and the reason.
 #include <opreg/triton.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "test_util.h"
 
@@ -127,6 +131,70 @@ TEST(Triton, UnknownKernel) {
 TEST(Triton, AnEmptyBundlePathIsNamedAsSuch) {
   EXPECT_CONTAINS(error_of([&] { opreg::triton::load_bundle_dir(""); }),
                   "opreg::triton::load_bundle_dir: 'path' is empty");
+}
+
+// Sweep 28 B-F8: a config's keys were checked, not its values: num_stages = "three" or -5 and
+// maxnreg = [1, 2] loaded and showed in describe_kernels(). They are checked as python3 -m
+// opreg.aot checks a spec's configs.
+TEST(Triton, ABundleConfigsValuesAreChecked) {
+  const std::string dir = ::testing::TempDir() + "opreg_config_values_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  std::string cubin(64, '\0');  // an ELF64 header for CUDA with no tables: enough to register
+  cubin.replace(0, 6,
+                "\x7f"
+                "ELF\x02\x01");
+  cubin[18] = static_cast<char>(190);
+  std::ofstream(dir + "/k.cubin", std::ios::binary) << cubin;
+  std::ofstream(dir + "/index.txt") << "k.json\n";
+  auto load = [&](const std::string& kernel, const std::string& config) {
+    std::ofstream(dir + "/k.json")
+        << R"({"format": "opreg-triton-aot/1", "kernel": ")" << kernel << R"(", "params": [],
+    "variants": [{"arch": 80, "entry": "k", "num_warps": 4, "num_ctas": 1, "shared": 0,
+      "global_scratch_size": 0, "global_scratch_align": 1, "profile_scratch_size": 0,
+      "profile_scratch_align": 1, "launch_pdl": false, "launch_cooperative_grid": false,
+      "assumptions": [], "config": )"
+        << config << R"(, "param_sizes": [8, 8], "file": "k.cubin"}]})";
+    return opreg::triton::load_bundle_dir(dir);
+  };
+  const std::string where = "opreg: Triton manifest " + dir +
+                            "/k.json: kernel 'opreg_test_config_values', variant 0: field "
+                            "'config' entry ";
+  const std::vector<std::pair<std::string, std::string>> refused{
+      {R"({"num_stages": "three"})",
+       "'num_stages' must be a pipeline depth from 1 to 16 (an integer), got \"three\""},
+      {R"({"num_stages": -5})",
+       "'num_stages' must be a pipeline depth from 1 to 16 (an "
+       "integer), got -5"},
+      {R"({"num_stages": 3.0})",
+       "'num_stages' must be a pipeline depth from 1 to 16 (an "
+       "integer), got 3.0"},
+      {R"({"num_stages": 17})",
+       "'num_stages' must be a pipeline depth from 1 to 16 (an "
+       "integer), got 17"},
+      {R"({"maxnreg": [1, 2]})",
+       "'maxnreg' must be a register count from 1 to 255 (an "
+       "integer), got [1,2]"},
+      {R"({"maxnreg": 256})", "'maxnreg' must be a register count from 1 to 255"},
+      {R"({"num_ctas": true})",
+       "'num_ctas' must be a CTA count from 1 to 16 (an integer), got "
+       "true"},
+      {R"({"num_warps": "4"})",
+       "'num_warps' must be a power of two from 1 to 32 (an integer), "
+       "got \"4\""},
+      {R"({"num_warps": 3})", "'num_warps' must be a power of two from 1 to 32"},
+  };
+  for (const auto& [config, message] : refused) {
+    EXPECT_CONTAINS(error_of([&] { load("opreg_test_config_values", config); }), where + message);
+  }
+  EXPECT_EQ(find_kernel(opreg::triton::describe_kernels(), "opreg_test_config_values"), nullptr);
+  EXPECT_EQ(load("opreg_test_config_values_good",
+                 R"({"num_warps": 4, "num_stages": 16, "num_ctas": 1, "maxnreg": 255})"),
+            std::vector<std::string>{"opreg_test_config_values_good"});
+  const auto kernels = opreg::triton::describe_kernels();
+  const auto* good = find_kernel(kernels, "opreg_test_config_values_good");
+  ASSERT_NE(good, nullptr);
+  EXPECT_EQ(good->variants.at(0).config, "maxnreg=255 num_ctas=1 num_stages=16 num_warps=4");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Triton, AvailabilityFollowsTheDriver) {

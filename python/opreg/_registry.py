@@ -147,7 +147,7 @@ def caller_origin() -> str:
     return ""
 
 
-def forget_compiled_code() -> None:
+def forget_compiled_code(*, wait: bool = True) -> None:
     """After a replace (or a library load, which may replace ops), torch.compile's code compiled
     before it goes: that code holds what it traced of the old definition (the Triton kernels a
     decomposition inlined, the fake's shapes) and Dynamo does not guard on an op's definition, so
@@ -164,6 +164,9 @@ def forget_compiled_code() -> None:
     runs out, a thread of its own drops the code at the first such moment, and calls made until
     then still run code compiled before the replace.
 
+    ``wait=False``: no waiting at all, not for Dynamo's compile lock either (see
+    forget_compiled_code_later).
+
     Never raises: the definition it follows has taken effect, so a failed reset warns."""
     dynamo = sys.modules.get("torch._dynamo")
     reset_code_caches = getattr(dynamo, "reset_code_caches", None)
@@ -173,7 +176,9 @@ def forget_compiled_code() -> None:
     with _reset_lock:  # never held while waiting for Dynamo's compile lock: a compile may replace
         _reset_requests += 1
         worker_running = _reset_worker is not None
-    if not worker_running and _reset_when_free(reset_code_caches, _WAIT_FOR_OTHERS_S):
+    if not worker_running and _reset_when_free(
+        reset_code_caches, _WAIT_FOR_OTHERS_S if wait else 0.0, wait_for_compiles=wait
+    ):
         return
     with _reset_lock:
         if _reset_worker is None:
@@ -184,6 +189,15 @@ def forget_compiled_code() -> None:
                 daemon=True,
             )
             _reset_worker.start()
+
+
+def forget_compiled_code_later() -> None:
+    """forget_compiled_code for a replace made from C++ outside a library load, called by Python's
+    main thread at its next bytecode (Py_AddPendingCall): that may be inside any Python code,
+    holding locks (Dynamo's compile lock, opreg's definition lock) that another thread waits for
+    while this one would wait for it: it drops the code only if it can at once, and otherwise
+    leaves it to the thread of its own."""
+    forget_compiled_code(wait=False)
 
 
 # Note [Dropping compiled code]
@@ -203,25 +217,28 @@ _reset_requests = 0
 _reset_worker: threading.Thread | None = None
 
 
-def _reset_when_free(reset_code_caches: Any, wait_s: float) -> bool:
+def _reset_when_free(
+    reset_code_caches: Any, wait_s: float, *, wait_for_compiles: bool = True
+) -> bool:
     """Drops the compiled code once no thread compiles or runs compiled code, waiting at most
-    ``wait_s`` for other threads; False (nothing done) if the time ran out or this thread is
-    inside such code itself."""
-    delay, waited = 0.001, 0.0
+    ``wait_s`` for other threads' compiled code (and for their compiles without end, where
+    ``wait_for_compiles``); False (nothing done) if the time ran out or this thread is inside
+    such code itself."""
+    deadline = time.monotonic() + wait_s
+    delay = 0.001
     while True:
-        blocking = _threads_in_compiled_code(reset_code_caches)
+        blocking = _threads_in_compiled_code(reset_code_caches, wait_for_compiles)
         if blocking is None:
             return True
-        if threading.get_ident() in blocking or waited >= wait_s:
+        if threading.get_ident() in blocking or time.monotonic() >= deadline:
             return False
         time.sleep(delay)
-        waited += delay
         delay = min(2 * delay, 0.05)
 
 
-def _threads_in_compiled_code(reset_code_caches: Any) -> set[int] | None:
-    """The threads that compile or run compiled code; None once there were none and the code
-    was dropped."""
+def _threads_in_compiled_code(reset_code_caches: Any, wait_for_compiles: bool) -> set[int] | None:
+    """The threads that compile or run compiled code (empty: a compile, not waited for); None
+    once there were none and the code was dropped."""
     guards = sys.modules.get("torch._guards")
     if guards is not None and guards.CompileContext.try_get() is not None:
         return {threading.get_ident()}
@@ -230,26 +247,28 @@ def _threads_in_compiled_code(reset_code_caches: Any) -> set[int] | None:
     if convert_frame is None or eval_frame is None:  # nothing can have been compiled
         _reset_code_caches(reset_code_caches)
         return None
-    with convert_frame.compile_lock:  # no compile starts meanwhile
-        interval = sys.getswitchinterval()
-        sys.setswitchinterval(1e6)
-        try:
-            output_codes = [code for ref in convert_frame.output_codes.seen if (code := ref())]
-            ids = {id(code) for code in output_codes}
-            files = {convert_frame.__file__, eval_frame.__file__}
-            blocking = set()
-            for thread, frame in sys._current_frames().items():
-                while frame is not None:
-                    if id(frame.f_code) in ids or frame.f_code.co_filename in files:
-                        blocking.add(thread)
-                        break
-                    frame = frame.f_back
-            if blocking:
-                return blocking
-            _reset_code_caches(reset_code_caches)
-            return None
-        finally:
-            sys.setswitchinterval(interval)
+    if not convert_frame.compile_lock.acquire(blocking=wait_for_compiles):  # none starts meanwhile
+        return set()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e6)
+    try:
+        output_codes = [code for ref in convert_frame.output_codes.seen if (code := ref())]
+        ids = {id(code) for code in output_codes}
+        files = {convert_frame.__file__, eval_frame.__file__}
+        blocking = set()
+        for thread, frame in sys._current_frames().items():
+            while frame is not None:
+                if id(frame.f_code) in ids or frame.f_code.co_filename in files:
+                    blocking.add(thread)
+                    break
+                frame = frame.f_back
+        if blocking:
+            return blocking
+        _reset_code_caches(reset_code_caches)
+        return None
+    finally:
+        sys.setswitchinterval(interval)
+        convert_frame.compile_lock.release()
 
 
 def _reset_code_caches(reset_code_caches: Any) -> None:

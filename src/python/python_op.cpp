@@ -828,7 +828,7 @@ void bind_op_builder(py::module& m) {
   m.def("undefine", &opreg::undefine, py::arg("name"));
   m.def("is_defined", &opreg::is_defined, py::arg("name"));
   // A replace made from C++ (a thread, an extension) passes no Python front, which would drop
-  // torch.compile's code compiled before it: Python's main thread does it at its next chance,
+  // torch.compile's code compiled before it: Python's main thread asks for it at its next chance,
   // without waiting for the GIL here (this thread may hold locks a GIL holder waits for). Replaces
   // that come one after another share one drop.
   detail::set_replace_listener([] {
@@ -841,9 +841,10 @@ void bind_op_builder(py::module& m) {
         [](void*) -> int {
           scheduled = false;
           PyObject* registry = PyImport_ImportModule("opreg._registry");
-          PyObject* result = registry != nullptr
-                                 ? PyObject_CallMethod(registry, "forget_compiled_code", nullptr)
-                                 : nullptr;
+          PyObject* result =
+              registry != nullptr
+                  ? PyObject_CallMethod(registry, "forget_compiled_code_later", nullptr)
+                  : nullptr;
           if (result == nullptr) PyErr_WriteUnraisable(nullptr);  // it never raises; not here
           Py_XDECREF(result);
           Py_XDECREF(registry);

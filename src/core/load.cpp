@@ -387,6 +387,21 @@ std::optional<std::string> find_library_file(const std::string& name) {
   return std::nullopt;
 }
 
+// The file of the library the dynamic loader mapped for the bare `name` (found elsewhere, by a
+// runpath), if one is mapped ("" where it does not say). Asked before find_library_file, dlopen
+// would open the file it finds even with RTLD_NOLOAD (a FIFO: no end).
+std::optional<std::string> mapped_file(const std::string& name) {
+  void* loaded = dlopen(name.c_str(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+  if (loaded == nullptr) return std::nullopt;
+  std::string file;
+  link_map* map = nullptr;
+  if (dlinfo(loaded, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr) {
+    file = map->l_name;
+  }
+  dlclose(loaded);
+  return file;
+}
+
 }  // namespace
 
 namespace detail {
@@ -400,17 +415,7 @@ bool library_loading_elsewhere() { return g_dlopens.load() > t_dlopens; }
 std::string library_file(const std::string& path) {
   if (path.find('/') != std::string::npos) return path;
   if (const auto found = find_library_file(path)) return *found;
-  // Found by the dynamic loader elsewhere (a runpath) and mapped already, as load_once accepts it:
-  // the file it mapped.
-  std::string file;
-  if (void* loaded = dlopen(path.c_str(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD)) {
-    link_map* map = nullptr;
-    if (dlinfo(loaded, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr) {
-      file = map->l_name;
-    }
-    dlclose(loaded);
-  }
-  return file;
+  return mapped_file(path).value_or("");  // as load_once accepts it
 }
 
 void when_loader_is_free(std::function<void()> task) {
@@ -641,11 +646,8 @@ void load_once(const std::string& path) {
   if (path.find('/') == std::string::npos) {
     if (const auto found = find_library_file(path)) {
       file = *found;
-    } else if (void* loaded = dlopen(path.c_str(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD)) {
-      // Found elsewhere by the dynamic loader (a runpath), and mapped already: nothing to check.
-      // Asked first, dlopen would open the file it finds even with RTLD_NOLOAD (a FIFO: no end).
+    } else if (mapped_file(path)) {  // mapped already: nothing to check
       mapped_already = true;
-      dlclose(loaded);
     } else {
       TORCH_CHECK_VALUE(false, "opreg::load_library: cannot load '", detail::valid_utf8(path),
                         "': no file of that name in LD_LIBRARY_PATH or the system's library "

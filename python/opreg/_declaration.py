@@ -384,6 +384,7 @@ def _forget(qualname: str) -> None:
     """Drop opreg's Python-side registrations of an op, and bring torch.ops' handles of it up to
     its schema now."""
     registration = _registrations.pop(qualname, None)
+    _torch_library.forget(qualname)
     if registration is not None:
         for library in registration.libraries:
             library._destroy()
@@ -468,7 +469,7 @@ _ENUM_CLASSES = {
 
 
 # Note [An op's rule for FakeTensorMode]
-# Three things FakeTensorMode does not do right for an op whose fake is its fallback run on meta
+# Two things FakeTensorMode does not do right for an op whose fake is its fallback run on meta
 # tensors (or that may be called without a tensor), which a rule of the op for the mode does:
 # - A call without a tensor: FakeTensorMode takes the op for a factory (torch.empty) and calls it
 #   with device='meta', which its schema lacks, or (for a Tensor? given None, an empty Tensor[])
@@ -477,8 +478,8 @@ _ENUM_CLASSES = {
 # - A fallback that fails on meta tensors: FakeTensorMode replaces opreg's NotImplementedError,
 #   which says why, with an UnsupportedOperatorException naming only the op (torch.compile then
 #   runs the op outside the graph, which must stay so); the rule gives that exception the reason.
-# - A Device output: the fallback on meta tensors gives 'meta'; the rule gives the device of the
-#   fake tensors, as the fallback on the real ones would.
+#   (Such a fallback includes one with a Device output: on meta tensors it would give 'meta',
+#   where a real call gives another device, so the core refuses it there.)
 # Calls with tensors otherwise take the mode's usual path. Ops with a fake given from Python keep
 # it; the rule is given from define() for ops defined from Python, and from
 # follow_cpp_definitions() for ops defined in C++ (libraries loaded by opreg.load_library, and a
@@ -499,13 +500,10 @@ def _fake_mode_rule_of(qualname: str, serial: int) -> Callable[..., Any]:
     from torch._subclasses.fake_tensor import UnsupportedOperatorException
 
     returns = op_overload(qualname)._schema.returns
-    device_returns = [
-        index for index, r in enumerate(returns) if isinstance(r.real_type, torch.DeviceObjType)
-    ]
 
-    def with_tensors(mode: Any, op: Any, types: Any, args: Any, kwargs: Any, device: Any) -> Any:
+    def with_tensors(mode: Any, op: Any, types: Any, args: Any, kwargs: Any) -> Any:
         try:
-            result = mode.__torch_dispatch__(op, types, args, kwargs)
+            return mode.__torch_dispatch__(op, types, args, kwargs)
         except UnsupportedOperatorException as error:
             reason = error.__cause__ or error.__context__
             if not isinstance(reason, NotImplementedError) or qualname not in str(reason):
@@ -514,24 +512,13 @@ def _fake_mode_rule_of(qualname: str, serial: int) -> Callable[..., Any]:
             said = str(reason).split("\n\nAt:\n")[0]  # not the Python stack of the fallback's error
             clearer.args = (f"{error.func}: {said}",)
             raise clearer from reason
-        if not device_returns or device.type == "meta":
-            return result
-        values = list(result) if len(returns) > 1 else [result]
-        for index in device_returns:
-            if isinstance(values[index], torch.device) and values[index].type == "meta":
-                values[index] = device
-        return tuple(values) if len(returns) > 1 else values[0]
 
     def rule(mode: Any, op: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not still_current(qualname, serial):  # defined again from C++: its rule now, if any
             with mode:
                 return op(*args, **kwargs)
-        first = next(
-            (leaf for leaf in pytree.tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)),
-            None,
-        )
-        if first is not None:
-            return with_tensors(mode, op, types, args, kwargs, first.device)
+        if any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves((args, kwargs))):
+            return with_tensors(mode, op, types, args, kwargs)
         try:
             with mode:
                 outputs = _C.call_fallback(qualname, list(args), dict(kwargs))
@@ -574,6 +561,7 @@ def follow_cpp_definitions(names: Sequence[str]) -> None:
             _cpp_rules[qualname] = held
             continue
         if held is not None:
+            _torch_library.forget(qualname)
             held[1]._destroy()
         if serial == 0:
             continue

@@ -472,7 +472,8 @@ def _publish(api: str, op: CustomOpDef) -> CustomOpDef:
         op._define(serial)
         _defined[op._qualname] = op
     if previous is not None and previous._dispatch_library is not None:
-        previous._dispatch_library._destroy()
+        previous._dispatch_library._destroy()  # its rules go with it, as torch's custom_op's
+        _torch_library.reinstate(op._qualname)
     return op
 
 

@@ -177,7 +177,7 @@ def forget_compiled_code(*, wait: bool = True) -> None:
         _reset_requests += 1
         worker_running = _reset_worker is not None
     if not worker_running and _reset_when_free(
-        reset_code_caches, _WAIT_FOR_OTHERS_S if wait else 0.0, wait_for_compiles=wait
+        reset_code_caches, _WAIT_FOR_OTHERS_S if wait else 0
     ):
         return
     with _reset_lock:
@@ -217,17 +217,14 @@ _reset_requests = 0
 _reset_worker: threading.Thread | None = None
 
 
-def _reset_when_free(
-    reset_code_caches: Any, wait_s: float, *, wait_for_compiles: bool = True
-) -> bool:
+def _reset_when_free(reset_code_caches: Any, wait_s: float) -> bool:
     """Drops the compiled code once no thread compiles or runs compiled code, waiting at most
-    ``wait_s`` for other threads' compiled code (and for their compiles without end, where
-    ``wait_for_compiles``); False (nothing done) if the time ran out or this thread is inside
-    such code itself."""
+    ``wait_s`` for other threads (0: not at all); False (nothing done) if the time ran out or
+    this thread is inside such code itself."""
     deadline = time.monotonic() + wait_s
     delay = 0.001
     while True:
-        blocking = _threads_in_compiled_code(reset_code_caches, wait_for_compiles)
+        blocking = _threads_in_compiled_code(reset_code_caches, deadline)
         if blocking is None:
             return True
         if threading.get_ident() in blocking or time.monotonic() >= deadline:
@@ -236,9 +233,9 @@ def _reset_when_free(
         delay = min(2 * delay, 0.05)
 
 
-def _threads_in_compiled_code(reset_code_caches: Any, wait_for_compiles: bool) -> set[int] | None:
-    """The threads that compile or run compiled code (empty: a compile, not waited for); None
-    once there were none and the code was dropped."""
+def _threads_in_compiled_code(reset_code_caches: Any, deadline: float) -> set[int] | None:
+    """The threads that compile or run compiled code (empty: a compile that outlasted
+    ``deadline``); None once there were none and the code was dropped."""
     guards = sys.modules.get("torch._guards")
     if guards is not None and guards.CompileContext.try_get() is not None:
         return {threading.get_ident()}
@@ -247,7 +244,11 @@ def _threads_in_compiled_code(reset_code_caches: Any, wait_for_compiles: bool) -
     if convert_frame is None or eval_frame is None:  # nothing can have been compiled
         _reset_code_caches(reset_code_caches)
         return None
-    if not convert_frame.compile_lock.acquire(blocking=wait_for_compiles):  # none starts meanwhile
+    # No compile starts meanwhile. Its lock is waited for no longer than the rest: a compiling
+    # thread may wait for a lock the replacing one holds (a user's, around the replace).
+    waiting = deadline - time.monotonic()
+    lock = convert_frame.compile_lock
+    if not (lock.acquire(timeout=waiting) if waiting > 0 else lock.acquire(blocking=False)):
         return set()
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e6)

@@ -127,35 +127,74 @@ def _is_op_itself(fn: Any, qualname: str) -> bool:
 
 
 # Note [Rules for a mode: the user's serve]
-# opreg gives some ops a rule of its own for a mode (FakeTensorMode for calls without a tensor,
-# FunctionalTensorMode to decompose a Triton function under compile); torch keeps one rule per op
-# and mode. A rule the user registers (torch.library.register_torch_dispatch, a custom_op's
-# method) serves in its place: opreg's is dropped for it, and a definition made while the
-# user's is in place does not add opreg's. Adding opreg's rule after the op was defined would
-# fail with the definition already made, which a definition must never do.
-_own_rules: dict[tuple[str, Any], tuple[torch.library.Library, Any]] = {}
+# opreg gives some ops a rule of its own for a mode (FakeTensorMode, Note [An op's rule for
+# FakeTensorMode]; FunctionalTensorMode, to decompose a Triton function under compile); torch
+# keeps one rule per op and mode. A rule the user registers (torch.library.register_torch_dispatch,
+# a custom_op's method) serves in its place: opreg's is dropped for it, and a definition made
+# while the user's is in place does not add opreg's (adding it would fail with the definition
+# made, which a definition must never do). opreg's rule comes back where the user's goes with
+# the custom_op object that registered it (a custom_op defined again under its name).
+_own_rules: dict[tuple[str, Any], tuple[torch.library.Library, Any, Callable]] = {}
+_displaced: dict[tuple[str, Any], tuple[torch.library.Library, Callable]] = {}
 
 
 def register_torch_dispatch(
     library: torch.library.Library, qualname: str, torch_dispatch_class: Any, fn: Callable
 ) -> None:
     """opreg's own rule of an op for a Tensor subclass or mode, past its entry in torch's table;
-    none where the user's rule for it is in place (Note [Rules for a mode: the user's serve])."""
+    held back while the user's rule for it is in place (Note [Rules for a mode: the user's
+    serve])."""
+    key = (qualname, torch_dispatch_class)
     with _lock:
-        rules = simple_registry.singleton.find(qualname).torch_dispatch_rules
-        if rules.find(torch_dispatch_class) is not None:
+        if simple_registry.singleton.find(qualname).torch_dispatch_rules.find(torch_dispatch_class):
+            _displaced[key] = (library, fn)
             return
-        library._register_torch_dispatch_rule(qualname.split("::")[1], torch_dispatch_class, fn)
-        _own_rules[(qualname, torch_dispatch_class)] = (library, library._registration_handles[-1])
+        _displaced.pop(key, None)
+        _register_own(library, key, fn)
+
+
+def _register_own(library: torch.library.Library, key: tuple[str, Any], fn: Callable) -> None:
+    library._register_torch_dispatch_rule(key[0].split("::")[1], key[1], fn)
+    _own_rules[key] = (library, library._registration_handles[-1], fn)
 
 
 def register_user_rule(
     library: torch.library.Library, qualname: str, torch_dispatch_class: Any, fn: Callable
 ) -> None:
     """The user's rule of an op for a Tensor subclass or mode, in place of opreg's own."""
+    key = (qualname, torch_dispatch_class)
     with _lock:
-        own = _own_rules.pop((qualname, torch_dispatch_class), None)
+        own = _own_rules.pop(key, None)
+        held_back = None
         if own is not None and any(handle is own[1] for handle in own[0]._registration_handles):
             own[0]._registration_handles.remove(own[1])
             own[1].destroy()
-        library._register_torch_dispatch_rule(qualname.split("::")[1], torch_dispatch_class, fn)
+            held_back = _displaced[key] = (own[0], own[2])
+        try:
+            library._register_torch_dispatch_rule(qualname.split("::")[1], torch_dispatch_class, fn)
+        except BaseException:  # a refused rule changes nothing
+            if held_back is not None and not _rule_of(key):
+                del _displaced[key]
+                _register_own(held_back[0], key, held_back[1])
+            raise
+
+
+def _rule_of(key: tuple[str, Any]) -> Any:
+    return simple_registry.singleton.find(key[0]).torch_dispatch_rules.find(key[1])
+
+
+def reinstate(qualname: str) -> None:
+    """opreg's rules of ``qualname`` that a user's rule held back, where that rule is gone."""
+    with _lock:
+        for key in [key for key in _displaced if key[0] == qualname]:
+            if not _rule_of(key):
+                library, fn = _displaced.pop(key)
+                _register_own(library, key, fn)
+
+
+def forget(qualname: str) -> None:
+    """Drops the records of opreg's rules of ``qualname``, whose libraries go with a definition."""
+    with _lock:
+        for records in (_own_rules, _displaced):
+            for key in [key for key in records if key[0] == qualname]:
+                del records[key]

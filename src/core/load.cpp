@@ -233,8 +233,9 @@ bool check_not_rebuilt(const std::string& path, const std::string& file,
            : std::string("the file loaded was deleted since"),
       "). The dynamic loader hands back the library it mapped for a path it loaded before, so "
       "the new file's static initializers would not run and none of its ops would be defined: a "
-      "process cannot load a rebuilt library under the same path again; load it from another "
-      "path (a copy of it), or restart the process");
+      "process cannot load a rebuilt library under the same path again: restart the process to "
+      "load it (a copy loaded from another path would define its ops again, which only ops "
+      "declared .replace() allow)");
   return true;
 }
 

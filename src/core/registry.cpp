@@ -113,7 +113,11 @@ struct Definition {
   std::vector<std::vector<size_t>> return_alias_arguments;
   // ScalarType, Layout and MemoryFormat outputs: integers on the stack, with their count of values.
   std::vector<std::pair<size_t, int64_t>> enum_returns;
-  std::vector<size_t> string_returns;  // str and str?: Python reads them as UTF-8
+  std::vector<size_t> string_returns;  // str, str? and str[]: Python reads them as UTF-8
+  std::vector<std::pair<size_t, size_t>> fixed_length_returns;  // int[2] outputs, as arguments
+  // The first output that holds a Device (Device, Device?, Device[]): the fallback run on meta
+  // tensors would give 'meta' there, so it serves as no fake.
+  std::optional<size_t> device_return;
   c10::KernelFunction fallback;
   // The fallback behind the checks of a call, for kernels that decline and for the autograd and
   // vmap kernels, which call it directly rather than through the dispatcher.
@@ -328,6 +332,27 @@ void split_name(const std::string& qualified, const std::string& what, std::stri
                     "' belongs to PyTorch; define ops in a namespace of your own");
 }
 
+// The schema read from the fallback's C++ signature; what the reading throws names the op.
+c10::FunctionSchema inferred_schema(const OpBuilder::State& spec, const std::string& qualified) {
+  try {
+    return spec.infer_schema();
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& error) {
+    TORCH_CHECK_VALUE(false, "opreg: op '", qualified,
+                      "': reading its schema from the fallback's signature threw: ", error.what());
+  }
+}
+
+bool holds_a_device(const c10::Type& type) {
+  if (const auto* optional = type.castRaw<c10::OptionalType>()) {
+    return holds_a_device(*optional->getElementType());
+  }
+  if (const auto* list = type.castRaw<c10::ListType>())
+    return holds_a_device(*list->getElementType());
+  return type.kind() == c10::TypeKind::DeviceObjType;
+}
+
 // The number of elements of a list value; none for other values.
 std::optional<size_t> list_length(const c10::IValue& value) {
   if (value.isIntList()) return value.toIntList().size();
@@ -388,7 +413,7 @@ c10::FunctionSchema parse_schema(const OpBuilder::State& spec) {
                       "': no schema given (expected '", qualified,
                       "(Tensor x, ...) -> Tensor'), and none can be inferred from a Python "
                       "function");
-    return spec.infer_schema().cloneWithName(ns + "::" + name, overload);
+    return inferred_schema(spec, qualified).cloneWithName(ns + "::" + name, overload);
   }
   check_decimal_defaults(qualified, text);
   c10::FunctionSchema schema = [&] {
@@ -470,7 +495,7 @@ c10::FunctionSchema parse_schema(const OpBuilder::State& spec) {
     check_alias(schema.returns()[i], "output " + std::to_string(i));
   }
   if (spec.infer_schema) {
-    auto inferred = spec.infer_schema();
+    auto inferred = inferred_schema(spec, qualified);
     if (auto difference = c10::findSchemaDifferences(inferred, schema)) {
       std::ostringstream inferred_text;
       inferred_text << inferred;
@@ -822,9 +847,12 @@ std::shared_ptr<Definition> build(OpBuilder::State spec,
     const auto& ret = op.schema.returns()[i];
     if (auto values = enum_values(*ret.real_type()))
       definition->enum_returns.emplace_back(i, *values);
-    if (ret.type()->isSubtypeOf(*c10::OptionalType::create(c10::StringType::get()))) {
+    if (ret.type()->isSubtypeOf(*c10::OptionalType::create(c10::StringType::get())) ||
+        ret.type()->isSubtypeOf(*c10::ListType::create(c10::StringType::get()))) {
       definition->string_returns.push_back(i);
     }
+    if (ret.N()) definition->fixed_length_returns.emplace_back(i, *ret.N());
+    if (!definition->device_return && holds_a_device(*ret.type())) definition->device_return = i;
     if (ret.type()->kind() == c10::TypeKind::TensorType) {
       definition->plain_tensor_returns.push_back(i);
     } else if (ret.type()->isSubtypeOf(*c10::OptionalType::ofTensor()) ||
@@ -1385,14 +1413,30 @@ void check_outputs(const Definition& definition, const torch::jit::Stack& stack,
                       enum_name(*definition.schema().returns()[index].real_type()),
                       " (expected 0 to ", values - 1, "; schema '", definition.schema_text(), "')");
   }
-  for (size_t index : definition.string_returns) {
-    const auto& value = stack[base + index];
-    if (!value.isString()) continue;  // None of an optional one
+  auto check_utf8 = [&](const c10::IValue& value, size_t index, const std::string& where) {
+    if (!value.isString()) return;  // None of an optional one
     const auto text = value.toStringView();
     TORCH_CHECK_VALUE(detail::valid_utf8(text) == text, definition.name(), ": ", impl,
-                      " returned a str for output ", index, " that is not UTF-8 ('",
+                      " returned a str for output ", index, where, " that is not UTF-8 ('",
                       detail::valid_utf8(text), "'), which Python cannot read (schema '",
                       definition.schema_text(), "')");
+  };
+  for (size_t index : definition.string_returns) {
+    const auto& value = stack[base + index];
+    if (!value.isList()) {
+      check_utf8(value, index, "");
+      continue;
+    }
+    const auto elements = value.toListRef();
+    for (size_t i = 0; i < elements.size(); ++i) {
+      check_utf8(elements[i], index, " at element " + std::to_string(i));
+    }
+  }
+  for (const auto& [index, expected] : definition.fixed_length_returns) {
+    const auto length = list_length(stack[base + index]);
+    TORCH_CHECK_VALUE(!length || *length == expected, definition.name(), ": ", impl, " returned ",
+                      length.value_or(0), " elements for output ", index, ", expected ", expected,
+                      " (schema '", definition.schema_text(), "')");
   }
   if (definition.plain_tensor_returns.size() + definition.other_tensor_returns.size() > 1 ||
       !definition.other_tensor_returns.empty()) {  // more than one tensor can come back
@@ -1735,6 +1779,12 @@ class Trampoline final : public c10::OperatorKernel {
       return;
     }
     check_dtypes(d, *stack);
+    TORCH_CHECK_NOT_IMPLEMENTED(!d.device_return, d.name(),
+                                ": has no fake, and its fallback run on meta tensors would give "
+                                "'meta' for the Device of output ",
+                                d.device_return.value_or(0),
+                                ", not the device a real call gives; give the op a fake "
+                                "(.fake(fn) in C++, fake_fn= in Python)");
     const size_t base = stack->size() - d.schema().arguments().size();
     try {
       d.meta->callBoxed(op, keys, stack);
@@ -2407,7 +2457,8 @@ std::vector<std::string> define_all_recording_failures(std::vector<OpBuilder> bu
   std::string names;
   for (const auto& builder : builders) {
     declared.push_back(builder.declared_name());
-    names += (names.empty() ? "" : ", ") + declared.back();
+    names += (names.empty() ? "" : ", ") +
+             (declared.back().empty() ? "(an OpBuilder defined already)" : declared.back());
   }
   try {
     return define_all(std::move(builders), abi);

@@ -273,6 +273,14 @@ c10::IValue to_output(const std::string& op, const std::string& impl, const py::
                           ret.type()->kind() != c10::TypeKind::IntType,
                       op, ": ", impl, " returned ", py::str(value).cast<std::string>(),
                       " for output ", index, ", which a 64-bit int cannot hold");
+    // A str holding a lone surrogate ('\ud800') has no UTF-8 form for a C++ string.
+    const auto* real = ret.type()->castRaw<c10::OptionalType>();
+    TORCH_CHECK_VALUE(
+        !py::isinstance<py::str>(value) ||
+            (real ? real->getElementType() : ret.type())->kind() != c10::TypeKind::StringType,
+        op, ": ", impl, " returned a str for output ", index, " that is not UTF-8 (",
+        py::repr(value).cast<std::string>(),
+        " holds a lone surrogate), which a C++ string cannot hold");
     // For a list, the first element that does not fit says more than "returned list".
     std::string element;
     const auto* list = ret.type()->castRaw<c10::ListType>();
@@ -286,7 +294,11 @@ c10::IValue to_output(const std::string& op, const std::string& impl, const py::
           torch::jit::toIValue(item, type);
         } catch (const std::exception&) {
           element = " (its element " + std::to_string(position) + " is " +
-                    py::str(item.get_type()).cast<std::string>() + ")";
+                    (py::isinstance<py::str>(item)
+                         ? "a str that is not UTF-8: " + py::repr(item).cast<std::string>() +
+                               " holds a lone surrogate"
+                         : py::str(item.get_type()).cast<std::string>()) +
+                    ")";
           break;
         }
         ++position;

@@ -323,3 +323,53 @@ TEST(Errors, AStrOutputThatIsNotUtf8IsRefused) {
             "('a\\xff\\xfeb'), which Python cannot read (schema 'opreg_err::bytes(Tensor x) -> "
             "str')");
 }
+
+// Sweep 29 B-F4, B-F5: an int[N] output's length and a str[] output's elements were not checked
+// (a str that is not UTF-8 reached Python's decoder, which named neither the op nor the output).
+TEST(Errors, OutputsOfADeclaredLengthAndStrListsAreChecked) {
+  auto pair = opreg::op("opreg_err::int_pair(Tensor x) -> int[2]")
+                  .fallback([](const at::Tensor& x) {
+                    return std::vector<int64_t>(static_cast<size_t>(x.numel()), 7);
+                  })
+                  .define();
+  EXPECT_EQ(pair(at::ones({2})), (std::vector<int64_t>{7, 7}));
+  EXPECT_EQ(error_of([&] { pair(at::ones({3})); }),
+            "opreg_err::int_pair: the fallback returned 3 elements for output 0, expected 2 "
+            "(schema 'opreg_err::int_pair(Tensor x) -> int[2]')");
+  auto words = opreg::op("opreg_err::words(Tensor x) -> str[]")
+                   .fallback([](const at::Tensor& x) {
+                     return std::vector<std::string>{"ok", x.numel() == 1 ? "fine" : "a\xff"};
+                   })
+                   .define();
+  EXPECT_EQ(words(at::ones({1})), (std::vector<std::string>{"ok", "fine"}));
+  EXPECT_EQ(error_of([&] { words(at::ones({2})); }),
+            "opreg_err::words: the fallback returned a str for output 0 at element 1 that is not "
+            "UTF-8 ('a\\xff'), which Python cannot read (schema 'opreg_err::words(Tensor x) -> "
+            "str[]')");
+}
+
+// Sweep 29 A-F3, B-F1, B-F2: the fallback run on meta tensors gave 'meta' for a Device output,
+// which FakeTensorMode passed on as the op's device: such a fallback serves as no fake.
+TEST(Errors, AFallbackWithADeviceOutputServesAsNoFake) {
+  auto where = opreg::op("opreg_err::where(Tensor x) -> (Tensor, Device?)")
+                   .fallback([](const at::Tensor& x) {
+                     return std::make_tuple(x.clone(), std::optional<c10::Device>(x.device()));
+                   })
+                   .define();
+  EXPECT_EQ(std::get<1>(where(at::ones({2}))), c10::Device("cpu"));
+  EXPECT_CONTAINS(error_of([&] { where(at::ones({2}, at::kMeta)); }),
+                  "opreg_err::where: has no fake, and its fallback run on meta tensors would give "
+                  "'meta' for the Device of output 1");
+}
+
+// Sweep 29 B-F8: a schema reading that threw a std::exception left define() bare.
+TEST(Errors, ASchemaReadingThatThrowsNamesTheOp) {
+  opreg::OpBuilder builder("opreg_err::unread");
+  builder.fallback(
+      opreg::detail::typed_kernel(std::function<at::Tensor(const at::Tensor&)>(identity)));
+  builder.infer_schema([]() -> c10::FunctionSchema { throw std::runtime_error("cannot read"); });
+  EXPECT_EQ(error_of([&] { std::move(builder).define(); }),
+            "opreg: op 'opreg_err::unread': reading its schema from the fallback's signature "
+            "threw: cannot read");
+  EXPECT_FALSE(opreg::is_defined("opreg_err::unread"));
+}

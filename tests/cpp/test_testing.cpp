@@ -298,7 +298,7 @@ TEST(Testing, ARandomOpsRunsAreComparedByShapesAndDtypes) {
   for (const auto& result : results) EXPECT_TRUE(result.passed) << result.message;
 
   opreg::op("opreg_check::fill_random(Tensor(a!) x) -> ()")
-      .fallback([](const at::Tensor& x) { x.uniform_(); })
+      .fallback([](const at::Tensor& x) { x.copy_(at::rand_like(x)); })
       .random()
       .define();
   opreg::testing::check_or_throw("opreg_check::fill_random", samples());

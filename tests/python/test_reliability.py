@@ -316,7 +316,7 @@ def load_failing_library(failure: str, then: str = "", before: str = "") -> str:
             "empty_python_fake",
             "opreg_failing::empty_python_fake': python_fake() needs the name of the module",
         ),
-        ("defined_twice", "this OpBuilder was already defined (or moved from)"),
+        ("defined_twice", "(an OpBuilder defined already): opreg: this OpBuilder was already"),
         # opreg's lookups of a missing op aborted it (23rd sweep, B-F2)
         (
             "find_unknown",

@@ -130,12 +130,14 @@ def test_a_replace_whose_reset_of_compiled_code_fails_warns_instead_of_raising()
 
 def test_a_replace_during_a_compile_on_another_thread_waits_for_it_and_drops_its_code():
     # torch.compiler.is_compiling() is True on every thread while one compiles; the reset waits
-    # for Dynamo's compile lock instead, and the code that compile made is compiled again.
+    # for Dynamo's compile lock instead (for a second; then opreg's thread waits), and the code
+    # that compile made is compiled again.
     result = run_probe(
         COMPILE_HELPERS
         + textwrap.dedent(
             """
         import threading, time, torch, opreg
+        from opreg import _registry
 
         graphs, tracing = [], threading.Event()
 
@@ -157,6 +159,9 @@ def test_a_replace_during_a_compile_on_another_thread_waits_for_it_and_drops_its
         replacer.start()
         compiled(torch.zeros(2))
         replacer.join()
+        for thread in threading.enumerate():  # a compile slower than a second
+            if thread.name == _registry.DEFERRED_RESET:
+                thread.join()
         assert compiled(torch.zeros(2)).tolist() == [2.0, 2.0]
         assert len(graphs) == 2, len(graphs)
         """

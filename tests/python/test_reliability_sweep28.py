@@ -256,18 +256,6 @@ def test_a_list_of_a_declared_length_is_checked_in_a_call():
     assert not _C.is_defined("sweep28::long_default")
 
 
-def test_a_device_output_under_fake_tensor_mode_is_the_inputs_device():
-    # The fallback run on meta tensors as the op's fake gave 'meta' for a Device output.
-    @opreg.custom_op("sweep28::where", mutates_args=(), schema="(Tensor x) -> (Tensor, Device)")
-    def where(x):
-        return x.clone(), x.device
-
-    with FakeTensorMode() as mode:
-        out, device = where(mode.from_tensor(torch.ones(3)))
-    assert device == torch.device("cpu") and out.device == torch.device("cpu")
-    assert where(torch.ones(1, device="meta"))[1] == torch.device("meta")
-
-
 def test_fake_tensor_mode_says_why_a_fallback_serves_as_no_fake():
     # FakeTensorMode replaced opreg's reason with an exception naming only the op; its type stays,
     # since torch.compile runs the op outside the graph on it.

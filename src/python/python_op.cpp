@@ -294,7 +294,8 @@ c10::IValue to_output(const std::string& op, const std::string& impl, const py::
           torch::jit::toIValue(item, type);
         } catch (const std::exception&) {
           element = " (its element " + std::to_string(position) + " is " +
-                    (py::isinstance<py::str>(item)
+                    (py::isinstance<py::str>(item) &&
+                             list->getElementType()->kind() == c10::TypeKind::StringType
                          ? "a str that is not UTF-8: " + py::repr(item).cast<std::string>() +
                                " holds a lone surrogate"
                          : py::str(item.get_type()).cast<std::string>()) +

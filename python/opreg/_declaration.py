@@ -583,6 +583,7 @@ def _checked_fake(declaration: OpDeclaration, serial: int) -> Callable[..., Any]
     qualname, fake_fn = declaration.qualname, declaration.fake
     parsed = torch._C.parse_schema(declaration.schema)
     returns = [r.type for r in parsed.returns]
+    lengths = {index: r.N for index, r in enumerate(parsed.returns) if r.N is not None}  # int[2]
     declared_alias = [r.alias_info is not None for r in parsed.returns]
     enums = {  # output index -> (enumeration, how many values it has)
         index: (name, _C.enum_value_count(name))
@@ -656,6 +657,15 @@ def _checked_fake(declaration: OpDeclaration, serial: int) -> Callable[..., Any]
                     "call computes shapes, not values, so its outputs must be meta tensors (its "
                     "values would be uninitialised memory). Put every tensor argument on one "
                     "device"
+                )
+            if (
+                index in lengths
+                and isinstance(value, (list, tuple))
+                and len(value) != lengths[index]
+            ):
+                raise ValueError(
+                    f"opreg: op '{qualname}': its fake returned {len(value)} elements for output "
+                    f"{index}, expected {lengths[index]}"
                 )
             if not declared_alias[index]:
                 _check_no_alias(qualname, index, value, inputs)

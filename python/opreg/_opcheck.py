@@ -166,11 +166,20 @@ def _takes_tensors(op: torch._ops.OpOverload) -> bool:
     return any(str(a.type).startswith("Tensor") for a in op._schema.arguments)
 
 
+_ENUM_SAMPLES = {
+    "ScalarType": torch.float32,
+    "Layout": torch.strided,
+    "MemoryFormat": torch.contiguous_format,
+}
+
+
 def _scalar_value(op: torch._ops.OpOverload, arg: Any, ints: int) -> Any:
     """A value for a non-tensor argument: its default, else `ints` for ints, 0.75, True."""
     type_name = str(arg.type)
     if arg.has_default_value():  # None too (`float? eps=None`)
         return arg.default_value
+    if str(arg.real_type) in _ENUM_SAMPLES:  # its type reads as int: not any int is one
+        return _ENUM_SAMPLES[str(arg.real_type)]
     if type_name in ("int", "SymInt"):
         return ints
     if type_name in ("float", "bool"):

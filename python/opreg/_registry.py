@@ -269,7 +269,7 @@ def _threads_in_compiled_code(reset_code_caches: Any, deadline: float) -> set[in
         return None
     finally:
         sys.setswitchinterval(interval)
-        convert_frame.compile_lock.release()
+        lock.release()
 
 
 def _reset_code_caches(reset_code_caches: Any) -> None:

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -91,6 +92,31 @@ OPREG_API void fail_library_load(const std::string& what, const void* caller,
 // A count of an opreg op's schema changes (null for ops opreg did not define): a typed handle
 // checks its signature again when it moves. It lives as long as the process.
 OPREG_API const std::atomic<uint64_t>* schema_changes_of(const std::string& qualified);
+
+// What a call that failed a library load gives back: an empty value of the output's type (a
+// Device, which has none, is the CPU).
+template <class T>
+T placeholder();
+
+template <class... T>
+std::tuple<T...> tuple_placeholder(std::tuple<T...>* /*type*/) {
+  return std::tuple<T...>(placeholder<T>()...);
+}
+
+template <class T>
+T placeholder() {
+  using Value = std::remove_cv_t<std::remove_reference_t<T>>;
+  if constexpr (std::is_reference_v<T>) {
+    static thread_local Value value = placeholder<Value>();
+    return value;
+  } else if constexpr (std::is_default_constructible_v<T>) {
+    return T();
+  } else if constexpr (!std::is_same_v<T, c10::Device>) {
+    return tuple_placeholder(static_cast<T*>(nullptr));
+  } else {
+    return c10::Device(c10::kCPU);
+  }
+}
 }  // namespace detail
 
 // A callable handle on a defined op: calls go through the dispatcher, like any PyTorch op.
@@ -112,7 +138,7 @@ class OpHandle<Ret(Args...)> {
     } catch (const std::exception& error) {
       detail::fail_library_load(name_, __builtin_return_address(0), error);
     }
-    if constexpr (!std::is_void_v<Ret>) return Ret();
+    if constexpr (!std::is_void_v<Ret>) return detail::placeholder<Ret>();
   }
 
   // The dispatcher's handle, looked up (and its signature checked) on first use, and checked

@@ -188,7 +188,10 @@ def parse_schema(qualname: str, schema: str) -> torch._C.FunctionSchema:
         # torch's parser starts some messages with a newline: the first line that says something.
         why = next((line for line in str(error).splitlines() if line.strip()), str(error))
         if isinstance(error, IndexError | OverflowError):
-            why = "a number in it is out of range (an int default must fit in 64 bits)"
+            why = (
+                "a number in it is out of range (an int default must fit in 64 bits; a float "
+                "default must be 0 or of a double's size, 2.2e-308 to 1.8e308)"
+            )
         elif "INTERNAL ASSERT" in why and "expected " in str(error):
             expected = str(error).rsplit("expected ", 1)[1].split()[0]
             why = f"a list default holds a value that is not a {expected}"
@@ -576,6 +579,11 @@ def follow_cpp_definitions(names: Sequence[str]) -> None:
         _cpp_rules[qualname] = (serial, library)
 
 
+# A fake's symbolic numbers stand for what only a real run knows: converting one to a schema's
+# type would specialize it.
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
 def _checked_fake(declaration: OpDeclaration, serial: int) -> Callable[..., Any]:
     """The fake, with its outputs checked against the schema and the inputs' device (the C++
     core checks C++ fakes); a call made after the op was defined again from C++ goes to its
@@ -667,6 +675,8 @@ def _checked_fake(declaration: OpDeclaration, serial: int) -> Callable[..., Any]
                     f"opreg: op '{qualname}': its fake returned {len(value)} elements for output "
                     f"{index}, expected {lengths[index]}"
                 )
+            if not any(isinstance(leaf, _SYMBOLIC) for leaf in pytree.tree_leaves(value)):
+                _C.check_fake_output(qualname, value, declaration.schema, index)
             if not declared_alias[index]:
                 _check_no_alias(qualname, index, value, inputs)
             if index in enums and type(value) is int and not 0 <= value < enums[index][1]:

@@ -412,7 +412,21 @@ def op_name(name: Any, function: str) -> str:
     if "\0" in name:
         # C++ would read the name up to its NUL, and answer for another op.
         raise ValueError(f"opreg.{function}: op name {name!r} holds a NUL character; no op has one")
+    if not name.isascii() and not _encodes(name):
+        raise ValueError(
+            f"opreg.{function}: op name {name!r:.200} holds a lone surrogate, which is no "
+            "character; no op has one"
+        )
     return name
+
+
+def _encodes(text: str) -> bool:
+    """Whether UTF-8 can hold `text` (not a str with a lone surrogate)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 # The words PyTorch's schema lexer takes for keywords (TC_FORALL_TOKEN_KINDS in
@@ -529,6 +543,12 @@ def path_argument(function: str, value: object) -> Path:
     raw = os.fspath(value)
     if ("\0" if isinstance(raw, str) else b"\0") in raw:  # C++ would read it up to the NUL
         raise ValueError(f"{function}: 'path' {raw!r:.200} holds a NUL character")
+    try:
+        os.fsencode(raw)
+    except UnicodeEncodeError:  # a lone surrogate that is no escaped byte ('\ud800')
+        raise ValueError(
+            f"{function}: 'path' {raw!r:.200} holds a lone surrogate; no file has such a name"
+        ) from None
     return Path(value)
 
 

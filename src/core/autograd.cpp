@@ -172,6 +172,12 @@ class OpregBackward : public torch::autograd::Node {
       TORCH_CHECK(edge >= 0, op_name, ": backward returned a gradient for input '",
                   op->schema.arguments()[i].name(),
                   "', which is not a tensor; return an undefined tensor (None in Python) there");
+      const auto input_type = ctx.edge_inputs_[edge].scalar_type;
+      // The engine casts a gradient to its input's dtype, but not a complex one to a real one.
+      TORCH_CHECK(!result[i].is_complex() || at::isComplexType(input_type), op_name,
+                  ": backward's gradient for input '", op->schema.arguments()[i].name(),
+                  "' is complex (", result[i].scalar_type(), ") but the input is real (",
+                  input_type, "); return a real gradient (the real part, say)");
       const c10::SymIntArrayRef expected = ctx.edge_inputs_[edge].sizes;
       // A gradient of the broadcast shape is summed down to the input's, as PyTorch's engine
       // does for its own nodes (torch.library's backwards rely on it).

@@ -113,7 +113,7 @@ struct Definition {
   std::vector<std::vector<size_t>> return_alias_arguments;
   // ScalarType, Layout and MemoryFormat outputs: integers on the stack, with their count of values.
   std::vector<std::pair<size_t, int64_t>> enum_returns;
-  std::vector<size_t> string_returns;  // str, str? and str[]: Python reads them as UTF-8
+  std::vector<size_t> string_returns;  // outputs holding a str: Python reads them as UTF-8
   std::vector<std::pair<size_t, size_t>> fixed_length_returns;  // int[2] outputs, as arguments
   // The first output that holds a Device (Device, Device?, Device[]): the fallback run on meta
   // tensors would give 'meta' there, so it serves as no fake.
@@ -344,15 +344,6 @@ c10::FunctionSchema inferred_schema(const OpBuilder::State& spec, const std::str
   }
 }
 
-bool holds_a_device(const c10::Type& type) {
-  if (const auto* optional = type.castRaw<c10::OptionalType>()) {
-    return holds_a_device(*optional->getElementType());
-  }
-  if (const auto* list = type.castRaw<c10::ListType>())
-    return holds_a_device(*list->getElementType());
-  return type.kind() == c10::TypeKind::DeviceObjType;
-}
-
 // The number of elements of a list value; none for other values.
 std::optional<size_t> list_length(const c10::IValue& value) {
   if (value.isIntList()) return value.toIntList().size();
@@ -441,9 +432,10 @@ c10::FunctionSchema parse_schema(const OpBuilder::State& spec) {
       }
       TORCH_CHECK_VALUE(false, "opreg: op '", qualified, "': cannot parse schema '", text,
                         "': ", error.what_without_backtrace());
-    } catch (const std::out_of_range&) {  // std::stoll of an int default
+    } catch (const std::out_of_range&) {  // std::stoll of an int default, std::stod of a float
       TORCH_CHECK_VALUE(false, "opreg: op '", qualified, "': cannot parse schema '", text,
-                        "': a number in it is out of range (an int default must fit in 64 bits)");
+                        "': a number in it is out of range (an int default must fit in 64 bits; "
+                        "a float default must be 0 or of a double's size, 2.2e-308 to 1.8e308)");
     } catch (const std::exception& error) {
       // The schema parser reports the position under the text, marked "<--- HERE".
       TORCH_CHECK_VALUE(false, "opreg: op '", qualified, "': cannot parse schema '", text,
@@ -847,12 +839,11 @@ std::shared_ptr<Definition> build(OpBuilder::State spec,
     const auto& ret = op.schema.returns()[i];
     if (auto values = enum_values(*ret.real_type()))
       definition->enum_returns.emplace_back(i, *values);
-    if (ret.type()->isSubtypeOf(*c10::OptionalType::create(c10::StringType::get())) ||
-        ret.type()->isSubtypeOf(*c10::ListType::create(c10::StringType::get()))) {
+    if (detail::holds_kind(*ret.type(), c10::TypeKind::StringType))
       definition->string_returns.push_back(i);
-    }
     if (ret.N()) definition->fixed_length_returns.emplace_back(i, *ret.N());
-    if (!definition->device_return && holds_a_device(*ret.type())) definition->device_return = i;
+    if (!definition->device_return && detail::holds_kind(*ret.type(), c10::TypeKind::DeviceObjType))
+      definition->device_return = i;
     if (ret.type()->kind() == c10::TypeKind::TensorType) {
       definition->plain_tensor_returns.push_back(i);
     } else if (ret.type()->isSubtypeOf(*c10::OptionalType::ofTensor()) ||

@@ -17,6 +17,7 @@
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/frontend/function_schema_parser.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/tensor_memoryformats.h>
 
@@ -274,28 +275,30 @@ c10::IValue to_output(const std::string& op, const std::string& impl, const py::
                       op, ": ", impl, " returned ", py::str(value).cast<std::string>(),
                       " for output ", index, ", which a 64-bit int cannot hold");
     // A str holding a lone surrogate ('\ud800') has no UTF-8 form for a C++ string.
-    const auto* real = ret.type()->castRaw<c10::OptionalType>();
-    TORCH_CHECK_VALUE(
-        !py::isinstance<py::str>(value) ||
-            (real ? real->getElementType() : ret.type())->kind() != c10::TypeKind::StringType,
-        op, ": ", impl, " returned a str for output ", index, " that is not UTF-8 (",
-        py::repr(value).cast<std::string>(),
-        " holds a lone surrogate), which a C++ string cannot hold");
+    auto is_a_str = [](const py::handle& item, const c10::Type& type) {
+      const auto* optional = type.castRaw<c10::OptionalType>();
+      return py::isinstance<py::str>(item) &&
+             (optional ? *optional->getElementType() : type).kind() == c10::TypeKind::StringType;
+    };
+    TORCH_CHECK_VALUE(!is_a_str(value, *ret.type()), op, ": ", impl, " returned a str for output ",
+                      index, " that is not UTF-8 (", py::repr(value).cast<std::string>(),
+                      " holds a lone surrogate), which a C++ string cannot hold");
     // For a list, the first element that does not fit says more than "returned list".
     std::string element;
-    const auto* list = ret.type()->castRaw<c10::ListType>();
+    const auto* optional = ret.type()->castRaw<c10::OptionalType>();
+    const auto* list =
+        (optional ? optional->getElementType() : ret.type())->castRaw<c10::ListType>();
     if (list != nullptr && (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value))) {
       size_t position = 0;
       for (const auto& item : value.cast<py::sequence>()) {
+        const auto& type = list->getElementType();
         try {
-          const auto& type = list->getElementType();
           // toIValue takes None for a Tensor (an undefined one); a Tensor[] may not hold one.
           TORCH_CHECK(!item.is_none() || type->kind() == c10::TypeKind::OptionalType);
           torch::jit::toIValue(item, type);
         } catch (const std::exception&) {
           element = " (its element " + std::to_string(position) + " is " +
-                    (py::isinstance<py::str>(item) &&
-                             list->getElementType()->kind() == c10::TypeKind::StringType
+                    (is_a_str(item, *type)
                          ? "a str that is not UTF-8: " + py::repr(item).cast<std::string>() +
                                " holds a lone surrogate"
                          : py::str(item.get_type()).cast<std::string>()) +
@@ -741,6 +744,20 @@ void bind_op_builder(py::module& m) {
       "triton_aot", [](AotLaunch launch) { return triton::aot(std::move(launch)); },
       py::arg("launch"));
   m.def("op_flags", &op_flag_names);
+  // A Python fake's output with no tensor in its type, converted as the fallback's would be:
+  // under FakeTensorMode, torch's own conversion of a wrong value names neither op nor output.
+  m.def(
+      "check_fake_output",
+      [](const std::string& op, const py::handle& value, const std::string& schema, size_t index) {
+        const auto parsed = torch::jit::parseSchema(schema);
+        const auto& returned = parsed.returns().at(index);
+        if (detail::holds_kind(*returned.type(), c10::TypeKind::TensorType)) return;
+        TORCH_CHECK_TYPE(!THPVariable_Check(value.ptr()), op,
+                         ": its fake returned a Tensor for output ", index, ", expected ",
+                         returned.type()->str(), ": a fake tensor holds no value to give");
+        to_output(op, "its fake", value, returned, index);
+      },
+      py::arg("op"), py::arg("value"), py::arg("schema"), py::arg("index"));
   py::class_<OpBuilder>(m, "OpBuilder")
       .def(py::init<std::string>(), py::arg("schema"))
       .def("declared_name", &OpBuilder::declared_name)

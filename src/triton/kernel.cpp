@@ -33,12 +33,15 @@
 
 namespace opreg::triton {
 
-bool is_identifier(const std::string& name) {
+// A C identifier, or with `dollar` a PTX one (a cubin's function names).
+static bool is_name(const std::string& name, bool dollar) {
   if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) return false;
-  return std::all_of(name.begin(), name.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_';
+  return std::all_of(name.begin(), name.end(), [&](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || (dollar && c == '$');
   });
 }
+
+bool is_identifier(const std::string& name) { return is_name(name, false); }
 
 constexpr size_t kMaxDevices = 64;
 constexpr int64_t kDefaultMaxSharedMemory = 48 * 1024;
@@ -438,6 +441,11 @@ std::unique_ptr<KernelImpl> parse_fields(const nlohmann::json& manifest, Manifes
     auto variant = std::make_unique<Variant>();
     variant->arch = static_cast<int>(in.integer(raw, "arch", 10, 9999));
     variant->entry = in.string(raw, "entry");
+    // The entry reaches the driver as a C string.
+    TORCH_CHECK_VALUE(is_name(variant->entry, /*dollar=*/true), in.context(),
+                      ": field 'entry' must name the kernel's function in its cubin (letters, "
+                      "digits, _ and $, not starting with a digit), got ",
+                      ManifestReader::shown(raw.at("entry")));
     // Triton compiles only a power of two of warps (CUDAOptions.__post_init__).
     variant->num_warps = static_cast<int>(in.power_of_two(raw, "num_warps", kMaxWarps));
     variant->num_ctas = static_cast<int>(in.integer(raw, "num_ctas", 1, kMaxCtas));

@@ -117,6 +117,14 @@ TEST(Errors, BadSchemaNamesTheOpAndThePosition) {
   EXPECT_CONTAINS(message, "cannot parse schema");
   EXPECT_CONTAINS(message, "Tensr");
   EXPECT_CONTAINS(message, "HERE");  // the parser marks the position
+  // Sweep 30 B-F5: a float default out of a double's range was said to be an int.
+  EXPECT_CONTAINS(error_of([] {
+                    opreg::op("opreg_err::huge(Tensor x, float f=1e999) -> Tensor")
+                        .fallback([](const at::Tensor& x, double) { return x.clone(); })
+                        .define();
+                  }),
+                  "a number in it is out of range (an int default must fit in 64 bits; a float "
+                  "default must be 0 or of a double's size, 2.2e-308 to 1.8e308)");
 }
 
 TEST(Errors, NameWithoutNamespace) {
@@ -346,6 +354,27 @@ TEST(Errors, OutputsOfADeclaredLengthAndStrListsAreChecked) {
             "opreg_err::words: the fallback returned a str for output 0 at element 1 that is not "
             "UTF-8 ('a\\xff'), which Python cannot read (schema 'opreg_err::words(Tensor x) -> "
             "str[]')");
+  // Sweep 30 B-F1: an optional list of str, and a list of optional str, were not checked.
+  auto maybe_words = opreg::op("opreg_err::maybe_words(Tensor x) -> str[]?")
+                         .fallback([](const at::Tensor& x) {
+                           return std::optional<std::vector<std::string>>(
+                               std::vector<std::string>{"ok", x.numel() == 1 ? "fine" : "a\xff"});
+                         })
+                         .define();
+  EXPECT_EQ(maybe_words(at::ones({1})), (std::vector<std::string>{"ok", "fine"}));
+  EXPECT_CONTAINS(error_of([&] { maybe_words(at::ones({2})); }),
+                  "opreg_err::maybe_words: the fallback returned a str for output 0 at element 1 "
+                  "that is not UTF-8 ('a\\xff')");
+  auto some_words = opreg::op("opreg_err::some_words(Tensor x) -> str?[]")
+                        .fallback([](const at::Tensor& x) {
+                          return c10::List<std::optional<std::string>>(
+                              {std::nullopt, x.numel() == 1 ? "fine" : "a\xff"});
+                        })
+                        .define();
+  EXPECT_EQ(some_words(at::ones({1})).get(1)->get(), "fine");
+  EXPECT_CONTAINS(error_of([&] { some_words(at::ones({2})); }),
+                  "opreg_err::some_words: the fallback returned a str for output 0 at element 1 "
+                  "that is not UTF-8 ('a\\xff')");
 }
 
 // Sweep 29 A-F3, B-F1, B-F2: the fallback run on meta tensors gave 'meta' for a Device output,
@@ -357,6 +386,13 @@ TEST(Errors, AFallbackWithADeviceOutputServesAsNoFake) {
                    })
                    .define();
   EXPECT_EQ(std::get<1>(where(at::ones({2}))), c10::Device("cpu"));
+  // Sweep 30 B-F4: a handle of an op with a Device output did not compile.
+  opreg::op("opreg_err::device_of(Tensor x) -> (Tensor, Device)")
+      .fallback([](const at::Tensor& x) { return std::make_tuple(x.clone(), x.device()); })
+      .define();
+  const opreg::OpHandle<std::tuple<at::Tensor, c10::Device>(const at::Tensor&)> device_of(
+      "opreg_err::device_of");
+  EXPECT_EQ(std::get<1>(device_of(at::ones({2}))), c10::Device("cpu"));
   EXPECT_CONTAINS(error_of([&] { where(at::ones({2}, at::kMeta)); }),
                   "opreg_err::where: has no fake, and its fallback run on meta tensors would give "
                   "'meta' for the Device of output 1");

@@ -136,25 +136,47 @@ TEST(Triton, AnEmptyBundlePathIsNamedAsSuch) {
 // Sweep 28 B-F8: a config's keys were checked, not its values: num_stages = "three" or -5 and
 // maxnreg = [1, 2] loaded and showed in describe_kernels(). They are checked as python3 -m
 // opreg.aot checks a spec's configs.
-TEST(Triton, ABundleConfigsValuesAreChecked) {
-  const std::string dir = ::testing::TempDir() + "opreg_config_values_" + std::to_string(getpid());
-  std::filesystem::create_directories(dir);
-  std::string cubin(64, '\0');  // an ELF64 header for CUDA with no tables: enough to register
-  cubin.replace(0, 6,
-                "\x7f"
-                "ELF\x02\x01");
-  cubin[18] = static_cast<char>(190);
-  std::ofstream(dir + "/k.cubin", std::ios::binary) << cubin;
-  std::ofstream(dir + "/index.txt") << "k.json\n";
-  auto load = [&](const std::string& kernel, const std::string& config) {
-    std::ofstream(dir + "/k.json")
+// Writes a bundle of one kernel with one variant into a fresh folder and loads it.
+class OneVariantBundle {
+ public:
+  explicit OneVariantBundle(const std::string& name)
+      : dir_(::testing::TempDir() + name + "_" + std::to_string(getpid())) {
+    std::filesystem::create_directories(dir_);
+    std::string cubin(64, '\0');  // an ELF64 header for CUDA with no tables: enough to register
+    cubin.replace(0, 6,
+                  "\x7f"
+                  "ELF\x02\x01");
+    cubin[18] = static_cast<char>(190);
+    std::ofstream(dir_ + "/k.cubin", std::ios::binary) << cubin;
+    std::ofstream(dir_ + "/index.txt") << "k.json\n";
+  }
+  ~OneVariantBundle() { std::filesystem::remove_all(dir_); }
+
+  const std::string& dir() const { return dir_; }
+
+  // `entry` and `config` are JSON text.
+  std::vector<std::string> load(const std::string& kernel, const std::string& config,
+                                const std::string& entry = R"("k")") const {
+    std::ofstream(dir_ + "/k.json")
         << R"({"format": "opreg-triton-aot/1", "kernel": ")" << kernel << R"(", "params": [],
-    "variants": [{"arch": 80, "entry": "k", "num_warps": 4, "num_ctas": 1, "shared": 0,
+    "variants": [{"arch": 80, "entry": )"
+        << entry << R"(, "num_warps": 4, "num_ctas": 1, "shared": 0,
       "global_scratch_size": 0, "global_scratch_align": 1, "profile_scratch_size": 0,
       "profile_scratch_align": 1, "launch_pdl": false, "launch_cooperative_grid": false,
       "assumptions": [], "config": )"
         << config << R"(, "param_sizes": [8, 8], "file": "k.cubin"}]})";
-    return opreg::triton::load_bundle_dir(dir);
+    return opreg::triton::load_bundle_dir(dir_);
+  }
+
+ private:
+  std::string dir_;
+};
+
+TEST(Triton, ABundleConfigsValuesAreChecked) {
+  const OneVariantBundle bundle("opreg_config_values");
+  const std::string& dir = bundle.dir();
+  auto load = [&](const std::string& kernel, const std::string& config) {
+    return bundle.load(kernel, config);
   };
   const std::string where = "opreg: Triton manifest " + dir +
                             "/k.json: kernel 'opreg_test_config_values', variant 0: field "
@@ -194,7 +216,22 @@ TEST(Triton, ABundleConfigsValuesAreChecked) {
   const auto* good = find_kernel(kernels, "opreg_test_config_values_good");
   ASSERT_NE(good, nullptr);
   EXPECT_EQ(good->variants.at(0).config, "maxnreg=255 num_ctas=1 num_stages=16 num_warps=4");
-  std::filesystem::remove_all(dir);
+}
+
+// The entry reaches the CUDA driver as a C string: a NUL in it would name another function.
+TEST(Triton, ABundleEntryMustNameAFunction) {
+  const OneVariantBundle bundle("opreg_entry_names");
+  const std::string where = "opreg: Triton manifest " + bundle.dir() +
+                            "/k.json: kernel 'opreg_test_entry_names', variant 0: field 'entry' "
+                            "must name the kernel's function in its cubin (letters, digits, _ and "
+                            "$, not starting with a digit), got ";
+  for (const std::string entry : {R"("add\u0000kernel")", R"("1k")", R"("a b")", R"("k\n")"}) {
+    EXPECT_CONTAINS(error_of([&] { bundle.load("opreg_test_entry_names", "{}", entry); }),
+                    where + entry);
+  }
+  EXPECT_EQ(find_kernel(opreg::triton::describe_kernels(), "opreg_test_entry_names"), nullptr);
+  EXPECT_EQ(bundle.load("opreg_test_entry_names", "{}", R"("_k$1")"),
+            std::vector<std::string>{"opreg_test_entry_names"});
 }
 
 TEST(Triton, AvailabilityFollowsTheDriver) {

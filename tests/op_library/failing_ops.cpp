@@ -152,6 +152,11 @@ const auto report = opreg::describe_op("opreg_failing::not_described");
 #elif defined(OPREG_HANDLE_UNKNOWN)  // opreg's other API in an initializer (24th sweep, B-F1)
 const at::Tensor called =
     opreg::OpHandle<at::Tensor(const at::Tensor&)>("opreg_failing::no_handle")(at::ones({2}));
+#elif defined(OPREG_HANDLE_DEVICE)   // a Device has no empty value to give back (30th sweep, B-F4)
+const c10::Device device =
+    opreg::OpHandle<c10::Device(const at::Tensor&)>("opreg_failing::no_device")(at::ones({2}));
+const auto pair = opreg::OpHandle<std::tuple<at::Tensor, c10::Device>(const at::Tensor&)>(
+    "opreg_failing::no_pair")(at::ones({2}));
 #elif defined(OPREG_HANDLE_MISMATCH)
 const at::Tensor called = opreg::OpHandle<at::Tensor(const at::Tensor&, int64_t)>(
     "opreg_failing::good_handle_mismatch")(at::ones({2}), 3);

@@ -329,6 +329,8 @@ def load_failing_library(failure: str, then: str = "", before: str = "") -> str:
         ),
         # so did calling an OpHandle, testing::check and load_bundle_dir there (24th sweep, B-F1)
         ("handle_unknown", "opreg: no op named 'opreg_failing::no_handle' is defined"),
+        ("handle_device", "opreg: no op named 'opreg_failing::no_device' is defined"),
+        ("handle_device", "opreg: no op named 'opreg_failing::no_pair' is defined"),
         ("handle_mismatch", "the handle's C++ signature does not match"),
         ("check_unknown", "opreg: no op named 'opreg_failing::not_checked' is defined by opreg"),
         ("check_unknown", "opreg: no op named 'opreg_failing::not_called' is defined by opreg"),

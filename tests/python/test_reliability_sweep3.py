@@ -187,6 +187,14 @@ def test_torch_form_opcheck_arguments(lib_op):
     [
         ("(Tensor x, int a=99999999999999999999) -> Tensor", "a number in it is out of range"),
         (
+            "(Tensor x, float f=1e999) -> Tensor",
+            r"a number in it is out of range \(.*; a float default must be 0",
+        ),
+        (
+            "(Tensor x, float f=-1e-999) -> Tensor",
+            r"a number in it is out of range \(.*; a float default must be 0",
+        ),
+        (
             '(Tensor x, float[] a=["a"]) -> Tensor',
             "a list default holds a value that is not a double",
         ),

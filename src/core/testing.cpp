@@ -66,11 +66,12 @@ std::vector<c10::IValue> to_meta(const std::vector<c10::IValue>& args) {
 }
 
 // Each run gets its own copies, so that an op that writes its arguments changes neither the
-// caller's samples nor another run's.
+// caller's samples nor another run's. Detached: a sample that requires grad would send the call
+// to the fallback (AutogradPolicy::kFallback), which would then be compared with itself.
 std::vector<c10::IValue> clone_tensors(const std::vector<c10::IValue>& args) {
   std::vector<c10::IValue> cloned;
   for (const auto& arg : args) {
-    cloned.push_back(map_tensors(arg, [](const at::Tensor& t) { return t.clone(); }));
+    cloned.push_back(map_tensors(arg, [](const at::Tensor& t) { return t.detach().clone(); }));
   }
   return cloned;
 }
@@ -105,6 +106,13 @@ std::string compare_tensors(const std::string& what, const at::Tensor& a, const 
     why << what << " is " << a.scalar_type() << a.sizes() << ", the fallback's " << b.scalar_type()
         << b.sizes();
     return why.str();
+  }
+  if (a.layout() != b.layout()) {
+    why << what << " has layout " << a.layout() << ", the fallback's " << b.layout();
+    return why.str();
+  }
+  if (a.layout() != at::kStrided) {  // a sparse tensor: its values, where it stores none as 0
+    return compare_tensors(what, a.to_dense(), b.to_dense(), how, max_error);
   }
   if (a.numel() == 0 || how.random) return "";
   const bool bitwise = how.bitwise;
@@ -170,8 +178,11 @@ std::string compare_values(const std::string& what, const c10::IValue& got, cons
   if (got.isDouble() && want.isDouble()) {  // NaN equals NaN; bitwise: -0.0 is not +0.0
     const double a = got.toDouble(), b = want.toDouble();
     const auto allowed = bitwise ? Tolerance{} : tolerance(at::kDouble);
-    const bool close = bitwise ? a == b && std::signbit(a) == std::signbit(b)
-                               : std::abs(a - b) <= allowed.atol + allowed.rtol * std::abs(b);
+    // An infinity is close to itself only (the tolerance around it is infinite).
+    const bool finite = std::isfinite(a) && std::isfinite(b);
+    const bool close = bitwise || !finite
+                           ? a == b && std::signbit(a) == std::signbit(b)
+                           : std::abs(a - b) <= allowed.atol + allowed.rtol * std::abs(b);
     if ((std::isnan(a) && std::isnan(b)) || close) return "";
     if (a == b) {  // zeros of two signs, which IValue prints alike
       return what + " is " + (std::signbit(a) ? "-0.0" : "+0.0") + ", the fallback's " +
@@ -183,6 +194,16 @@ std::string compare_values(const std::string& what, const c10::IValue& got, cons
   std::ostringstream why;
   why << what << " is " << got << ", the fallback's " << want;
   return why.str();
+}
+
+// Whether two tensors of one shape lay out their elements alike: the stride of a dim of size 1
+// moves to no element, and a tensor of fewer than two elements has no layout.
+bool same_strides(const at::Tensor& a, const at::Tensor& b) {
+  if (b.numel() <= 1) return true;
+  for (int64_t d = 0; d < b.dim(); ++d) {
+    if (b.size(d) > 1 && a.stride(d) != b.stride(d)) return false;
+  }
+  return true;
 }
 
 // "" when the fake's `meta` has the real value's shapes, dtypes and strides, else why.
@@ -213,7 +234,9 @@ std::string compare_fake(const std::string& what, const c10::IValue& meta,
   } else if (m.scalar_type() != r.scalar_type()) {
     why << what << ": the fake's dtype is " << m.scalar_type() << ", the real one "
         << r.scalar_type();
-  } else if (r.numel() > 1 && m.strides() != r.strides()) {
+  } else if (m.layout() != r.layout()) {
+    why << what << ": the fake's layout is " << m.layout() << ", the real one " << r.layout();
+  } else if (r.layout() == at::kStrided && !same_strides(m, r)) {
     why << what << ": the fake's strides are " << m.strides() << ", the real ones " << r.strides();
   }
   return why.str();

@@ -314,4 +314,77 @@ TEST(Testing, ARandomOpsRunsAreComparedByShapesAndDtypes) {
       "output 0 is Float[36], the fallback's Float[5, 7]");
 }
 
+// Sweep 31 B-F1: a sample that requires grad sent the kernel's call to the fallback (the default
+// autograd policy), so a wrong kernel passed: it was compared with the fallback itself.
+TEST(Testing, ASampleThatRequiresGradChecksTheKernel) {
+  opreg::op("opreg_check::plus_five(Tensor x) -> Tensor")
+      .fallback([](const at::Tensor& x) { return x + 1; })
+      .kernel([](const at::Tensor& x) { return x + 5; }, opreg::on({"cpu"}))
+      .define();
+  EXPECT_CONTAINS(error_of([] {
+                    opreg::testing::check_or_throw("opreg_check::plus_five",
+                                                   {{at::zeros({2}).requires_grad_()}});
+                  }),
+                  "kernel_vs_fallback failed for opreg_check::plus_five on cpu, sample 0: output 0 "
+                  "differs from the fallback's by up to 4");
+}
+
+// Sweep 31 B-F2: a float output was compared as |kernel - fallback| <= atol + rtol * |fallback|,
+// which any value meets against an infinity, and two equal infinities failed.
+TEST(Testing, AnInfiniteNumberOutputEqualsItselfOnly) {
+  for (const double kernel : {5.0, -double(INFINITY), 1e308}) {
+    opreg::op("opreg_check::infinite(Tensor x) -> float[]")
+        .fallback([](const at::Tensor&) { return std::vector<double>{INFINITY, 1.0}; })
+        .kernel([kernel](const at::Tensor&) { return std::vector<double>{kernel, 1.0}; },
+                opreg::on({"cpu"}))
+        .replace()
+        .define();
+    EXPECT_CONTAINS(error_of([] {
+                      opreg::testing::check_or_throw("opreg_check::infinite", {{at::zeros({2})}});
+                    }),
+                    "output 0[0] is ");
+  }
+  opreg::op("opreg_check::infinite(Tensor x) -> float[]")
+      .fallback([](const at::Tensor&) { return std::vector<double>{INFINITY, -INFINITY}; })
+      .kernel([](const at::Tensor&) { return std::vector<double>{INFINITY, -INFINITY}; },
+              opreg::on({"cpu"}))
+      .replace()
+      .define();
+  opreg::testing::check_or_throw("opreg_check::infinite", {{at::zeros({2})}});
+}
+
+// Sweep 31 B-F4: a fake differing only in the stride of a dim of size 1 failed fake_vs_real.
+TEST(Testing, TheStrideOfADimOfSizeOneIsNotCompared) {
+  opreg::op("opreg_check::column(Tensor x) -> Tensor")
+      .fallback([](const at::Tensor& x) { return x.reshape({1, -1}).t().clone().t().t(); })
+      .fake([](const at::Tensor& x) { return at::empty({x.numel(), 1}, x.options()); })
+      .define();
+  const auto real = opreg::testing::call_fallback("opreg_check::column", {at::zeros({3})});
+  ASSERT_NE(real.at(0).toTensor().stride(1), 1);  // the layout this test is about
+  opreg::testing::check_or_throw("opreg_check::column", {{at::zeros({3})}});
+  opreg::op("opreg_check::column(Tensor x) -> Tensor")
+      .fallback([](const at::Tensor& x) { return at::zeros({1}, x.options()).expand({2, 3}); })
+      .fake([](const at::Tensor& x) { return at::empty({2, x.numel()}, x.options()); })
+      .replace()
+      .define();
+  EXPECT_CONTAINS(
+      error_of([] { opreg::testing::check_or_throw("opreg_check::column", {{at::zeros({3})}}); }),
+      "output 0: the fake's strides are [3, 1], the real ones [0, 0]");
+}
+
+// Sweep 31 B-F5: a sparse output met aten::max's "Could not run ... SparseCPU".
+TEST(Testing, SparseOutputsAreComparedByValue) {
+  opreg::op("opreg_check::sparse(Tensor x) -> Tensor")
+      .fallback([](const at::Tensor& x) { return x.to_sparse(); })
+      .kernel([](const at::Tensor& x) { return (x + 1).to_sparse(); }, opreg::on({"cpu"}))
+      .fake(
+          [](const at::Tensor& x) { return at::empty(x.sizes(), x.options().layout(at::kSparse)); })
+      .define();
+  EXPECT_CONTAINS(error_of([] {
+                    opreg::testing::check_or_throw("opreg_check::sparse",
+                                                   {{at::tensor({0.0, 1.0, 0.0})}});
+                  }),
+                  "output 0 differs from the fallback's by up to 1");
+}
+
 }  // namespace

@@ -26,8 +26,10 @@ _DTENSOR = "torch.distributed.tensor"
 # The strategy functions given to the Python front (sharding=fn), by op name: the current
 # definition's (a definition without one removes its op's entry).
 _strategies: dict[str, Callable[..., Any]] = {}
-# The OpOverloads whose strategy opreg registered, by id (the value keeps the object alive).
-_registered: dict[int, torch._ops.OpOverload] = {}
+# The OpOverloads whose strategy opreg registered, by id (the value keeps the object alive), with
+# the definition serial it was registered for: a definition made since registers it again, in
+# place of a strategy the user registered for the op meanwhile.
+_registered: dict[int, tuple[torch._ops.OpOverload, int]] = {}
 _lock = threading.RLock()
 
 
@@ -55,17 +57,19 @@ def sync(qualnames: Iterable[str] | None = None) -> None:
 
 
 def _register(qualname: str) -> None:
-    if _C.describe_op(qualname).sharding == _C.Sharding.NONE:
-        return  # DTensor refuses the call, naming the op (or opreg's strategy says why, below)
     from opreg._registry import op_overload  # _registry imports this module
 
     overload = op_overload(qualname)
-    if id(overload) in _registered:
+    serial = _C.definition_serial(qualname)
+    registered = _registered.get(id(overload))
+    if registered is None and _C.describe_op(qualname).sharding == _C.Sharding.NONE:
+        return  # DTensor refuses the call, naming the op (or opreg's strategy says why, below)
+    if registered is not None and registered[1] == serial:
         return
     from torch.distributed.tensor.experimental import register_sharding
 
     register_sharding(overload)(_strategy_for(qualname, overload))
-    _registered[id(overload)] = overload
+    _registered[id(overload)] = (overload, serial)
 
 
 def _strategy_for(qualname: str, overload: torch._ops.OpOverload) -> Callable[..., Any]:

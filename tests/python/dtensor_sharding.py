@@ -116,6 +116,7 @@ def loss_of(outputs: dict[str, torch.Tensor]) -> torch.Tensor:
 def main(out_folder: str) -> None:
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import register_sharding
 
     assert "torch.distributed.tensor" in sys.modules
     opreg.load_library(opreg.example_library("scale_add"))  # after DTensor's import: at load
@@ -166,10 +167,29 @@ def main(out_folder: str) -> None:
         replace=True,
     )(lambda x, scale: torch.tanh(x) * scale)
     after = scaled_tanh(x.detach(), 1.5)
+    # A strategy of the user's serves until the op is defined again, with any sharding: even the
+    # one it declared before (sweep 31 A-F1: the user's strategy went on serving).
+    register_sharding(torch.ops.opreg_dtensor_test.scaled_tanh.default)(
+        lambda x, scale: [([Shard(0)], [Shard(0), None])]
+    )
+    # Inputs of specs not seen before: DTensor caches a propagation and register_sharding keeps it.
+    other = distribute_tensor(torch.ones(2 * world_size, 3), mesh, [Shard(0)])
+    by_user = scaled_tanh(other, 1.5).placements
+    opreg.register_triton_op(
+        fake_fn=lambda x, scale: torch.empty_like(x),
+        triton_fn=None,
+        name="opreg_dtensor_test::scaled_tanh",
+        batch_polymorphic=True,
+        schema="(Tensor x, float scale) -> Tensor",
+        sharding="replicate",
+        replace=True,
+    )(lambda x, scale: torch.tanh(x) * scale)
     saved["replaced"] = {
         "before": [repr(p) for p in before],
         "after": [repr(p) for p in after.placements],
         "after_local_shape": tuple(after.to_local().shape),
+        "by_user": [repr(p) for p in by_user],
+        "defined_again": [repr(p) for p in scaled_tanh(other, 1.5).placements],
     }
 
     torch.save(saved, os.path.join(out_folder, f"rank{rank}.pt"))

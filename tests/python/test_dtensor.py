@@ -316,4 +316,6 @@ def test_a_replaced_op_serves_its_new_sharding(ranks):
             "before": ["Shard(dim=0)"],
             "after": ["Replicate()"],
             "after_local_shape": (dtensor_sharding.ROWS, dtensor_sharding.COLUMNS),
+            "by_user": ["Shard(dim=0)"],
+            "defined_again": ["Replicate()"],
         }

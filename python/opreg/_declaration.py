@@ -185,8 +185,10 @@ def parse_schema(qualname: str, schema: str) -> torch._C.FunctionSchema:
     try:
         return torch._C.parse_schema(schema)
     except Exception as error:
-        # torch's parser starts some messages with a newline: the first line that says something.
-        why = next((line for line in str(error).splitlines() if line.strip()), str(error))
+        # torch's parser starts some messages with a newline: the first line that says something,
+        # and the schema with its position marker under it when there is one.
+        lines = [line for line in str(error).splitlines() if line.strip()]
+        why = "\n".join(lines) if any("<--- HERE" in line for line in lines) else lines[0]
         if isinstance(error, IndexError | OverflowError):
             why = (
                 "a number in it is out of range (an int default must fit in 64 bits; a float "

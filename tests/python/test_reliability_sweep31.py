@@ -70,3 +70,17 @@ def test_opcheck_compares_sparse_outputs_by_value():
     (row,) = _rows(report, "kernel_vs_fallback")
     assert not row.passed
     assert "output 0 differs from the fallback's by up to 1" in row.message
+
+
+@pytest.mark.parametrize("front", ["custom_op", "triton_op"])
+def test_a_bad_schema_is_shown_with_the_parsers_position_marker(front):
+    # A-F3: custom_op and triton_op kept the first line only, ending in a dangling "here:".
+    define = getattr(opreg, front)
+    with pytest.raises(ValueError) as error:
+        define(f"sweep31::{front}_marker", mutates_args=(), schema="(Tensor x, int y=) -> Tensor")(
+            lambda x, y: x.clone()
+        )
+    lines = str(error.value).splitlines()
+    assert lines[0].endswith("expected number but found ')' here:")
+    assert lines[1] == f"sweep31::{front}_marker(Tensor x, int y=) -> Tensor"
+    assert lines[2].endswith("~ <--- HERE")

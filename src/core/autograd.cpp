@@ -108,6 +108,19 @@ class OpregBackward : public torch::autograd::Node {
 
   std::string name() const override { return op->name + "Backward"; }
 
+  // torch's compiled autograd asks each node for its state in a form it can trace; an opreg
+  // backward's context (saved Python objects among it) has none yet. Without a backtrace: torch
+  // shows this error's what(), which would otherwise end in C++ frames.
+  void compiled_args(torch::autograd::CompiledNodeArgs& /*args*/) const override {
+    throw c10::NotImplementedError(
+        op->name +
+            ": torch's compiled autograd cannot trace an opreg op's backward; run this backward "
+            "without it (torch._dynamo.config.compiled_autograd = False), or leave the op "
+            "without a backward (autograd='fallback'), so that PyTorch differentiates its "
+            "fallback",
+        /*backtrace=*/nullptr);
+  }
+
   // Set when values saved for the backward were freed (after a backward without retain_graph).
   void release_variables() override {
     released_ = released_ || !ctx.saved_.empty() || !ctx.saved_data.empty();

@@ -84,3 +84,30 @@ def test_a_bad_schema_is_shown_with_the_parsers_position_marker(front):
     assert lines[0].endswith("expected number but found ')' here:")
     assert lines[1] == f"sweep31::{front}_marker(Tensor x, int y=) -> Tensor"
     assert lines[2].endswith("~ <--- HERE")
+
+
+def test_compiled_autograd_over_an_explicit_backward_names_the_op():
+    # A-F2: torch's "compiled_args not implemented: ...Backward" and C++ frames reached the user.
+    import torch._dynamo.compiled_autograd as compiled_autograd
+
+    @opreg.custom_op("sweep31::sin", mutates_args=())
+    def sin(x: torch.Tensor) -> torch.Tensor:
+        return x.sin()
+
+    sin.register_autograd(
+        lambda ctx, grad: grad * ctx.x.cos(),
+        setup_context=lambda ctx, inputs, output: setattr(ctx, "x", inputs[0]),
+    )
+    x = torch.randn(4, requires_grad=True)
+    with (
+        pytest.raises(NotImplementedError) as error,
+        compiled_autograd._enable(torch.compile(backend="eager")),
+    ):
+        sin(x).sum().backward()
+    assert str(error.value).startswith(
+        "sweep31::sin: torch's compiled autograd cannot trace an opreg op's backward; run this "
+        "backward without it"
+    )
+    assert "frame #0" not in str(error.value)
+    sin(x).sum().backward()  # and without it, the backward runs
+    torch.testing.assert_close(x.grad, x.detach().cos())

@@ -82,7 +82,17 @@ def _strategy_for(qualname: str, overload: torch._ops.OpOverload) -> Callable[..
         if sharding == _C.Sharding.REPLICATE:
             return replicate(overload, args, kwargs)
         if sharding == _C.Sharding.PYTHON and qualname in _strategies:
-            return _strategies[qualname](*args, **kwargs)
+            choices = _strategies[qualname](*args, **kwargs)
+            if not isinstance(choices, list | tuple) or not all(
+                isinstance(c, list | tuple) and len(c) == 2 for c in choices
+            ):
+                raise TypeError(
+                    f"opreg: op '{qualname}': its sharding strategy function returned "
+                    f"{type(choices).__name__} {choices!r:.100}, expected a list of "
+                    "(output placements, input placements) pairs, as "
+                    "torch.distributed.tensor.experimental.register_sharding takes"
+                )
+            return choices
         if sharding == _C.Sharding.PYTHON:
             raise NotImplementedError(
                 f"opreg: op '{qualname}' declares a DTensor strategy function "

@@ -214,9 +214,21 @@ def test_ops_without_a_strategy_are_refused_by_name_on_one_rank():
             torch.ops.opreg_one.twice(rows)
         except NotImplementedError as error:
             print("refused:", error)
+
+        # A strategy function returning something other than its choices (sweep 31 A-F5).
+        opreg.register_vmap_op(lambda x: x * 2, fake_fn=None, name="opreg_one::none_chosen",
+                               schema="(Tensor x) -> Tensor", sharding=lambda x: None)
+        try:
+            torch.ops.opreg_one.none_chosen(rows)
+        except Exception as error:
+            print("refused:", str(error).splitlines()[0])
         dist.destroy_process_group()
         """
     )
+    assert (
+        "refused: opreg: op 'opreg_one::none_chosen': its sharding strategy function returned "
+        "NoneType None, expected a list of (output placements, input placements) pairs" in out
+    ), out
     assert "before: (Shard(dim=0),)" in out, out
     assert (
         "refused: opreg: op 'opreg_one::twice' has no DTensor sharding strategy (its current "

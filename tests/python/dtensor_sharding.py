@@ -113,6 +113,18 @@ def loss_of(outputs: dict[str, torch.Tensor]) -> torch.Tensor:
     return (outputs["scaled"] ** 2).sum()
 
 
+def replace_scaled_tanh_with_replicate() -> None:
+    opreg.register_triton_op(
+        fake_fn=lambda x, scale: torch.empty_like(x),
+        triton_fn=None,
+        name="opreg_dtensor_test::scaled_tanh",
+        batch_polymorphic=True,
+        schema="(Tensor x, float scale) -> Tensor",
+        sharding="replicate",
+        replace=True,
+    )(lambda x, scale: torch.tanh(x) * scale)
+
+
 def main(out_folder: str) -> None:
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.device_mesh import init_device_mesh
@@ -157,15 +169,7 @@ def main(out_folder: str) -> None:
     # Replacing an op with another sharding: the next call, with inputs of the same specs as a
     # call before (so DTensor's cached propagation would answer), follows the new definition.
     before = scaled_tanh(x.detach(), 1.5).placements
-    opreg.register_triton_op(
-        fake_fn=lambda x, scale: torch.empty_like(x),
-        triton_fn=None,
-        name="opreg_dtensor_test::scaled_tanh",
-        batch_polymorphic=True,
-        schema="(Tensor x, float scale) -> Tensor",
-        sharding="replicate",
-        replace=True,
-    )(lambda x, scale: torch.tanh(x) * scale)
+    replace_scaled_tanh_with_replicate()
     after = scaled_tanh(x.detach(), 1.5)
     # A strategy of the user's serves until the op is defined again, with any sharding: even the
     # one it declared before (sweep 31 A-F1: the user's strategy went on serving).
@@ -175,15 +179,7 @@ def main(out_folder: str) -> None:
     # Inputs of specs not seen before: DTensor caches a propagation and register_sharding keeps it.
     other = distribute_tensor(torch.ones(2 * world_size, 3), mesh, [Shard(0)])
     by_user = scaled_tanh(other, 1.5).placements
-    opreg.register_triton_op(
-        fake_fn=lambda x, scale: torch.empty_like(x),
-        triton_fn=None,
-        name="opreg_dtensor_test::scaled_tanh",
-        batch_polymorphic=True,
-        schema="(Tensor x, float scale) -> Tensor",
-        sharding="replicate",
-        replace=True,
-    )(lambda x, scale: torch.tanh(x) * scale)
+    replace_scaled_tanh_with_replicate()
     saved["replaced"] = {
         "before": [repr(p) for p in before],
         "after": [repr(p) for p in after.placements],

@@ -131,5 +131,5 @@ def test_an_op_defined_inside_a_compiled_function_is_defined_eagerly():
     assert torch.equal(got, torch.full((2,), 14.0))
     assert opreg.describe_op("sweep31::defined_in_compile").schema.endswith("-> Tensor")
     torch._dynamo.reset()
-    with pytest.raises(Exception, match="is defined inside a function torch.compile traces"):
+    with pytest.raises(Exception, match=r"is defined inside a function torch\.compile traces"):
         torch.compile(defines_and_calls, backend="eager", fullgraph=True)(torch.zeros(2))

@@ -468,11 +468,6 @@ SCHEMA_RESERVED_WORDS = frozenset(
 def check_op_name(api: str, name: Any) -> None:
     """A name to define an op by: 'namespace::name', both identifiers (so no overload: an op is
     defined by its name alone, as torch.library.custom_op's are)."""
-    if torch.compiler.is_compiling():  # Dynamo cannot trace a definition (torch.ops' namespaces)
-        raise RuntimeError(
-            f"{api}: op {name!r:.200} is defined inside a function torch.compile traces; define "
-            "it outside (at module level, say), or call torch.compiler.disable on what defines it"
-        )
     if not isinstance(name, str) or name.count("::") != 1 or "" in name.split("::"):
         raise ValueError(f"{api}: name must look like 'namespace::name', got {name!r}")
     for part in name.split("::"):

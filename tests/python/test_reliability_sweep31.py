@@ -3,8 +3,6 @@ repository), beside the earlier sweeps' files."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
@@ -113,23 +111,3 @@ def test_compiled_autograd_over_an_explicit_backward_names_the_op():
     assert "frame #0" not in str(error.value)
     sin(x).sum().backward()  # and without it, the backward runs
     torch.testing.assert_close(x.grad, x.detach().cos())
-
-
-def test_an_op_defined_inside_a_compiled_function_is_defined_eagerly():
-    # A-F4: Dynamo traced into the definition and failed with InternalTorchDynamoError
-    # ("descriptor '__mro__' for 'type' objects doesn't apply to a '_OpNamespace' object").
-    def plus_seven(x: torch.Tensor) -> torch.Tensor:
-        return x + 7
-
-    def defines_and_calls(x):
-        return opreg.custom_op("sweep31::defined_in_compile", mutates_args=())(plus_seven)(x) * 2
-
-    torch._dynamo.reset()
-    with warnings.catch_warnings():  # Dynamo's, on the builtins it meets and leaves to Python
-        warnings.simplefilter("ignore")
-        got = torch.compile(defines_and_calls, backend="eager")(torch.zeros(2))
-    assert torch.equal(got, torch.full((2,), 14.0))
-    assert opreg.describe_op("sweep31::defined_in_compile").schema.endswith("-> Tensor")
-    torch._dynamo.reset()
-    with pytest.raises(Exception, match=r"is defined inside a function torch\.compile traces"):
-        torch.compile(defines_and_calls, backend="eager", fullgraph=True)(torch.zeros(2))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import re
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -19,7 +20,13 @@ import torch.utils._pytree as pytree
 
 from opreg import _C, _compile_key, _dtensor, _torch_library
 from opreg._public import public
-from opreg._registry import forget_compiled_code, op_name, op_overload, refresh_handles
+from opreg._registry import (
+    check_text,
+    forget_compiled_code,
+    op_name,
+    op_overload,
+    refresh_handles,
+)
 from opreg._triton import AotLaunch, decomposition, functional_tensor_mode
 
 
@@ -133,6 +140,9 @@ class OpDeclaration:
         return self.schema[: self.schema.index("(")]
 
     def builder(self) -> _C.OpBuilder:
+        check_text(f"opreg: op '{self.qualname}'", "schema", self.schema)
+        for argument in self.dtypes:
+            check_text(f"opreg: op '{self.qualname}'", "dtypes= argument name", argument)
         builder = _C.OpBuilder(self.schema)
         builder.fallback(self.fallback, self.fallback_label)
         if self.fake is not None:
@@ -182,6 +192,7 @@ def parse_schema(qualname: str, schema: str) -> torch._C.FunctionSchema:
     """torch's parse of `schema`, with its failures (its parser raises RuntimeError, IndexError
     for an int out of range, internal asserts for list defaults of the wrong type) as one
     ValueError naming the op."""
+    check_text(f"opreg: op '{qualname}'", "schema", schema)
     try:
         return torch._C.parse_schema(schema)
     except Exception as error:
@@ -584,6 +595,7 @@ def follow_cpp_definitions(names: Sequence[str]) -> None:
 # A fake's symbolic numbers stand for what only a real run knows: converting one to a schema's
 # type would specialize it.
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+_NUMBER_TYPES = r"\b(int|SymInt|float|SymFloat|bool|SymBool|Scalar|complex)\b"  # may be symbolic
 
 
 def _checked_fake(declaration: OpDeclaration, serial: int) -> Callable[..., Any]:
@@ -594,6 +606,7 @@ def _checked_fake(declaration: OpDeclaration, serial: int) -> Callable[..., Any]
     parsed = torch._C.parse_schema(declaration.schema)
     returns = [r.type for r in parsed.returns]
     lengths = {index: r.N for index, r in enumerate(parsed.returns) if r.N is not None}  # int[2]
+    numeric = [re.search(_NUMBER_TYPES, str(r.real_type)) is not None for r in parsed.returns]
     declared_alias = [r.alias_info is not None for r in parsed.returns]
     enums = {  # output index -> (enumeration, how many values it has)
         index: (name, _C.enum_value_count(name))
@@ -677,8 +690,14 @@ def _checked_fake(declaration: OpDeclaration, serial: int) -> Callable[..., Any]
                     f"opreg: op '{qualname}': its fake returned {len(value)} elements for output "
                     f"{index}, expected {lengths[index]}"
                 )
-            if not any(isinstance(leaf, _SYMBOLIC) for leaf in pytree.tree_leaves(value)):
+            symbolic = [v for v in pytree.tree_leaves(value) if isinstance(v, _SYMBOLIC)]
+            if not symbolic:
                 _C.check_fake_output(qualname, value, declaration.schema, index)
+            elif not numeric[index]:
+                raise TypeError(
+                    f"{qualname}: its fake returned a {type(symbolic[0]).__name__} for output "
+                    f"{index}, expected {returns[index]} (the schema's return type)"
+                )
             if not declared_alias[index]:
                 _check_no_alias(qualname, index, value, inputs)
             if index in enums and type(value) is int and not 0 <= value < enums[index][1]:

@@ -412,21 +412,21 @@ def op_name(name: Any, function: str) -> str:
     if "\0" in name:
         # C++ would read the name up to its NUL, and answer for another op.
         raise ValueError(f"opreg.{function}: op name {name!r} holds a NUL character; no op has one")
-    if not name.isascii() and not _encodes(name):
-        raise ValueError(
-            f"opreg.{function}: op name {name!r:.200} holds a lone surrogate, which is no "
-            "character; no op has one"
-        )
+    check_text(f"opreg.{function}", "op name", name, "; no op has one")
     return name
 
 
-def _encodes(text: str) -> bool:
-    """Whether UTF-8 can hold `text` (not a str with a lone surrogate)."""
+def check_text(where: str, what: str, text: str, advice: str = "") -> None:
+    """A ValueError unless UTF-8 can hold `text`: a str with a lone surrogate ('\ud800') has no
+    form that C++ can take."""
+    if text.isascii():
+        return
     try:
         text.encode()
     except UnicodeEncodeError:
-        return False
-    return True
+        raise ValueError(
+            f"{where}: {what} {text!r:.200} holds a lone surrogate, which is no character{advice}"
+        ) from None
 
 
 # The words PyTorch's schema lexer takes for keywords (TC_FORALL_TOKEN_KINDS in

@@ -16,7 +16,11 @@ import torch.utils._pytree as pytree
 
 from opreg import _C
 from opreg._public import public
-from opreg._registry import accelerated_device_types, register_accelerated_device_type
+from opreg._registry import (
+    accelerated_device_types,
+    check_text,
+    register_accelerated_device_type,
+)
 
 _triton_status: tuple[bool, str] | None = None
 
@@ -258,4 +262,9 @@ class AotLaunch:
 
     def __post_init__(self) -> None:
         # The C++ launch checks each field's type (a TypeError naming the field and what came).
+        for field_name in ("kernel", "grid", "arguments", "outputs"):
+            value = getattr(self, field_name)
+            for text in value if isinstance(value, list | tuple) else [value]:
+                if isinstance(text, str):
+                    check_text("opreg.AotLaunch", f"field '{field_name}'", text)
         _C.AotLaunch(self.kernel, self.grid, self.arguments, self.outputs)

@@ -2184,10 +2184,13 @@ namespace detail {
 bool value_fits(const c10::IValue& value, const c10::Type& type) { return fits(value, type); }
 
 void throw_no_fake(const std::string& op, const std::string& reason) {
+  // The reason may carry a C++ backtrace of an error rethrown inside it (a library's path among
+  // its frames, in bytes that need not be UTF-8, which Python would then fail to read).
+  const std::string said = reason.substr(0, reason.find("Exception raised from "));
   TORCH_CHECK_NOT_IMPLEMENTED(false, op,
                               ": has no fake, and its fallback failed on meta tensors; give the op "
                               "a fake (.fake(fn) in C++, fake_fn= in Python). The fallback said: ",
-                              reason);
+                              valid_utf8(said));
 }
 
 void call_checked_fallback(const std::string& op, const c10::OperatorHandle& handle,

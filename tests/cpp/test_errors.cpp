@@ -398,6 +398,25 @@ TEST(Errors, AFallbackWithADeviceOutputServesAsNoFake) {
                   "'meta' for the Device of output 1");
 }
 
+// Sweep 32 A-F5: the fallback's error on meta tensors, quoted with the backtrace of an error
+// rethrown inside it, carried a library path that was not UTF-8: Python could not read the message.
+TEST(Errors, AFallbacksErrorOnMetaIsQuotedWithoutBacktraceAsUtf8) {
+  auto quoted = opreg::op("opreg_err::quoted(Tensor x) -> Tensor")
+                    .fallback([](const at::Tensor& x) -> at::Tensor {
+                      if (!x.is_meta()) return x.clone();
+                      throw std::runtime_error(
+                          "cannot run on meta in ops\xfe.so\nException raised from run at "
+                          "ops\xfe.so:1");
+                    })
+                    .define();
+  const auto message = error_of([&] { quoted(at::ones({2}, at::kMeta)); });
+  EXPECT_CONTAINS(message,
+                  "opreg_err::quoted: has no fake, and its fallback failed on meta tensors; give "
+                  "the op a fake (.fake(fn) in C++, fake_fn= in Python). The fallback said: "
+                  "opreg_err::quoted: fallback(meta) threw: cannot run on meta in ops\\xfe.so");
+  EXPECT_EQ(message.find("Exception raised from run"), std::string::npos) << message;
+}
+
 // Sweep 29 B-F8: a schema reading that threw a std::exception left define() bare.
 TEST(Errors, ASchemaReadingThatThrowsNamesTheOp) {
   opreg::OpBuilder builder("opreg_err::unread");

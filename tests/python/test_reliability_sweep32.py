@@ -1,0 +1,78 @@
+"""Regression tests for the thirty-second adversarial sweep's findings (reports kept outside the
+repository), beside the earlier sweeps' files."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import opreg
+
+SURROGATE = "\ud800"
+
+
+def _plus_one(x: torch.Tensor) -> torch.Tensor:
+    return x + 1
+
+
+@pytest.mark.parametrize(
+    ("define", "message"),
+    [
+        (
+            lambda: opreg.custom_op(
+                "sweep32::str_default",
+                mutates_args=(),
+                schema=f"(Tensor x, str m='a{SURROGATE}') -> Tensor",
+            )(lambda x, m: x + 1),
+            "op 'sweep32::str_default': schema .* holds a lone surrogate",
+        ),
+        (
+            lambda: opreg.register_vmap_op(
+                fake_fn=None,
+                name="sweep32::vmap_default",
+                schema=f"(Tensor x, str m='{SURROGATE}') -> Tensor",
+            )(lambda x, m: x),
+            "op 'sweep32::vmap_default': schema .* holds a lone surrogate",
+        ),
+        (
+            lambda: opreg.register_triton_op(
+                fake_fn=torch.empty_like,
+                triton_fn=None,
+                name="sweep32::dtypes_key",
+                dtypes={f"x{SURROGATE}": [torch.float32]},
+            )(_plus_one),
+            r"op 'sweep32::dtypes_key': dtypes= argument name 'x\\ud800' holds a lone surrogate",
+        ),
+        (
+            lambda: opreg.AotLaunch(kernel=f"k{SURROGATE}", grid=("1",), arguments=("x",)),
+            r"opreg.AotLaunch: field 'kernel' 'k\\ud800' holds a lone surrogate",
+        ),
+        (
+            lambda: opreg.AotLaunch(kernel="k", grid=(f"1{SURROGATE}",), arguments=("x",)),
+            r"opreg.AotLaunch: field 'grid' '1\\ud800' holds a lone surrogate",
+        ),
+    ],
+)
+def test_a_lone_surrogate_given_to_the_builder_is_named(define, message):
+    # A-F3: pybind11's "incompatible function arguments" or "Unable to cast ... to C++ type '?'".
+    with pytest.raises(ValueError, match=message):
+        define()
+    assert not [r.name for r in opreg.describe_ops() if r.name.startswith("sweep32::")]
+
+
+@pytest.mark.parametrize("schema", ["(Tensor x) -> str", "(Tensor x) -> (Tensor, Device)"])
+def test_a_fakes_symbolic_number_for_an_output_of_another_type_is_named(schema):
+    # A-F4: a SymInt skipped the output check, and torch's conversion said "Unable to cast Python
+    # instance of type <class 'torch.SymInt'> to C++ type '?'".
+    name = "sweep32::sym_" + ("str" if schema.endswith("str") else "device")
+    op = opreg.custom_op(name, mutates_args=(), schema=schema)(
+        lambda x: "a" if schema.endswith("str") else (x.clone(), x.device)
+    )
+    op.register_fake(
+        lambda x: x.shape[0] if schema.endswith("str") else (torch.empty_like(x), x.shape[0])
+    )
+    index = 0 if schema.endswith("str") else 1
+    with pytest.raises(
+        Exception, match=rf"{name}: its fake returned a SymInt for output {index}, expected"
+    ):
+        torch.compile(op, backend="eager", dynamic=True, fullgraph=True)(torch.ones(3))

@@ -17,6 +17,7 @@ import copy
 import itertools
 import re
 import sys
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -1229,6 +1230,31 @@ def opcheck(
         )
     if given_samples is not None:
         given_samples = [_as_sample(op, s, i) for i, s in enumerate(given_samples)]
+    with _one_opcheck_at_a_time:
+        report = OpcheckReport(_rows(op, name, checks, given_samples, devices, progress))
+    if raise_on_failure and report.failures:
+        lines = [
+            f"{r.check} failed for {r.op} on {r.device}, sample '{r.sample}': {r.message}"
+            for r in report.failures
+        ]
+        raise OpcheckError("opreg.opcheck:\n  " + "\n  ".join(lines))
+    return report
+
+
+# Held while opcheck runs its checks: they compile (torch.compile, AOTAutograd), which PyTorch
+# does not make safe for two threads at once (seen: false failures, and a process whose later
+# compiles all failed).
+_one_opcheck_at_a_time = threading.RLock()
+
+
+def _rows(
+    op: torch._ops.OpOverload,
+    name: str,
+    checks: tuple[str, ...],
+    given_samples: list[Sample] | None,
+    devices: Iterable[str] | None,
+    progress: Callable[[str], None] | None,
+) -> list[CheckRow]:
     rows = []
     for device, unavailable in _devices(devices):
         if not unavailable and not _takes_tensors(op) and torch.device(device).type != "cpu":
@@ -1256,14 +1282,7 @@ def opcheck(
                 except Exception as failure:
                     passed, error, message = False, 0.0, f"{type(failure).__name__}: {failure}"
                 rows.append(CheckRow(check, name, device, label, passed, error, message, skipped))
-    report = OpcheckReport(rows)
-    if raise_on_failure and report.failures:
-        lines = [
-            f"{r.check} failed for {r.op} on {r.device}, sample '{r.sample}': {r.message}"
-            for r in report.failures
-        ]
-        raise OpcheckError("opreg.opcheck:\n  " + "\n  ".join(lines))
-    return report
+    return rows
 
 
 def _resolve(name: str, opreg_ops: set[str]) -> torch._ops.OpOverload:

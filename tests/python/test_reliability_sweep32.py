@@ -76,3 +76,30 @@ def test_a_fakes_symbolic_number_for_an_output_of_another_type_is_named(schema):
         Exception, match=rf"{name}: its fake returned a SymInt for output {index}, expected"
     ):
         torch.compile(op, backend="eager", dynamic=True, fullgraph=True)(torch.ones(3))
+
+
+def test_opcheck_from_two_threads_runs_one_at_a_time():
+    # A-F10: two threads' opchecks compiled at once, which PyTorch does not support: 9 to 11
+    # false failures, and later compiles in the process failed too.
+    import threading
+
+    @opreg.custom_op("sweep32::twice", mutates_args=())
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    twice.register_fake(torch.empty_like)
+    reports = []
+    threads = [
+        threading.Thread(
+            target=lambda: reports.append(opreg.opcheck(twice, raise_on_failure=False))
+        )
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(reports) == 2
+    for report in reports:
+        assert not report.failures, report.failures[0]
+    assert not opreg.opcheck(twice, raise_on_failure=False).failures

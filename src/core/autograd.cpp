@@ -93,6 +93,18 @@ std::atomic<int> backwards_in_flight{0};
 constexpr int kMaxBackwardsInFlight = 1024;
 }  // namespace
 
+// torch's compiled autograd asks each node for its state in a form it can trace; opreg's nodes
+// (a backward's context, with saved Python objects among it) have none yet. Without a backtrace:
+// torch shows this error's what(), which would otherwise end in C++ frames.
+[[noreturn]] void refuse_compiled_autograd(const std::string& op, const std::string& way_out) {
+  throw c10::NotImplementedError(op +
+                                     ": torch's compiled autograd cannot trace this opreg op's "
+                                     "backward; run the backward without it "
+                                     "(torch._dynamo.config.compiled_autograd = False), or " +
+                                     way_out,
+                                 /*backtrace=*/nullptr);
+}
+
 // The grad_fn of an output of an opreg op with an explicit backward. Shares the op's identity
 // and declaration instead of copying them: a node is made on every forward call that needs grads.
 class OpregBackward : public torch::autograd::Node {
@@ -108,17 +120,10 @@ class OpregBackward : public torch::autograd::Node {
 
   std::string name() const override { return op->name + "Backward"; }
 
-  // torch's compiled autograd asks each node for its state in a form it can trace; an opreg
-  // backward's context (saved Python objects among it) has none yet. Without a backtrace: torch
-  // shows this error's what(), which would otherwise end in C++ frames.
   void compiled_args(torch::autograd::CompiledNodeArgs& /*args*/) const override {
-    throw c10::NotImplementedError(
-        op->name +
-            ": torch's compiled autograd cannot trace an opreg op's backward; run this backward "
-            "without it (torch._dynamo.config.compiled_autograd = False), or leave the op "
-            "without a backward (autograd='fallback'), so that PyTorch differentiates its "
-            "fallback",
-        /*backtrace=*/nullptr);
+    refuse_compiled_autograd(op->name,
+                             "leave the op without a backward (autograd='fallback'), so that "
+                             "PyTorch differentiates its fallback");
   }
 
   // Set when values saved for the backward were freed (after a backward without retain_graph).
@@ -186,11 +191,15 @@ class OpregBackward : public torch::autograd::Node {
                   op->schema.arguments()[i].name(),
                   "', which is not a tensor; return an undefined tensor (None in Python) there");
       const auto input_type = ctx.edge_inputs_[edge].scalar_type;
-      // The engine casts a gradient to its input's dtype, but not a complex one to a real one.
-      TORCH_CHECK(!result[i].is_complex() || at::isComplexType(input_type), op_name,
-                  ": backward's gradient for input '", op->schema.arguments()[i].name(),
-                  "' is complex (", result[i].scalar_type(), ") but the input is real (",
-                  input_type, "); return a real gradient (the real part, say)");
+      // The engine casts a gradient to its input's dtype: a floating one to any, another only
+      // between two real dtypes or two complex ones.
+      TORCH_CHECK(at::isFloatingType(result[i].scalar_type()) ||
+                      result[i].is_complex() == at::isComplexType(input_type),
+                  op_name, ": backward's gradient for input '", op->schema.arguments()[i].name(),
+                  "' is ", result[i].scalar_type(), ", which cannot stand for the input's ",
+                  input_type,
+                  (result[i].is_complex() ? "; return a real gradient (the real part, say)"
+                                          : "; return a floating or complex gradient"));
       const c10::SymIntArrayRef expected = ctx.edge_inputs_[edge].sizes;
       // A gradient of the broadcast shape is summed down to the input's, as PyTorch's engine
       // does for its own nodes (torch.library's backwards rely on it).
@@ -294,16 +303,23 @@ void bump_versions_of_mutated_inputs(const c10::FunctionSchema& schema,
 // check_fallback_is_differentiable): warns once per op and passes no gradient on.
 class DisconnectedOutput final : public torch::autograd::Node {
  public:
-  DisconnectedOutput(std::string message, std::shared_ptr<std::atomic<bool>> warned,
+  DisconnectedOutput(std::string op, std::string message, std::shared_ptr<std::atomic<bool>> warned,
                      torch::autograd::edge_list&& next_edges)
-      : Node(std::move(next_edges)), message_(std::move(message)), warned_(std::move(warned)) {}
+      : Node(std::move(next_edges)),
+        op_(std::move(op)),
+        message_(std::move(message)),
+        warned_(std::move(warned)) {}
   torch::autograd::variable_list apply(torch::autograd::variable_list&&) override {
     if (!warned_->exchange(true)) TORCH_WARN(message_);
     return torch::autograd::variable_list(num_outputs());
   }
   std::string name() const override { return "DisconnectedOutput"; }
+  void compiled_args(torch::autograd::CompiledNodeArgs& /*args*/) const override {
+    refuse_compiled_autograd(op_, "make its outputs depend on its inputs through PyTorch ops");
+  }
 
  private:
+  std::string op_;
   std::string message_;
   std::shared_ptr<std::atomic<bool>> warned_;
 };
@@ -429,7 +445,7 @@ class AutogradKernel final : public c10::OperatorKernel {
       return;
     }
     auto node = detail::make_node<DisconnectedOutput>(
-        op_->name + ": a gradient reached " + output + ", which" + what, warned_,
+        op_->name, op_->name + ": a gradient reached " + output + ", which" + what, warned_,
         torch::autograd::collect_next_edges(inputs));
     for (const auto& [index, element] : floating) {
       // A new tensor on the same memory: the fallback may have returned one that it keeps.

@@ -105,7 +105,7 @@ def test_compiled_autograd_over_an_explicit_backward_names_the_op():
     ):
         sin(x).sum().backward()
     assert str(error.value).startswith(
-        "sweep31::sin: torch's compiled autograd cannot trace an opreg op's backward; run this "
+        "sweep31::sin: torch's compiled autograd cannot trace this opreg op's backward; run the "
         "backward without it"
     )
     assert "frame #0" not in str(error.value)

@@ -103,3 +103,40 @@ def test_opcheck_from_two_threads_runs_one_at_a_time():
     for report in reports:
         assert not report.failures, report.failures[0]
     assert not opreg.opcheck(twice, raise_on_failure=False).failures
+
+
+def test_an_integer_gradient_for_a_complex_input_names_the_op():
+    # B-F10: torch's engine check ("Expected isFloatingType(grad.scalar_type()) || ...").
+    op = opreg.register_triton_op(
+        fake_fn=torch.empty_like,
+        triton_fn=None,
+        name="sweep32::integer_grad",
+        setup_context=lambda ctx, inputs, output: None,
+        backward=lambda ctx, grad: torch.ones(grad.shape, dtype=torch.int64),
+    )(_plus_one)
+    x = torch.ones(2, dtype=torch.complex64, requires_grad=True)
+    with pytest.raises(
+        RuntimeError,
+        match=r"sweep32::integer_grad: backward's gradient for input 'x' is Long, which cannot "
+        r"stand for the input's ComplexFloat; return a floating or complex gradient",
+    ):
+        op(x).sum().abs().backward()
+
+
+def test_compiled_autograd_over_a_disconnected_output_names_the_op():
+    # B-F8: "compiled_args not implemented: DisconnectedOutput" and C++ frames.
+    import torch._dynamo.compiled_autograd as compiled_autograd
+
+    @opreg.custom_op("sweep32::constant", mutates_args=())
+    def op(x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(x.detach().numpy() + 1)  # outside autograd
+
+    x = torch.ones(2, requires_grad=True)
+    with (
+        pytest.raises(NotImplementedError) as error,
+        compiled_autograd._enable(torch.compile(backend="eager")),
+    ):
+        op(x).sum().backward()
+    assert str(error.value).startswith(
+        "sweep32::constant: torch's compiled autograd cannot trace this opreg op's backward"
+    )

@@ -108,7 +108,10 @@ struct Definition {
   std::vector<std::pair<size_t, std::vector<c10::ScalarType>>> dtype_rules;  // by argument index
   std::vector<size_t> plain_tensor_returns;
   std::vector<size_t> other_tensor_returns;  // Tensor? and Tensor[]
-  std::vector<bool> return_aliases;          // per return: declared as aliasing an input
+  // Outputs other than Tensor: a boxed piece may push any kind there, which Python would read as
+  // it is and a typed caller would meet with an internal assert.
+  std::vector<std::pair<size_t, const c10::Type*>> checked_returns;
+  std::vector<bool> return_aliases;  // per return: declared as aliasing an input
   // Per return declared as an alias: the arguments it may alias (empty: any, a wildcard).
   std::vector<std::vector<size_t>> return_alias_arguments;
   // ScalarType, Layout and MemoryFormat outputs: integers on the stack, with their count of values.
@@ -844,6 +847,8 @@ std::shared_ptr<Definition> build(OpBuilder::State spec,
     if (ret.N()) definition->fixed_length_returns.emplace_back(i, *ret.N());
     if (!definition->device_return && detail::holds_kind(*ret.type(), c10::TypeKind::DeviceObjType))
       definition->device_return = i;
+    if (ret.type()->kind() != c10::TypeKind::TensorType)
+      definition->checked_returns.emplace_back(i, ret.real_type().get());
     if (ret.type()->kind() == c10::TypeKind::TensorType) {
       definition->plain_tensor_returns.push_back(i);
     } else if (ret.type()->isSubtypeOf(*c10::OptionalType::ofTensor()) ||
@@ -944,6 +949,8 @@ bool fits(const c10::IValue& value, const c10::Type& type) {
     case c10::TypeKind::LayoutType:
     case c10::TypeKind::MemoryFormatType:
       return value.isInt() && value.toInt() >= 0 && value.toInt() < *enum_values(type);
+    case c10::TypeKind::ComplexType:
+      return value.isComplexDouble();
     case c10::TypeKind::StringType:
       return value.isString();
     case c10::TypeKind::DeviceObjType:
@@ -955,8 +962,14 @@ bool fits(const c10::IValue& value, const c10::Type& type) {
       switch (element.kind()) {
         case c10::TypeKind::IntType:
           return value.isIntList();
-        case c10::TypeKind::SymIntType:
-          return value.isIntList() || value.isList();
+        case c10::TypeKind::SymIntType: {
+          if (value.isIntList()) return true;
+          if (!value.isList()) return false;
+          const auto items = value.toListRef();
+          return std::all_of(items.begin(), items.end(), [](const c10::IValue& item) {
+            return item.isInt() || item.isSymInt();
+          });
+        }
         case c10::TypeKind::FloatType:
           return value.isDoubleList();
         case c10::TypeKind::BoolType:
@@ -997,6 +1010,7 @@ bool checkable(const c10::Type& type) {
     case c10::TypeKind::StringType:
     case c10::TypeKind::DeviceObjType:
     case c10::TypeKind::NumberType:
+    case c10::TypeKind::ComplexType:
     case c10::TypeKind::GeneratorType:
     case c10::TypeKind::ListType:
       return true;
@@ -1364,6 +1378,13 @@ void check_outputs(const Definition& definition, const torch::jit::Stack& stack,
   TORCH_CHECK(stack.size() == base + returns.size(), definition.name(), ": ", impl, " returned ",
               stack.size() - std::min(stack.size(), base), " values, expected ", returns.size(),
               " (schema '", definition.schema_text(), "')");
+  for (const auto& [index, type] : definition.checked_returns) {
+    const auto& value = stack[base + index];
+    TORCH_CHECK_TYPE(fits(value, *type) || (value.isInt() && enum_values(*type)), definition.name(),
+                     ": ", impl, " returned ",
+                     value.isList() ? value.type()->str() : value.tagKind(), " for output ", index,
+                     ", expected ", type->str(), " (schema '", definition.schema_text(), "')");
+  }
   for (size_t index : definition.plain_tensor_returns) {
     const auto& value = stack[base + index];
     TORCH_CHECK_TYPE(value.isTensor() && value.toTensor().defined(), definition.name(), ": ", impl,

@@ -398,6 +398,67 @@ TEST(Errors, AFallbackWithADeviceOutputServesAsNoFake) {
                   "'meta' for the Device of output 1");
 }
 
+// Sweep 32 B-F4: a boxed fallback (a KernelFactory's) pushed any kind for a non-tensor output:
+// Python read it as it was ('-> int' gave a str), a typed caller met an internal assert.
+c10::IValue pushed_output;  // NOLINT: what the boxed fallback below pushes
+void push_the_output(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  stack->clear();
+  stack->push_back(pushed_output);
+}
+
+TEST(Errors, ABoxedFallbacksOutputOfAnotherKindIsRefused) {
+  const std::vector<std::tuple<std::string, c10::IValue, std::string>> cases{
+      {"int", std::string("str"), "returned String for output 0, expected int"},
+      {"Device", 2.5, "returned Double for output 0, expected Device"},
+      {"Tensor[]", at::ones({1}), "returned Tensor for output 0, expected Tensor[]"},
+      {"complex", 2.5, "returned Double for output 0, expected complex"},
+      {"SymInt[]", c10::List<double>({1.5}), "returned float[] for output 0, expected SymInt[]"},
+      {"int", int64_t{3}, ""},
+      {"complex", c10::complex<double>(1, 2), ""},
+      {"Scalar", c10::complex<double>(1, 2), ""},
+      {"ScalarType", int64_t{6}, ""},
+      {"SymInt[]", c10::List<int64_t>({1, 2}), ""},
+  };
+  for (const auto& [type, value, message] : cases) {
+    const std::string name = "opreg_err::pushes_" + std::to_string(&type - &std::get<0>(cases[0]));
+    opreg::OpBuilder builder(name + "(Tensor x) -> " + type);
+    builder.fallback(opreg::KernelFactory{[](const opreg::KernelContext&) {
+      return c10::KernelFunction::makeFromBoxedFunction<&push_the_output>();
+    }});
+    std::move(builder.replace()).define();
+    pushed_output = value;
+    if (message.empty()) {
+      EXPECT_NO_THROW(opreg_test::call_boxed(name, {at::ones({1})})) << type;
+    } else {
+      EXPECT_CONTAINS(error_of([&] { opreg_test::call_boxed(name, {at::ones({1})}); }),
+                      name + ": the fallback " + message);
+    }
+  }
+}
+
+// Sweep 32 B-F7: a boxed call's complex or SymInt[] argument of another kind met PyTorch's
+// internal assert in the fallback's unboxing.
+TEST(Errors, ABoxedCallsComplexAndSymIntListArgumentsAreChecked) {
+  opreg::op("opreg_err::rotate(Tensor x, complex c, SymInt[] size) -> Tensor")
+      .fallback([](const at::Tensor& x, c10::complex<double> c, c10::SymIntArrayRef) {
+        return x * c.real();
+      })
+      .define();
+  EXPECT_CONTAINS(error_of([] {
+                    opreg_test::call_boxed("opreg_err::rotate",
+                                           {at::ones({1}), 2.5, c10::List<int64_t>({1})});
+                  }),
+                  "opreg_err::rotate: argument 'c' must be complex, got Double");
+  EXPECT_CONTAINS(error_of([] {
+                    opreg_test::call_boxed(
+                        "opreg_err::rotate",
+                        {at::ones({1}), c10::complex<double>(2, 0), c10::List<double>({1.5})});
+                  }),
+                  "opreg_err::rotate: argument 'size' must be SymInt[], got float[]");
+  EXPECT_NO_THROW(opreg_test::call_boxed(
+      "opreg_err::rotate", {at::ones({1}), c10::complex<double>(2, 0), c10::List<int64_t>({1})}));
+}
+
 // Sweep 32 A-F5: the fallback's error on meta tensors, quoted with the backtrace of an error
 // rethrown inside it, carried a library path that was not UTF-8: Python could not read the message.
 TEST(Errors, AFallbacksErrorOnMetaIsQuotedWithoutBacktraceAsUtf8) {

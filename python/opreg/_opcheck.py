@@ -415,6 +415,8 @@ def _same_value(a: Any, b: Any) -> bool:
         return len(a) == len(b) and all(map(_same_value, a, b))
     if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
         return True
+    if isinstance(a, complex) and isinstance(b, complex):
+        return _same_value(a.real, b.real) and _same_value(a.imag, b.imag)
     return type(a) is type(b) and a == b
 
 
@@ -430,15 +432,28 @@ def _compared_values(op, sample: Sample, outputs: Any) -> list[tuple[str, Any]]:
     return compared
 
 
+def _count_difference(op, got: Any, want: Any) -> str:
+    """Which output holds another number of values than the fallback's (a list's elements)."""
+    single = len(op._schema.returns) == 1
+    for index, (a, b) in enumerate(zip(*((o,) if single else o for o in (got, want)), strict=True)):
+        if len(_outputs(a)) != len(_outputs(b)):
+            return (
+                f"output {index} has {len(_outputs(a))} values, the fallback's {len(_outputs(b))}"
+            )
+    return f"{len(_outputs(got))} values, the fallback gives {len(_outputs(want))}"
+
+
 def _check_kernel_vs_fallback(op, sample, device):
     report = describe_op(_qualified(op))
     # A sample that requires grad would send the call to the fallback (autograd="fallback"),
     # which would then be compared with itself.
     called, by_fallback = _clone(sample, detach=True), _clone(sample, detach=True)
-    got = _compared_values(op, called, op(*called.args, **called.kwargs))
-    want = _compared_values(op, by_fallback, _call_fallback(op, by_fallback))
+    got_outputs = op(*called.args, **called.kwargs)
+    want_outputs = _call_fallback(op, by_fallback)
+    got = _compared_values(op, called, got_outputs)
+    want = _compared_values(op, by_fallback, want_outputs)
     if len(got) != len(want):
-        return False, 0.0, f"{len(got)} outputs, the fallback gives {len(want)}"
+        return False, 0.0, _count_difference(op, got_outputs, want_outputs)
     error = 0.0
     for (what, a), (_, b) in zip(got, want, strict=True):
         if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):

@@ -188,6 +188,12 @@ std::string compare_values(const std::string& what, const c10::IValue& got, cons
       return what + " is " + (std::signbit(a) ? "-0.0" : "+0.0") + ", the fallback's " +
              (std::signbit(b) ? "-0.0" : "+0.0") + "; the op declares its kernels bitwise";
     }
+  } else if (got.isComplexDouble() && want.isComplexDouble()) {  // each part as a double
+    const auto a = got.toComplexDouble(), b = want.toComplexDouble();
+    if (compare_values(what, a.real(), b.real(), how, max_error).empty() &&
+        compare_values(what, a.imag(), b.imag(), how, max_error).empty()) {
+      return "";
+    }
   } else if (got == want) {
     return "";
   }

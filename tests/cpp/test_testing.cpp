@@ -353,6 +353,24 @@ TEST(Testing, AnInfiniteNumberOutputEqualsItselfOnly) {
   opreg::testing::check_or_throw("opreg_check::infinite", {{at::zeros({2})}});
 }
 
+// Sweep 32 B-F5: two complex NaN outputs were compared with ==, and differed.
+TEST(Testing, AComplexNaNOutputEqualsAComplexNaN) {
+  opreg::op("opreg_check::complex_nan(Tensor x) -> complex")
+      .fallback([](const at::Tensor&) { return c10::complex<double>(NAN, 0); })
+      .kernel([](const at::Tensor&) { return c10::complex<double>(NAN, 0); }, opreg::on({"cpu"}))
+      .define();
+  opreg::testing::check_or_throw("opreg_check::complex_nan", {{at::zeros({2})}});
+  opreg::op("opreg_check::complex_nan(Tensor x) -> complex")
+      .fallback([](const at::Tensor&) { return c10::complex<double>(NAN, 0); })
+      .kernel([](const at::Tensor&) { return c10::complex<double>(NAN, 1); }, opreg::on({"cpu"}))
+      .replace()
+      .define();
+  EXPECT_CONTAINS(error_of([] {
+                    opreg::testing::check_or_throw("opreg_check::complex_nan", {{at::zeros({2})}});
+                  }),
+                  "output 0 is nan+1.j, the fallback's nan+0.j");
+}
+
 // Sweep 31 B-F4: a fake differing only in the stride of a dim of size 1 failed fake_vs_real.
 TEST(Testing, TheStrideOfADimOfSizeOneIsNotCompared) {
   opreg::op("opreg_check::column(Tensor x) -> Tensor")

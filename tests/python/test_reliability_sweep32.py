@@ -140,3 +140,28 @@ def test_compiled_autograd_over_a_disconnected_output_names_the_op():
     assert str(error.value).startswith(
         "sweep32::constant: torch's compiled autograd cannot trace this opreg op's backward"
     )
+
+
+def test_opcheck_names_the_list_output_of_another_length():
+    # A-F8: "2 outputs, the fallback gives 1" for an op with one str[] output.
+    if not opreg.has_triton():
+        pytest.skip("the Python front registers triton_fn only when Triton works")
+
+    @opreg.register_triton_op(
+        fake_fn=lambda x: ["a"],
+        triton_fn=lambda x: ["a", "b"],
+        triton_device_types="cpu",
+        name="sweep32::words",
+        schema="(Tensor x) -> str[]",
+    )
+    def words(x):
+        return ["a"]
+
+    report = opreg.opcheck(
+        words,
+        [(torch.ones(1),)],
+        devices=["cpu"],
+        checks=["kernel_vs_fallback"],
+        raise_on_failure=False,
+    )
+    assert report.failures[0].message == "output 0 has 2 values, the fallback's 1"

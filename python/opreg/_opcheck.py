@@ -321,12 +321,28 @@ def _outputs(tree: Any) -> list[Any]:
 
 def _clone(sample: Sample, *, detach: bool = False) -> Sample:
     """Copies of the sample's values; `detach`: tensors out of autograd (the gradients check needs
-    them in)."""
+    them in), each with its sample's layout (strides, offset, the memory it shares with another
+    argument), as opreg::testing::check makes them: a kernel that reads a layout wrongly must
+    meet the sample's own."""
+    copies: dict[tuple[int, torch.device], torch.UntypedStorage] = {}
+
+    def same_layout(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.layout != torch.strided or tensor.is_meta or tensor.is_nested:
+            return tensor.detach().clone()
+        storage = tensor.untyped_storage()
+        key = (storage.data_ptr(), tensor.device)
+        if key not in copies:
+            copies[key] = storage.clone()
+        same = torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(
+            copies[key], tensor.storage_offset(), tensor.shape, tensor.stride()
+        )
+        same = same.conj() if tensor.is_conj() else same
+        return torch._neg_view(same) if tensor.is_neg() else same
 
     def clone(value: Any) -> Any:
         if not isinstance(value, torch.Tensor):
             return copy.copy(value)
-        return value.detach().clone() if detach else value.clone()
+        return same_layout(value) if detach else value.clone()
 
     return Sample(
         pytree.tree_map(clone, sample.args), pytree.tree_map(clone, sample.kwargs), sample.label

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <sstream>
+#include <unordered_map>
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -66,13 +67,28 @@ std::vector<c10::IValue> to_meta(const std::vector<c10::IValue>& args) {
 }
 
 // Each run gets its own copies, so that an op that writes its arguments changes neither the
-// caller's samples nor another run's. Detached: a sample that requires grad would send the call
-// to the fallback (AutogradPolicy::kFallback), which would then be compared with itself.
+// caller's samples nor another run's. A copy keeps its tensor's layout (strides, offset, the
+// memory it shares with another argument): a kernel that reads a layout wrongly must meet the
+// sample's own. Detached: a sample that requires grad would send the call to the fallback
+// (AutogradPolicy::kFallback), which would then be compared with itself.
 std::vector<c10::IValue> clone_tensors(const std::vector<c10::IValue>& args) {
+  std::unordered_map<const c10::StorageImpl*, c10::Storage> copies;  // a sample's, and its copy
+  auto copy = [&](const at::Tensor& t) {
+    if (t.layout() != at::kStrided || !t.has_storage() || t.is_meta()) return t.detach().clone();
+    auto& storage = copies[t.storage().unsafeGetStorageImpl()];
+    if (!storage) {
+      const auto bytes = static_cast<int64_t>(t.storage().nbytes());
+      const auto as_bytes = t.options().dtype(at::kByte);
+      storage =
+          at::empty({bytes}, as_bytes).copy_(at::empty({0}, as_bytes).set_(t.storage())).storage();
+    }
+    auto same =
+        at::empty({0}, t.options()).set_(storage, t.storage_offset(), t.sizes(), t.strides());
+    if (t.is_conj()) same = same.conj();
+    return t.is_neg() ? at::_neg_view(same) : same;
+  };
   std::vector<c10::IValue> cloned;
-  for (const auto& arg : args) {
-    cloned.push_back(map_tensors(arg, [](const at::Tensor& t) { return t.detach().clone(); }));
-  }
+  for (const auto& arg : args) cloned.push_back(map_tensors(arg, copy));
   return cloned;
 }
 

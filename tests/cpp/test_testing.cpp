@@ -353,6 +353,33 @@ TEST(Testing, AnInfiniteNumberOutputEqualsItselfOnly) {
   opreg::testing::check_or_throw("opreg_check::infinite", {{at::zeros({2})}});
 }
 
+// Sweep 32 B-F1: the checks ran the kernel on contiguous copies of the samples, so a kernel that
+// reads strides wrongly, or one that an aliased argument breaks, passed.
+TEST(Testing, TheKernelRunsOnTheSamplesOwnLayout) {
+  opreg::op("opreg_check::dense_only(Tensor x) -> Tensor")
+      .fallback([](const at::Tensor& x) { return x * 2; })
+      .kernel([](const at::Tensor& x) { return x.as_strided(x.sizes(), {1}) * 2; },
+              opreg::on({"cpu"}))
+      .define();
+  opreg::testing::check_or_throw("opreg_check::dense_only", {{at::arange(4.0)}});
+  EXPECT_CONTAINS(error_of([] {
+                    opreg::testing::check_or_throw("opreg_check::dense_only",
+                                                   {{at::arange(8.0).slice(0, 0, 8, 2)}});
+                  }),
+                  "kernel_vs_fallback failed for opreg_check::dense_only on cpu, sample 0");
+  opreg::op("opreg_check::add_into(Tensor(a!) x, Tensor y) -> ()")
+      .fallback([](const at::Tensor& x, const at::Tensor& y) { x.add_(y.clone()); })
+      .kernel([](const at::Tensor& x, const at::Tensor& y) { x.add_(1).add_(y).sub_(1); },
+              opreg::on({"cpu"}))
+      .define();
+  const auto both = at::ones({2});
+  opreg::testing::check_or_throw("opreg_check::add_into", {{at::ones({2}), at::ones({2})}});
+  EXPECT_CONTAINS(
+      error_of([&] { opreg::testing::check_or_throw("opreg_check::add_into", {{both, both}}); }),
+      "argument 'x', which the op writes, differs from the fallback's");
+  EXPECT_TRUE(at::equal(both, at::ones({2})));  // the sample stays as it was
+}
+
 // Sweep 32 B-F5: two complex NaN outputs were compared with ==, and differed.
 TEST(Testing, AComplexNaNOutputEqualsAComplexNaN) {
   opreg::op("opreg_check::complex_nan(Tensor x) -> complex")

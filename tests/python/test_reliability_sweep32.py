@@ -165,3 +165,26 @@ def test_opcheck_names_the_list_output_of_another_length():
         raise_on_failure=False,
     )
     assert report.failures[0].message == "output 0 has 2 values, the fallback's 1"
+
+
+def test_opcheck_runs_the_kernel_on_the_samples_own_layout():
+    # B-F1: kernel_vs_fallback ran on contiguous copies, so a kernel that reads strides wrongly
+    # passed on a strided sample.
+    if not opreg.has_triton():
+        pytest.skip("the Python front registers triton_fn only when Triton works")
+
+    @opreg.register_triton_op(
+        fake_fn=torch.empty_like,
+        triton_fn=lambda x: x.as_strided(x.shape, (1,)) * 2,
+        triton_device_types="cpu",
+        name="sweep32::dense_only",
+    )
+    def dense_only(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    check = dict(devices=["cpu"], checks=["kernel_vs_fallback"], raise_on_failure=False)
+    assert not opreg.opcheck(dense_only, [(torch.arange(4.0),)], **check).failures
+    strided = torch.arange(8.0)[::2]
+    (row,) = opreg.opcheck(dense_only, [(strided,)], **check).failures
+    assert "output 0 differs from the fallback's" in row.message
+    assert torch.equal(strided, torch.arange(8.0)[::2])

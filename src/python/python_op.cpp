@@ -264,8 +264,41 @@ PyArgs pop_arguments(const c10::FunctionSchema& schema, torch::jit::Stack* stack
   return result;
 }
 
+// Whether `value` is what a bool output may be: pybind11's bool caster takes None, 0.5 or 1j too
+// (as False and True), which torch.library's ops pass on silently.
+bool is_bool_like(const py::handle& value) {
+  const std::string type = Py_TYPE(value.ptr())->tp_name;
+  return PyBool_Check(value.ptr()) || type == "numpy.bool" || type == "numpy.bool_" ||
+         THPVariable_Check(value.ptr());
+}
+
+// The first value of a bool, bool? or bool[] output that is no bool; none when all are.
+std::optional<py::handle> not_a_bool(const py::handle& value, const c10::Type& type) {
+  if (const auto* optional = type.castRaw<c10::OptionalType>()) {
+    return value.is_none() ? std::nullopt : not_a_bool(value, *optional->getElementType());
+  }
+  if (type.kind() == c10::TypeKind::BoolType) {
+    return is_bool_like(value) ? std::nullopt : std::optional<py::handle>(value);
+  }
+  const auto* list = type.castRaw<c10::ListType>();
+  if (list == nullptr || list->getElementType()->kind() != c10::TypeKind::BoolType ||
+      !(py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value))) {
+    return std::nullopt;
+  }
+  for (const auto& item : value.cast<py::sequence>()) {
+    if (!is_bool_like(item)) return item;
+  }
+  return std::nullopt;
+}
+
 c10::IValue to_output(const std::string& op, const std::string& impl, const py::handle& value,
                       const c10::Argument& ret, size_t index) {
+  if (const auto wrong = not_a_bool(value, *ret.type())) {
+    TORCH_CHECK_TYPE(false, op, ": ", impl, " returned ", py::repr(*wrong).cast<std::string>(),
+                     " (", py::str(wrong->get_type()).cast<std::string>(), ")",
+                     wrong->ptr() == value.ptr() ? " for" : " as an element of", " output ", index,
+                     ", expected a bool (the schema's return type is ", ret.type()->str(), ")");
+  }
   try {
     return torch::jit::toIValue(value, ret.type());
   } catch (const std::exception&) {

@@ -188,3 +188,29 @@ def test_opcheck_runs_the_kernel_on_the_samples_own_layout():
     (row,) = opreg.opcheck(dense_only, [(strided,)], **check).failures
     assert "output 0 differs from the fallback's" in row.message
     assert torch.equal(strided, torch.arange(8.0)[::2])
+
+
+@pytest.mark.parametrize(
+    ("schema", "value", "message"),
+    [
+        ("(Tensor x) -> bool", None, r"returned None \(<class 'NoneType'>\) for output 0"),
+        ("(Tensor x) -> bool", 0.5, r"returned 0.5 \(<class 'float'>\) for output 0"),
+        ("(Tensor x) -> bool[]", [True, 1j], r"returned 1j \(<class 'complex'>\) as an element of"),
+        ("(Tensor x) -> bool?", 0.0, r"returned 0.0 \(<class 'float'>\) for output 0"),
+    ],
+)
+def test_a_bool_output_must_be_a_bool(schema, value, message):
+    # B-F6: pybind11's bool caster took None as False and 0.5 or 1j as True, silently.
+    name = f"sweep32::not_bool_{abs(hash((schema, repr(value))))}"
+    op = opreg.custom_op(name, mutates_args=(), schema=schema)(lambda x: value)
+    with pytest.raises(TypeError, match=f"{name}: the fallback {message}"):
+        op(torch.zeros(1))
+
+
+def test_bool_outputs_of_bools_numpy_bools_and_tensors_pass():
+    import numpy
+
+    op = opreg.custom_op("sweep32::bools", mutates_args=(), schema="(Tensor x) -> (bool, bool[])")(
+        lambda x: (numpy.bool_(True), [False, x.any()])
+    )
+    assert op(torch.zeros(1)) == (True, [False, False])

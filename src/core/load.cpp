@@ -145,8 +145,10 @@ std::map<FileId, std::vector<std::string>>& defined_by_file() {
 // of the new file's ops would be defined while the load reported success. Each load records the
 // file it mapped a library from (device, inode, size, modification time), and a later load that
 // dlopen would answer with that library refuses when the file at its path is no longer that one.
-// A library that other code mapped (a plain dlopen, torch.ops.load_library, a library another
-// needs) has no record: its file is known to be another only when the file mapped was deleted.
+// A library mapped during such a load (one the loaded library needs, or that its initializers
+// opened) is recorded too, just after the load. A library that other code mapped (a plain
+// dlopen, torch.ops.load_library) has no record: its file is known to be another only when the
+// file mapped was deleted.
 struct FileStamp {
   dev_t device = 0;
   ino_t inode = 0;
@@ -255,6 +257,34 @@ std::set<FileId> loaded_files() {
       },
       &files);
   return files;
+}
+
+// Records the file of each library mapped since `files_before` that has no record yet: the
+// libraries a load brought in (those it needs, those its initializers opened), whose ops it
+// defined too. Stamped now, just after their mapping; `loaded` (the library loaded, whose file
+// is recorded only when it did not change while it was read) is left out.
+void record_mapped_since(const std::set<FileId>& files_before, void* loaded) {
+  std::vector<std::string> names;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* found) {
+        if (info->dlpi_name != nullptr && *info->dlpi_name != '\0') {
+          static_cast<std::vector<std::string>*>(found)->emplace_back(info->dlpi_name);
+        }
+        return 0;
+      },
+      &names);
+  for (const auto& name : names) {  // dlopen may not run inside dl_iterate_phdr's callback
+    const auto id = file_id(name.c_str());
+    if (!id || files_before.count(*id) != 0) continue;
+    const auto stamp = stamp_of(name);
+    void* mapped = dlopen(name.c_str(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+    if (mapped == nullptr) continue;
+    if (stamp && mapped != loaded) {
+      std::lock_guard<std::mutex> lock(g_failed_mutex);
+      mapped_stamps().emplace(mapped, *stamp);
+    }
+    dlclose(mapped);
+  }
 }
 
 std::optional<FileId> file_of_handle(void* handle) {
@@ -698,6 +728,7 @@ void load_once(const std::string& path) {
     std::lock_guard<std::mutex> lock(g_failed_mutex);
     mapped_stamps().emplace(handle, *stamp);
   }
+  record_mapped_since(files_before, handle);
   if (context.failures.empty() && outermost) {
     size_t committed = 0;
     for (; committed < context.on_success.size(); ++committed) {

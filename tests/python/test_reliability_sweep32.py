@@ -214,3 +214,54 @@ def test_bool_outputs_of_bools_numpy_bools_and_tensors_pass():
         lambda x: (numpy.bool_(True), [False, x.any()])
     )
     assert op(torch.zeros(1)) == (True, [False, False])
+
+
+@pytest.mark.parametrize("how", ["needs", "opens with dlopen"])
+def test_a_library_a_load_brought_in_and_written_again_is_refused(test_ops_library, tmp_path, how):
+    # B-F2: a library a load brought in (one the loaded library needs, or opens with a plain
+    # dlopen) had no record of its file: written again in place, a load of its path reported
+    # success and defined none of the new file's ops.
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    from test_reliability import PYTHONPATH_SETUP, assert_survived
+
+    def scripted(name: str) -> str:
+        return str(test_ops_library.parent / f"libopreg_scripted_{name}.so")
+
+    outer, inner = ("needy", "dep") if how == "needs" else ("a", "c")
+    inner_path = tmp_path / f"libopreg_scripted_{inner}.so"
+    outer_path = tmp_path / f"libopreg_scripted_{outer}.so"
+    script = "def:outer:1" + ("" if how == "needs" else f";dlopen:{inner_path}")
+    code = textwrap.dedent(
+        f"""
+        import os, shutil, time
+        os.environ["OPREG_SCRIPT_{outer}"] = {script!r}
+        os.environ["OPREG_SCRIPT_{inner}"] = "def:inner:2"
+        import opreg
+        shutil.copy({scripted(inner)!r}, {str(inner_path)!r})
+        shutil.copy({scripted(outer)!r}, {str(outer_path)!r})
+        opreg.load_library({str(outer_path)!r})
+        time.sleep(0.01)
+        os.utime({str(inner_path)!r})  # written again, in place
+        try:
+            opreg.load_library({str(inner_path)!r})
+            print("loaded")
+        except ValueError as error:
+            print("refused:", error)
+        """
+    )
+    result = subprocess.run(  # the dynamic loader finds the needed library in LD_LIBRARY_PATH
+        [sys.executable, "-c", PYTHONPATH_SETUP + code],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "LD_LIBRARY_PATH": str(tmp_path)},
+    )
+    assert_survived(result)
+    assert (
+        f"refused: opreg::load_library: cannot load '{inner_path}': a library was loaded from "
+        "that path earlier in this process, from another file than the one there now"
+    ) in result.stdout, result.stdout

@@ -98,7 +98,8 @@ class OPREG_API OpBuilder {
   OpBuilder& fallback(KernelFactory factory);
   // The op's abstract evaluation on meta tensors. Without one, the fallback runs on meta tensors.
   OpBuilder& fake(KernelFactory factory);
-  // The fake is registered from Python (torch.library.register_fake) by `python_module`.
+  // The fake is a Python function that opreg's Python front registers (its module,
+  // "opreg._declaration", is the only one taken): an op defined in C++ gives fake().
   OpBuilder& python_fake(std::string python_module);
   // `devices`: nullopt follows the accelerated device types (opreg/device_types.h).
   OpBuilder& kernel(KernelFactory factory, std::string name,

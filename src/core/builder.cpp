@@ -64,11 +64,22 @@ OpBuilder& OpBuilder::fake(KernelFactory factory) {
   return *this;
 }
 
+// The module whose fakes python_fake() names: the Python front's, which registers them itself.
+constexpr const char* kPythonFrontModule = "opreg._declaration";
+
 OpBuilder& OpBuilder::python_fake(std::string python_module) {
   if (python_module.empty()) {
     keep_first(live(state_), c10::str("opreg: op '", declared_name(),
                                       "': python_fake() needs the name of the module that "
                                       "registers the fake; it got an empty name"));
+  } else if (python_module != kPythonFrontModule) {
+    // Python's register_fake refuses a piece for an op C++ defines (the definition holds all of
+    // them), so no other module could register it: the op would silently have none.
+    keep_first(live(state_),
+               c10::str("opreg: op '", declared_name(), "': python_fake('", python_module,
+                        "') is the Python front's (module ", kPythonFrontModule,
+                        "); an op defined in C++ gives its fake with fake(), or "
+                        "runs its fallback on meta tensors without one"));
   }
   live(state_).python_module = std::move(python_module);
   return *this;

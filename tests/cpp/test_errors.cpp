@@ -459,6 +459,20 @@ TEST(Errors, ABoxedCallsComplexAndSymIntListArgumentsAreChecked) {
       "opreg_err::rotate", {at::ones({1}), c10::complex<double>(2, 0), c10::List<int64_t>({1})}));
 }
 
+// Sweep 32 B-F3: a C++ op's python_fake("module") never took effect (Python's register_fake
+// refuses a piece for an op C++ defines): the op ran its fallback on meta tensors instead.
+TEST(Errors, APythonFakeFromCppIsRefused) {
+  opreg::OpBuilder builder("opreg_err::python_faked(Tensor x) -> Tensor");
+  builder.fallback(
+      opreg::detail::typed_kernel(std::function<at::Tensor(const at::Tensor&)>(identity)));
+  builder.python_fake("my_fakes");
+  EXPECT_CONTAINS(error_of([&] { std::move(builder).define(); }),
+                  "opreg: op 'opreg_err::python_faked': python_fake('my_fakes') is the Python "
+                  "front's (module opreg._declaration); an op defined in C++ gives its fake with "
+                  "fake()");
+  EXPECT_FALSE(opreg::is_defined("opreg_err::python_faked"));
+}
+
 // Sweep 32 A-F5: the fallback's error on meta tensors, quoted with the backtrace of an error
 // rethrown inside it, carried a library path that was not UTF-8: Python could not read the message.
 TEST(Errors, AFallbacksErrorOnMetaIsQuotedWithoutBacktraceAsUtf8) {

@@ -83,15 +83,7 @@ def _strategy_for(qualname: str, overload: torch._ops.OpOverload) -> Callable[..
             return replicate(overload, args, kwargs)
         if sharding == _C.Sharding.PYTHON and qualname in _strategies:
             choices = _strategies[qualname](*args, **kwargs)
-            if not isinstance(choices, list | tuple) or not all(
-                isinstance(c, list | tuple) and len(c) == 2 for c in choices
-            ):
-                raise TypeError(
-                    f"opreg: op '{qualname}': its sharding strategy function returned "
-                    f"{type(choices).__name__} {choices!r:.100}, expected a list of "
-                    "(output placements, input placements) pairs, as "
-                    "torch.distributed.tensor.experimental.register_sharding takes"
-                )
+            _check_choices(qualname, overload, choices, len([*args, *kwargs.values()]))
             return choices
         if sharding == _C.Sharding.PYTHON:
             raise NotImplementedError(
@@ -107,6 +99,48 @@ def _strategy_for(qualname: str, overload: torch._ops.OpOverload) -> Callable[..
 
     strategy.__name__ = f"opreg_sharding[{qualname}]"
     return strategy
+
+
+def _check_choices(
+    qualname: str, overload: torch._ops.OpOverload, choices: Any, arguments: int
+) -> None:
+    """A TypeError naming the op unless a strategy function's `choices` are what
+    register_sharding takes: a non-empty list of (output placements, input placements) pairs,
+    one placement (or None) per output and per argument. DTensor's own errors on other values
+    name neither (``min() arg is an empty sequence``)."""
+    from torch.distributed.tensor.placement_types import Placement
+
+    def placements(value: Any, count: int) -> bool:
+        return (
+            isinstance(value, list | tuple)
+            and len(value) == count
+            and all(
+                p is None
+                or isinstance(p, Placement)
+                or (isinstance(p, list | tuple) and all(isinstance(q, Placement) for q in p))
+                for p in value
+            )
+        )
+
+    outputs = len(overload._schema.returns)
+    if (
+        not isinstance(choices, list | tuple)
+        or not choices
+        or not all(
+            isinstance(c, list | tuple)
+            and len(c) == 2
+            and placements(c[0], outputs)
+            and placements(c[1], arguments)
+            for c in choices
+        )
+    ):
+        raise TypeError(
+            f"opreg: op '{qualname}': its sharding strategy function returned "
+            f"{type(choices).__name__} {choices!r:.100}, expected a non-empty list of "
+            f"(output placements, input placements) pairs: {outputs} placements for the outputs "
+            f"and {arguments} for the arguments (None for one that is no tensor), as "
+            "torch.distributed.tensor.experimental.register_sharding takes"
+        )
 
 
 def _is_spec(value: Any) -> bool:

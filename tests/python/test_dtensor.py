@@ -222,13 +222,28 @@ def test_ops_without_a_strategy_are_refused_by_name_on_one_rank():
             torch.ops.opreg_one.none_chosen(rows)
         except Exception as error:
             print("refused:", str(error).splitlines()[0])
+        for name, choices in (("empty", []), ("strings", [(["R"], ["R"])]),
+                              ("bare", [(Shard(0), Shard(0))])):
+            opreg.register_vmap_op(lambda x: x * 2, fake_fn=None, name="opreg_one::" + name,
+                                   schema="(Tensor x) -> Tensor",
+                                   sharding=lambda x, c=choices: c)
+            try:
+                getattr(torch.ops.opreg_one, name)(rows)
+            except Exception as error:
+                print("refused:", str(error).splitlines()[0][:80])
         dist.destroy_process_group()
         """
     )
     assert (
         "refused: opreg: op 'opreg_one::none_chosen': its sharding strategy function returned "
-        "NoneType None, expected a list of (output placements, input placements) pairs" in out
+        "NoneType None, expected a non-empty list of (output placements, input placements) "
+        "pairs: 1 placements for the outputs and 1 for the arguments" in out
     ), out
+    for name in ("empty", "strings", "bare"):
+        assert (
+            f"refused: opreg: op 'opreg_one::{name}': its sharding strategy function returned"
+            in out
+        ), out
     assert "before: (Shard(dim=0),)" in out, out
     assert (
         "refused: opreg: op 'opreg_one::twice' has no DTensor sharding strategy (its current "

@@ -484,6 +484,13 @@ def _check_kernel_vs_fallback(op, sample, device):
             )
         if a.layout != b.layout:
             return False, error, f"{what} has layout {a.layout}, the fallback's {b.layout}"
+        if a.is_quantized and b.is_quantized:  # by the values they stand for
+            a, b = a.dequantize(), b.dequantize()
+        if a.is_quantized or b.is_quantized or a.is_nested or b.is_nested:
+            kind = "quantized" if a.is_quantized or b.is_quantized else "nested"
+            other = "a plain one" if kind == "quantized" else "another"
+            why = f"which the checks do not compare with {other} (they compare plain, sparse and "
+            return False, error, f"{what} is a {kind} tensor, {why}quantized tensors)"
         if a.layout != torch.strided:  # a sparse tensor: its values, where it stores none as 0
             a, b = a.to_dense(), b.to_dense()
         error = max(error, _max_error(a, b))
@@ -759,6 +766,8 @@ def _check_gradients(op, sample, device):
             for index, o in enumerate(_tensors(out))
             if _differentiable_tensor(o)
         )
+        if not isinstance(total, torch.Tensor) or not total.requires_grad:
+            return (None,) * len(ins)  # outputs not connected to the inputs: no gradient flows
         return torch.autograd.grad(total, ins, allow_unused=True)
 
     kernel_grads = run(lambda args: op(*args, **sample.kwargs), kernel_inputs)

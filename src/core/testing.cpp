@@ -127,6 +127,15 @@ std::string compare_tensors(const std::string& what, const at::Tensor& a, const 
     why << what << " has layout " << a.layout() << ", the fallback's " << b.layout();
     return why.str();
   }
+  if (a.is_quantized() && b.is_quantized()) {  // by the values they stand for
+    return compare_tensors(what, a.dequantize(), b.dequantize(), how, max_error);
+  }
+  if (a.is_quantized() || b.is_quantized() || a.is_nested() || b.is_nested()) {
+    return what + " is a " + (a.is_quantized() || b.is_quantized() ? "quantized" : "nested") +
+           " tensor, which the checks do not compare with " +
+           (a.is_quantized() || b.is_quantized() ? "a plain one" : "another") +
+           " (they compare plain, sparse and quantized tensors)";
+  }
   if (a.layout() != at::kStrided) {  // a sparse tensor: its values, where it stores none as 0
     return compare_tensors(what, a.to_dense(), b.to_dense(), how, max_error);
   }

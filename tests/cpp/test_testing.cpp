@@ -380,6 +380,23 @@ TEST(Testing, TheKernelRunsOnTheSamplesOwnLayout) {
   EXPECT_TRUE(at::equal(both, at::ones({2})));  // the sample stays as it was
 }
 
+// Sweep 32 B-F9: quantized outputs met "Creation of quantized tensor requires quantized dtype".
+TEST(Testing, QuantizedOutputsAreComparedByValue) {
+  auto quantized = [](double shift) {
+    return [shift](const at::Tensor& x) {
+      return at::quantize_per_tensor(x + shift, 0.1, 0, at::kQUInt8);
+    };
+  };
+  opreg::op("opreg_check::quantized(Tensor x) -> Tensor")
+      .fallback(quantized(0))
+      .kernel(quantized(1), opreg::on({"cpu"}))
+      .fake([](const at::Tensor& x) { return at::empty_like(x); })
+      .define();
+  const auto results = opreg::testing::check("opreg_check::quantized", {{at::ones({2})}});
+  ASSERT_EQ(results.at(0).check, "kernel_vs_fallback");
+  EXPECT_CONTAINS(results.at(0).message, "output 0 differs from the fallback's by up to 1");
+}
+
 // Sweep 32 B-F5: two complex NaN outputs were compared with ==, and differed.
 TEST(Testing, AComplexNaNOutputEqualsAComplexNaN) {
   opreg::op("opreg_check::complex_nan(Tensor x) -> complex")

@@ -265,3 +265,41 @@ def test_a_library_a_load_brought_in_and_written_again_is_refused(test_ops_libra
         f"refused: opreg::load_library: cannot load '{inner_path}': a library was loaded from "
         "that path earlier in this process, from another file than the one there now"
     ) in result.stdout, result.stdout
+
+
+def test_opcheck_passes_an_op_whose_output_does_not_depend_on_its_input():
+    # B-F12: the gradients row met "element 0 of tensors does not require grad": the fallback's
+    # side of the comparison was called outside autograd, and nothing reached its output.
+    @opreg.custom_op("sweep32::constant_ones", mutates_args=())
+    def constant_ones(x: torch.Tensor) -> torch.Tensor:
+        return torch.ones(3, dtype=x.dtype, device=x.device)
+
+    with pytest.warns(UserWarning, match="not connected to its inputs"):
+        report = opreg.opcheck(
+            constant_ones, [(torch.zeros(2),)], devices=["cpu"], checks=["gradients"]
+        )
+    assert all(r.passed for r in report.rows)
+
+
+def test_opcheck_compares_quantized_outputs_by_value():
+    # B-F9: "Creation of quantized tensor requires quantized dtype like torch.quint8".
+    if not opreg.has_triton():
+        pytest.skip("the Python front registers triton_fn only when Triton works")
+
+    @opreg.register_triton_op(
+        fake_fn=None,
+        triton_fn=lambda x: torch.quantize_per_tensor(x + 1, 0.1, 0, torch.quint8),
+        triton_device_types="cpu",
+        name="sweep32::quantized",
+    )
+    def quantized(x: torch.Tensor) -> torch.Tensor:
+        return torch.quantize_per_tensor(x, 0.1, 0, torch.quint8)
+
+    report = opreg.opcheck(
+        quantized,
+        [(torch.ones(2),)],
+        devices=["cpu"],
+        checks=["kernel_vs_fallback"],
+        raise_on_failure=False,
+    )
+    assert "output 0 differs from the fallback's by up to 1" in report.failures[0].message

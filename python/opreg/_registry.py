@@ -270,6 +270,10 @@ def _threads_in_compiled_code(reset_code_caches: Any, deadline: float) -> set[in
     finally:
         sys.setswitchinterval(interval)
         lock.release()
+        # A thread that asked for the GIL meanwhile waits out the interval it read (a million
+        # seconds) unless the GIL is let go: a thread that replaced ops in a loop starved the
+        # others (seen: a main thread blocked in Thread.start for half an hour under ASan).
+        time.sleep(0)
 
 
 def _reset_code_caches(reset_code_caches: Any) -> None:

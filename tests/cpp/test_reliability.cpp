@@ -464,9 +464,10 @@ TEST(Reliability, AFakeAndAPythonFakeAreNotBothDeclared) {
   builder.fallback(opreg::detail::typed_kernel(Unary(twice)))
       .fake(
           opreg::detail::typed_kernel(Unary([](const at::Tensor& x) { return at::empty_like(x); })))
-      .python_fake("some_module");
-  EXPECT_CONTAINS(error_of([&] { std::move(builder).define(); }),
-                  "opreg_rel::two_fakes: fake() and python_fake('some_module') are both declared");
+      .python_fake("opreg._declaration");
+  EXPECT_CONTAINS(
+      error_of([&] { std::move(builder).define(); }),
+      "opreg_rel::two_fakes: fake() and python_fake('opreg._declaration') are both declared");
   EXPECT_FALSE(opreg::is_defined("opreg_rel::two_fakes"));
 }
 

@@ -200,6 +200,10 @@ class OpregBackward : public torch::autograd::Node {
                   input_type,
                   (result[i].is_complex() ? "; return a real gradient (the real part, say)"
                                           : "; return a floating or complex gradient"));
+      TORCH_CHECK(!result[i].is_nested(), op_name, ": backward's gradient for input '",
+                  op->schema.arguments()[i].name(),
+                  "' is a nested tensor, which has no shape to match the input's; return a "
+                  "strided gradient of the input's shape");
       const c10::SymIntArrayRef expected = ctx.edge_inputs_[edge].sizes;
       // A gradient of the broadcast shape is summed down to the input's, as PyTorch's engine
       // does for its own nodes (torch.library's backwards rely on it).

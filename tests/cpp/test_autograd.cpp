@@ -213,6 +213,16 @@ TEST(Autograd, BackwardArityAndShapeAreChecked) {
                    .define();
   EXPECT_CONTAINS(error_of([&] { grad_of(shape(x, x), {x}); }),
                   "opreg_ad::shape: backward's gradient for input 'x' has shape [], expected [3]");
+  // Sweep 32 B-F11: a nested gradient met PyTorch's "NestedTensorImpl doesn't support sizes".
+  auto nested = opreg::op("opreg_ad::nested(Tensor x, Tensor y) -> Tensor")
+                    .fallback(mul)
+                    .backward([](opreg::AutogradContext&, const std::vector<at::Tensor>& grads) {
+                      return std::vector<at::Tensor>{
+                          at::_nested_tensor_from_tensor_list({grads[0]}), at::Tensor()};
+                    })
+                    .define();
+  EXPECT_CONTAINS(error_of([&] { grad_of(nested(x, x), {x}); }),
+                  "opreg_ad::nested: backward's gradient for input 'x' is a nested tensor");
 }
 
 at::Tensor scale(const at::Tensor& x, const at::Tensor& y, double alpha) { return x * y * alpha; }

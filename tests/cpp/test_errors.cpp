@@ -89,6 +89,33 @@ TEST(Errors, AThrowOfBytesThatAreNotUtf8IsEscaped) {
                   "opreg_errors::bytes: fallback threw: bad \\xff");
 }
 
+// Sweep 32 B-F13: a c10 error of the user's with bytes that are not UTF-8 passed as it was, and
+// Python could not decode it. It keeps its type; its message and context are escaped.
+TEST(Errors, ACTenErrorOfBytesThatAreNotUtf8KeepsItsType) {
+  auto op = opreg::op("opreg_errors::c10_bytes(Tensor x) -> Tensor")
+                .fallback([](const at::Tensor& x) -> at::Tensor {
+                  TORCH_CHECK_INDEX(x.numel() != 1, "index \xfe");
+                  c10::ValueError error("value \xfe", nullptr, nullptr);
+                  error.add_context("context \xfd");
+                  throw error;
+                })
+                .define();
+  try {
+    op(at::ones({1}));
+    ADD_FAILURE() << "no error";
+  } catch (const c10::IndexError& error) {
+    EXPECT_EQ(error.msg(), "index \\xfe");
+  }
+  try {
+    op(at::ones({2}));
+    ADD_FAILURE() << "no error";
+  } catch (const c10::ValueError& error) {
+    EXPECT_EQ(error.msg(), "value \\xfe");
+    ASSERT_FALSE(error.context().empty());
+    EXPECT_EQ(error.context()[0], "context \\xfd");
+  }
+}
+
 TEST(Errors, AHandleWithTheWrongSignatureNamesTheOp) {
   opreg::op("opreg_err::one_out(Tensor x) -> Tensor").fallback(identity).define();
   opreg::OpHandle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&)> two_outs(

@@ -303,3 +303,10 @@ def test_opcheck_compares_quantized_outputs_by_value():
         raise_on_failure=False,
     )
     assert "output 0 differs from the fallback's by up to 1" in report.failures[0].message
+
+
+def test_a_cpp_c10_error_of_bytes_that_are_not_utf8_keeps_its_type_and_message(test_ops_library):
+    # B-F13: a C++ fallback's TORCH_CHECK_VALUE with a 0xfe byte reached Python as a bare
+    # UnicodeDecodeError ("can't decode byte 0xfe"): the op's message was lost.
+    with pytest.raises(ValueError, match=r"bad \\xfe value"):
+        torch.ops.opreg_test.throws_bytes(torch.ones(2))

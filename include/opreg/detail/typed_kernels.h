@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 
 #if defined(__GLIBCXX__)
@@ -41,17 +42,59 @@ std::string trace_device_of(const Args&... args) {
   return device;
 }
 
+// A c10 error whose message holds bytes that are not UTF-8 (a path, the user's data) cannot reach
+// Python: decoding it there fails with a UnicodeDecodeError, and the message is lost. Such an
+// error is thrown again as its own type, with those bytes written \xNN; one of a type that cannot
+// be rebuilt so becomes a c10::Error.
+template <class Type>
+void throw_readable_as(const c10::Error& error, const std::string& msg) {
+  if (typeid(error) != typeid(Type)) return;
+  Type readable(msg, error.backtrace(), error.caller());
+  for (const auto& entry : error.context()) readable.add_context(valid_utf8(entry));
+  throw readable;
+}
+
+inline bool readable_in_python(const c10::Error& error) {
+  const auto& context = error.context();
+  return valid_utf8(error.msg()) == error.msg() &&
+         std::all_of(context.begin(), context.end(),
+                     [](const std::string& entry) { return valid_utf8(entry) == entry; });
+}
+
+[[noreturn]] inline void throw_readable(const c10::Error& error) {
+  const std::string msg = valid_utf8(error.msg());
+  throw_readable_as<c10::IndexError>(error, msg);
+  throw_readable_as<c10::ValueError>(error, msg);
+  throw_readable_as<c10::TypeError>(error, msg);
+  throw_readable_as<c10::NotImplementedError>(error, msg);
+  throw_readable_as<c10::BufferError>(error, msg);
+  throw_readable_as<c10::EnforceFiniteError>(error, msg);
+  throw_readable_as<c10::LinAlgError>(error, msg);
+  throw_readable_as<c10::OutOfMemoryError>(error, msg);
+  throw_readable_as<c10::SyntaxError>(error, msg);
+  throw_readable_as<c10::ErrorAlwaysShowCppStacktrace>(error, msg);
+  throw_readable_as<c10::DistError>(error, msg);
+  throw_readable_as<c10::DistBackendError>(error, msg);
+  throw_readable_as<c10::DistStoreError>(error, msg);
+  throw_readable_as<c10::DistNetworkError>(error, msg);
+  throw_readable_as<c10::DistQueueEmptyError>(error, msg);
+  c10::Error readable(msg, error.backtrace(), error.caller());
+  for (const auto& entry : error.context()) readable.add_context(valid_utf8(entry));
+  throw readable;
+}
+
 // Runs a piece of the user's C++ code. What it throws as a std::runtime_error or
 // std::logic_error (or what is no std::exception at all: `throw 42`) is said with the op and the
-// piece, as a c10::Error. Everything else passes as it is: c10 errors, std::bad_alloc
-// (MemoryError in Python), and Python's errors coming back through the dispatcher from a piece of
-// PyTorch written in Python, which must reach Python as what they are. The message is built only
-// on a throw.
+// piece, as a c10::Error. Everything else passes as it is: c10 errors (made readable in Python
+// first), std::bad_alloc (MemoryError in Python), and Python's errors coming back through the
+// dispatcher from a piece of PyTorch written in Python, which must reach Python as what they are.
+// The message is built only on a throw.
 template <class Ret, class Fn>
 Ret run_user_code(const std::string& op, const char* what, std::string_view label, Fn&& fn) {
   try {
     return fn();
-  } catch (const c10::Error&) {
+  } catch (const c10::Error& error) {
+    if (!readable_in_python(error)) throw_readable(error);
     throw;
   } catch (const std::runtime_error& error) {
     TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));

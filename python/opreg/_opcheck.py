@@ -500,11 +500,21 @@ def _check_kernel_vs_fallback(op, sample, device):
         if (a.is_floating_point() or a.is_complex()) and not torch.equal(a.isnan(), b.isnan()):
             return False, error, f"{what} has NaN at other positions than the fallback's"
         atol, rtol = _tolerance(a.dtype, report.flags["bitwise"])
-        if torch.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True).all():
+        close = torch.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
+        if close.all():
             if not report.flags["bitwise"] or _same_zero_signs(a, b):
                 continue
             why = "has -0.0 where the fallback's has +0.0, or the reverse (the op declares bitwise)"
             return False, error, f"{what} {why}"
+        # Where a value is infinite the difference is no number (inf+1j against inf+0j: NaN), and
+        # the largest difference says nothing; the first such element is shown instead.
+        infinite_apart = ((a.isinf() | b.isinf()) & ~close).flatten()
+        if not report.flags["bitwise"] and infinite_apart.any():
+            flat = int(infinite_apart.nonzero()[0, 0])
+            index = [int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape)]
+            got, want = a.flatten()[flat].item(), b.flatten()[flat].item()
+            why = "a difference where a value is infinite"
+            return False, error, f"{what} at index {index} is {got}, the fallback's {want} ({why})"
         if report.flags["bitwise"]:
             why = "is not bitwise equal to the fallback's (the op declares bitwise)"
         elif atol == rtol == 0:

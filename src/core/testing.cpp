@@ -102,6 +102,18 @@ bool same_zero_signs(const at::Tensor& a, const at::Tensor& b) {
   return at::equal(real_a.signbit().logical_and(numbers), real_b.signbit().logical_and(numbers));
 }
 
+// The index within `sizes` of the element at `flat` in row-major order: "[1, 0]".
+std::string index_of(int64_t flat, at::IntArrayRef sizes) {
+  std::vector<int64_t> index(sizes.size());
+  for (size_t d = sizes.size(); d-- > 0;) {
+    index[d] = flat % sizes[d];
+    flat /= sizes[d];
+  }
+  std::ostringstream text;
+  text << at::IntArrayRef(index);
+  return text.str();
+}
+
 // How two runs' values are compared: a random op's two runs draw other numbers, so only their
 // metadata (shapes and dtypes) can be, as opreg.opcheck does (python/opreg/_opcheck.py).
 struct Comparison {
@@ -153,13 +165,24 @@ std::string compare_tensors(const std::string& what, const at::Tensor& a, const 
       !at::equal(a.isnan(), b.isnan().to(a.device()))) {
     return what + " has NaN at other positions than the fallback's";
   }
-  if (at::isclose(a_values, b_values, allowed.rtol, allowed.atol, /*equal_nan=*/true)
-          .all()
-          .item<bool>()) {
+  const auto close =
+      at::isclose(a_values, b_values, allowed.rtol, allowed.atol, /*equal_nan=*/true);
+  if (close.all().item<bool>()) {
     if (!bitwise || same_zero_signs(a, b.to(a.device()))) return "";
     return what +
            " has -0.0 where the fallback's has +0.0, or the reverse; the op declares its "
            "kernels bitwise";
+  }
+  // Where a value is infinite the difference is no number (inf+1j against inf+0j: NaN), and the
+  // largest difference said nothing; the first such element is shown instead.
+  const auto infinite_apart =
+      (a_values.isinf().logical_or(b_values.isinf())).logical_and(close.logical_not()).flatten();
+  if (!bitwise && infinite_apart.any().item<bool>()) {
+    const int64_t flat = infinite_apart.nonzero()[0][0].item<int64_t>();
+    why << what << " at index " << index_of(flat, a.sizes()) << " is "
+        << a_values.flatten()[flat].item() << ", the fallback's " << b_values.flatten()[flat].item()
+        << " (a difference where a value is infinite)";
+    return why.str();
   }
   if (bitwise) {
     why << what << " is not bitwise equal to the fallback's (max |diff| " << error

@@ -353,6 +353,28 @@ TEST(Testing, AnInfiniteNumberOutputEqualsItselfOnly) {
   opreg::testing::check_or_throw("opreg_check::infinite", {{at::zeros({2})}});
 }
 
+// Sweep 32 A-F8: a complex tensor output of inf+1j against inf+0j was said to differ "by up to 0"
+// (the difference is NaN there); the first element apart where a value is infinite is shown.
+TEST(Testing, AnInfiniteElementApartIsShown) {
+  const c10::complex<double> infinite(INFINITY, 0);
+  opreg::op("opreg_check::infinite_complex(Tensor x) -> Tensor")
+      .fallback([=](const at::Tensor& x) { return at::full({2, 2}, infinite, x.options()); })
+      .kernel(
+          [=](const at::Tensor& x) {
+            auto out = at::full({2, 2}, infinite, x.options());
+            out.index_put_({1, 0}, c10::complex<double>(INFINITY, 1));
+            return out;
+          },
+          opreg::on({"cpu"}))
+      .define();
+  EXPECT_CONTAINS(error_of([] {
+                    opreg::testing::check_or_throw("opreg_check::infinite_complex",
+                                                   {{at::zeros({1}, at::kComplexDouble)}});
+                  }),
+                  "output 0 at index [1, 0] is (inf,1), the fallback's (inf,0) (a difference "
+                  "where a value is infinite)");
+}
+
 // Sweep 32 B-F1: the checks ran the kernel on contiguous copies of the samples, so a kernel that
 // reads strides wrongly, or one that an aliased argument breaks, passed.
 TEST(Testing, TheKernelRunsOnTheSamplesOwnLayout) {

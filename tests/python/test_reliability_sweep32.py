@@ -310,3 +310,21 @@ def test_a_cpp_c10_error_of_bytes_that_are_not_utf8_keeps_its_type_and_message(t
     # UnicodeDecodeError ("can't decode byte 0xfe"): the op's message was lost.
     with pytest.raises(ValueError, match=r"bad \\xfe value"):
         torch.ops.opreg_test.throws_bytes(torch.ones(2))
+
+
+def test_opcheck_shows_the_first_element_apart_where_a_value_is_infinite():
+    # A-F8: a complex output of inf+1j against the fallback's inf+0j was said to differ "by up to
+    # 0, more than atol" (the difference is NaN there).
+    def fallback(x: torch.Tensor) -> torch.Tensor:
+        return torch.complex(x.real * float("inf"), x.real * 0)
+
+    def kernel(x: torch.Tensor) -> torch.Tensor:
+        return torch.complex(x.real * float("inf"), x.real)
+
+    op = opreg.register_triton_op(
+        fake_fn=None, triton_fn=kernel, triton_device_types="cpu", name="sweep32::inf_complex"
+    )(fallback)
+    sample = opreg.Sample((torch.tensor([0.0, 2.0], dtype=torch.complex64),))
+    report = opreg.opcheck(op, [sample], checks=["kernel_vs_fallback"], raise_on_failure=False)
+    [failure] = report.failures
+    assert "output 0 at index [1] is (inf+2j), the fallback's (inf+0j)" in failure.message

@@ -459,6 +459,30 @@ def _count_difference(op, got: Any, want: Any) -> str:
     return f"{len(_outputs(got))} values, the fallback gives {len(_outputs(want))}"
 
 
+def _nested_components(got: list, want: list) -> tuple[list, str]:
+    """(what, kernel's, fallback's) for each value compared, a nested tensor's components one by
+    one; or why the two cannot be compared so."""
+    pairs = []
+    for (what, a), (_, b) in zip(got, want, strict=True):
+        nested = [isinstance(value, torch.Tensor) and value.is_nested for value in (a, b)]
+        if not any(nested):
+            pairs.append((what, a, b))
+            continue
+        if not all(nested):
+            kinds = ["a nested tensor" if n else "not nested" for n in nested]
+            return [], f"{what} is {kinds[0]}, the fallback's {kinds[1]}"
+        if a.layout != b.layout:
+            return [], f"{what} has layout {a.layout}, the fallback's {b.layout}"
+        components = a.unbind(), b.unbind()
+        if len(components[0]) != len(components[1]):
+            counts = [len(c) for c in components]
+            return [], f"{what} has {counts[0]} components, the fallback's {counts[1]}"
+        pairs += [
+            (f"{what} component {i}", *pair) for i, pair in enumerate(zip(*components, strict=True))
+        ]
+    return pairs, ""
+
+
 def _check_kernel_vs_fallback(op, sample, device):
     report = describe_op(_qualified(op))
     # A sample that requires grad would send the call to the fallback (autograd="fallback"),
@@ -470,8 +494,11 @@ def _check_kernel_vs_fallback(op, sample, device):
     want = _compared_values(op, by_fallback, want_outputs)
     if len(got) != len(want):
         return False, 0.0, _count_difference(op, got_outputs, want_outputs)
+    pairs, why = _nested_components(got, want)
+    if why:
+        return False, 0.0, why
     error = 0.0
-    for (what, a), (_, b) in zip(got, want, strict=True):
+    for what, a, b in pairs:
         if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
             if not _same_value(a, b):
                 return False, error, f"{what} is {a!r}, the fallback's {b!r}"
@@ -486,11 +513,9 @@ def _check_kernel_vs_fallback(op, sample, device):
             return False, error, f"{what} has layout {a.layout}, the fallback's {b.layout}"
         if a.is_quantized and b.is_quantized:  # by the values they stand for
             a, b = a.dequantize(), b.dequantize()
-        if a.is_quantized or b.is_quantized or a.is_nested or b.is_nested:
-            kind = "quantized" if a.is_quantized or b.is_quantized else "nested"
-            other = "a plain one" if kind == "quantized" else "another"
-            why = f"which the checks do not compare with {other} (they compare plain, sparse and "
-            return False, error, f"{what} is a {kind} tensor, {why}quantized tensors)"
+        if a.is_quantized or b.is_quantized:
+            why = "which the checks do not compare with a plain one"
+            return False, error, f"{what} is a quantized tensor, {why}"
         if a.layout != torch.strided:  # a sparse tensor: its values, where it stores none as 0
             a, b = a.to_dense(), b.to_dense()
         error = max(error, _max_error(a, b))

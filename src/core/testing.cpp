@@ -130,6 +130,27 @@ std::string compare_tensors(const std::string& what, const at::Tensor& a, const 
         << (b.defined() ? "a tensor" : "undefined");
     return why.str();
   }
+  if (a.is_nested() || b.is_nested()) {  // component by component
+    if (!a.is_nested() || !b.is_nested()) {
+      return what + " is " + (a.is_nested() ? "a nested tensor" : "not nested") +
+             ", the fallback's " + (b.is_nested() ? "a nested tensor" : "not nested");
+    }
+    if (a.layout() != b.layout()) {
+      why << what << " has layout " << a.layout() << ", the fallback's " << b.layout();
+      return why.str();
+    }
+    const auto got = a.unbind(), want = b.unbind();
+    if (got.size() != want.size()) {
+      why << what << " has " << got.size() << " components, the fallback's " << want.size();
+      return why.str();
+    }
+    for (size_t i = 0; i < got.size(); ++i) {
+      auto differs = compare_tensors(what + " component " + std::to_string(i), got[i], want[i], how,
+                                     max_error);
+      if (!differs.empty()) return differs;
+    }
+    return "";
+  }
   if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) {
     why << what << " is " << a.scalar_type() << a.sizes() << ", the fallback's " << b.scalar_type()
         << b.sizes();
@@ -142,11 +163,8 @@ std::string compare_tensors(const std::string& what, const at::Tensor& a, const 
   if (a.is_quantized() && b.is_quantized()) {  // by the values they stand for
     return compare_tensors(what, a.dequantize(), b.dequantize(), how, max_error);
   }
-  if (a.is_quantized() || b.is_quantized() || a.is_nested() || b.is_nested()) {
-    return what + " is a " + (a.is_quantized() || b.is_quantized() ? "quantized" : "nested") +
-           " tensor, which the checks do not compare with " +
-           (a.is_quantized() || b.is_quantized() ? "a plain one" : "another") +
-           " (they compare plain, sparse and quantized tensors)";
+  if (a.is_quantized() || b.is_quantized()) {
+    return what + " is a quantized tensor, which the checks do not compare with a plain one";
   }
   if (a.layout() != at::kStrided) {  // a sparse tensor: its values, where it stores none as 0
     return compare_tensors(what, a.to_dense(), b.to_dense(), how, max_error);
@@ -281,6 +299,12 @@ std::string compare_fake(const std::string& what, const c10::IValue& meta,
   const auto& r = real.toTensor();
   if (!m.defined() || !r.defined()) {
     return m.defined() == r.defined() ? "" : what + ": one of the fake and the real is undefined";
+  }
+  if (m.is_nested() || r.is_nested()) {  // none on meta tensors: PyTorch has no such thing
+    if (m.is_nested() && r.is_nested()) return "";
+    return what + ": the real one is " + (r.is_nested() ? "a nested tensor" : "not nested") +
+           ", the fake's " + (m.is_nested() ? "a nested tensor" : "not") +
+           " (PyTorch has no nested tensors on the meta device, which the fake runs on)";
   }
   std::ostringstream why;
   if (m.sizes() != r.sizes()) {

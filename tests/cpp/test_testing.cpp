@@ -419,6 +419,37 @@ TEST(Testing, QuantizedOutputsAreComparedByValue) {
   EXPECT_CONTAINS(results.at(0).message, "output 0 differs from the fallback's by up to 1");
 }
 
+// Sweep 32: nested outputs were named, not compared; they are compared component by component.
+TEST(Testing, NestedOutputsAreComparedComponentByComponent) {
+  auto nested = [](double shift) {
+    return [shift](const at::Tensor& x) {
+      return at::_nested_tensor_from_tensor_list({x, x.slice(0, 0, 1) + shift});
+    };
+  };
+  opreg::op("opreg_check::nested(Tensor x) -> Tensor")
+      .fallback(nested(0))
+      .kernel(nested(0), opreg::on({"cpu"}))
+      .fake([](const at::Tensor& x) { return at::empty_like(x); })
+      .define();
+  const auto same = opreg::testing::check("opreg_check::nested", {{at::ones({3})}});
+  ASSERT_EQ(same.at(0).check, "kernel_vs_fallback");
+  EXPECT_EQ(same.at(0).message, "");
+  ASSERT_EQ(same.at(1).check, "fake_vs_real");
+  EXPECT_CONTAINS(same.at(1).message,
+                  "output 0: the real one is a nested tensor, the fake's not (PyTorch has no "
+                  "nested tensors on the meta device");
+  opreg::op("opreg_check::nested(Tensor x) -> Tensor")
+      .fallback(nested(0))
+      .kernel(nested(1), opreg::on({"cpu"}))
+      .fake([](const at::Tensor& x) { return at::empty_like(x); })
+      .replace()
+      .define();
+  const auto results = opreg::testing::check("opreg_check::nested", {{at::ones({3})}});
+  ASSERT_EQ(results.at(0).check, "kernel_vs_fallback");
+  EXPECT_CONTAINS(results.at(0).message,
+                  "output 0 component 1 differs from the fallback's by up to 1");
+}
+
 // Sweep 32 B-F5: two complex NaN outputs were compared with ==, and differed.
 TEST(Testing, AComplexNaNOutputEqualsAComplexNaN) {
   opreg::op("opreg_check::complex_nan(Tensor x) -> complex")

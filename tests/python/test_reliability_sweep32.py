@@ -328,3 +328,25 @@ def test_opcheck_shows_the_first_element_apart_where_a_value_is_infinite():
     report = opreg.opcheck(op, [sample], checks=["kernel_vs_fallback"], raise_on_failure=False)
     [failure] = report.failures
     assert "output 0 at index [1] is (inf+2j), the fallback's (inf+0j)" in failure.message
+
+
+def test_opcheck_compares_nested_outputs_component_by_component():
+    # Nested outputs met "NestedTensorImpl doesn't support sizes" in kernel_vs_fallback.
+    def fallback(x: torch.Tensor) -> torch.Tensor:
+        return torch.nested.nested_tensor([x, x[:1]])
+
+    def kernel(x: torch.Tensor) -> torch.Tensor:
+        return torch.nested.nested_tensor([x, x[:1] * 2])
+
+    def check(name, kernel):
+        op = opreg.register_triton_op(
+            fake_fn=None, triton_fn=kernel, triton_device_types="cpu", name=f"sweep32::{name}"
+        )(fallback)
+        sample = opreg.Sample((torch.ones(3),))
+        return opreg.opcheck(op, [sample], checks=["kernel_vs_fallback"], raise_on_failure=False)
+
+    assert not check("nested_same", fallback).failures
+    [failure] = check("nested_apart", kernel).failures
+    assert "output 0 component 1 differs from the fallback's by up to 1" in failure.message
+    [failure] = check("nested_fewer", lambda x: torch.nested.nested_tensor([x])).failures
+    assert "output 0 has 1 components, the fallback's 2" in failure.message

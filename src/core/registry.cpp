@@ -579,7 +579,7 @@ std::string why_not_pointwise(const c10::FunctionSchema& schema) {
   for (size_t i = 0; i < schema.returns().size(); ++i) {
     const auto& ret = schema.returns()[i];
     if (ret.type()->kind() != c10::TypeKind::TensorType || ret.alias_info() != nullptr) {
-      return "output " + std::to_string(i) + " is a " + ret.type()->str() +
+      return "output " + std::to_string(i) + " is a " + detail::written_type(ret) +
              (ret.alias_info() != nullptr ? " aliasing an input" : "");
     }
   }

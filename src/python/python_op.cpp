@@ -291,22 +291,42 @@ std::optional<py::handle> not_a_bool(const py::handle& value, const c10::Type& t
   return std::nullopt;
 }
 
+// Why a Python int does not fit `type` (or an optional of it), a type that takes ints: it is too
+// large for the C++ value. Empty where that is not why.
+std::string int_misfit(const py::handle& value, const c10::Type& type) {
+  if (!PyLong_Check(value.ptr()) || PyBool_Check(value.ptr())) return "";
+  const auto* optional = type.castRaw<c10::OptionalType>();
+  const auto kind = (optional ? *optional->getElementType() : type).kind();
+  if (kind == c10::TypeKind::IntType || kind == c10::TypeKind::NumberType) {
+    int overflow = 0;
+    PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+    if (overflow != 0) return "which a 64-bit int cannot hold";
+  }
+  if (kind == c10::TypeKind::FloatType || kind == c10::TypeKind::ComplexType) {
+    if (PyLong_AsDouble(value.ptr()) == -1.0 && PyErr_Occurred() != nullptr) {
+      PyErr_Clear();
+      return "which a double cannot hold";
+    }
+  }
+  return "";
+}
+
 c10::IValue to_output(const std::string& op, const std::string& impl, const py::handle& value,
                       const c10::Argument& ret, size_t index) {
   if (const auto wrong = not_a_bool(value, *ret.type())) {
     TORCH_CHECK_TYPE(false, op, ": ", impl, " returned ", py::repr(*wrong).cast<std::string>(),
                      " (", py::str(wrong->get_type()).cast<std::string>(), ")",
                      wrong->ptr() == value.ptr() ? " for" : " as an element of", " output ", index,
-                     ", expected a bool (the schema's return type is ", ret.type()->str(), ")");
+                     ", expected a bool (the schema's return type is ", detail::written_type(ret),
+                     ")");
   }
   try {
     return torch::jit::toIValue(value, ret.type());
   } catch (const std::exception&) {
-    // An int that a 64-bit integer cannot hold is of the right type, with the wrong value.
-    TORCH_CHECK_VALUE(!PyLong_Check(value.ptr()) || PyBool_Check(value.ptr()) ||
-                          ret.type()->kind() != c10::TypeKind::IntType,
-                      op, ": ", impl, " returned ", py::str(value).cast<std::string>(),
-                      " for output ", index, ", which a 64-bit int cannot hold");
+    // An int too large for the C++ value is of the right type, with the wrong value.
+    const auto misfit = int_misfit(value, *ret.type());
+    TORCH_CHECK_VALUE(misfit.empty(), op, ": ", impl, " returned ",
+                      py::str(value).cast<std::string>(), " for output ", index, ", ", misfit);
     // A str holding a lone surrogate ('\ud800') has no UTF-8 form for a C++ string.
     auto is_a_str = [](const py::handle& item, const c10::Type& type) {
       const auto* optional = type.castRaw<c10::OptionalType>();
@@ -330,6 +350,10 @@ c10::IValue to_output(const std::string& op, const std::string& impl, const py::
           TORCH_CHECK(!item.is_none() || type->kind() == c10::TypeKind::OptionalType);
           torch::jit::toIValue(item, type);
         } catch (const std::exception&) {
+          const auto too_large = int_misfit(item, *type);
+          TORCH_CHECK_VALUE(too_large.empty(), op, ": ", impl, " returned ",
+                            py::str(item).cast<std::string>(), " as element ", position,
+                            " of output ", index, ", ", too_large);
           element = " (its element " + std::to_string(position) + " is " +
                     (is_a_str(item, *type)
                          ? "a str that is not UTF-8: " + py::repr(item).cast<std::string>() +
@@ -343,7 +367,7 @@ c10::IValue to_output(const std::string& op, const std::string& impl, const py::
     }
     TORCH_CHECK_TYPE(false, op, ": ", impl, " returned ",
                      py::str(value.get_type()).cast<std::string>(), " for output ", index, element,
-                     ", expected ", ret.type()->str(), " (the schema's return type)");
+                     ", expected ", detail::written_type(ret), " (the schema's return type)");
   }
 }
 
@@ -787,7 +811,7 @@ void bind_op_builder(py::module& m) {
         if (detail::holds_kind(*returned.type(), c10::TypeKind::TensorType)) return;
         TORCH_CHECK_TYPE(!THPVariable_Check(value.ptr()), op,
                          ": its fake returned a Tensor for output ", index, ", expected ",
-                         returned.type()->str(), ": a fake tensor holds no value to give");
+                         detail::written_type(returned), ": a fake tensor holds no value to give");
         to_output(op, "its fake", value, returned, index);
       },
       py::arg("op"), py::arg("value"), py::arg("schema"), py::arg("index"));

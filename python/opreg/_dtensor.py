@@ -84,6 +84,7 @@ def _strategy_for(qualname: str, overload: torch._ops.OpOverload) -> Callable[..
         if sharding == _C.Sharding.PYTHON and qualname in _strategies:
             choices = _strategies[qualname](*args, **kwargs)
             _check_choices(qualname, overload, choices, len([*args, *kwargs.values()]))
+            _check_placements(qualname, overload, choices, args, kwargs)
             return choices
         if sharding == _C.Sharding.PYTHON:
             raise NotImplementedError(
@@ -143,6 +144,78 @@ def _check_choices(
         )
 
 
+def _check_placements(
+    qualname: str,
+    overload: torch._ops.OpOverload,
+    choices: Any,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+) -> None:
+    """A ValueError naming the op, the value and the placement unless each placement of the
+    `choices` fits its value: a DTensor argument gets a placement, any other argument None, and
+    Shard(d) has 0 <= d < ndim, for the outputs too (their ndim from a run on meta tensors).
+    DTensor accepts a Shard of a dim an output lacks and returns a DTensor it cannot gather;
+    for arguments its errors name nothing (``min() arg is an empty sequence``)."""
+    names = [a.name for a in overload._schema.arguments][: len(args)] + list(kwargs)
+    values = [*args, *kwargs.values()]
+
+    def check(what: str, placement: Any, ndim: int) -> None:
+        if placement.is_shard() and not 0 <= placement.dim < ndim:
+            raise ValueError(
+                f"opreg: op '{qualname}': its sharding strategy function gave {placement!r} for "
+                f"{what}, which has {ndim} dims; expected a dim from 0 to {ndim - 1} (DTensor "
+                "takes no negative dim here)"
+            )
+
+    output_dims: list[int] | None = None
+    for outputs, inputs in choices:
+        for name, value, placement in zip(names, values, inputs, strict=True):
+            if isinstance(placement, list | tuple) or isinstance(value, list | tuple):
+                continue  # a Tensor[] argument: DTensor checks its placements one by one
+            what = f"argument '{name}'"
+            if _is_spec(value) and placement is None:
+                raise ValueError(
+                    f"opreg: op '{qualname}': its sharding strategy function gave None for "
+                    f"{what}, a DTensor; give it a placement (Replicate() to gather it)"
+                )
+            if not _is_spec(value) and placement is not None:
+                raise ValueError(
+                    f"opreg: op '{qualname}': its sharding strategy function gave {placement!r} "
+                    f"for {what}, which is no DTensor ({type(value).__name__}); give None there"
+                )
+            if placement is not None:
+                check(what, placement, len(value.shape))
+        for index, placement in enumerate(outputs):
+            if placement is None or isinstance(placement, list | tuple) or not placement.is_shard():
+                continue
+            if output_dims is None:
+                output_dims = _output_dims(overload, args, kwargs)
+            if index < len(output_dims) and output_dims[index] >= 0:
+                check(f"output {index}", placement, output_dims[index])
+
+
+def _meta(value: Any) -> Any:
+    """A DTensor argument's stand-in for a run on meta tensors; other values as they are."""
+    if not _is_spec(value):
+        return value
+    return torch.empty(value.shape, dtype=value.tensor_meta.dtype, device="meta")
+
+
+def _output_dims(
+    overload: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
+) -> list[int]:
+    """Each output's ndim (-1 for one that is no tensor), from a run of the op on meta tensors;
+    none where the op cannot say so (symbolic sizes under compile, an op without a fake)."""
+    if not all(isinstance(s, int) for v in args if _is_spec(v) for s in v.shape):
+        return []
+    try:
+        result = overload(*map(_meta, args), **{k: _meta(v) for k, v in kwargs.items()})
+    except Exception:
+        return []
+    results = result if isinstance(result, tuple | list) else (result,)
+    return [r.dim() if isinstance(r, torch.Tensor) else -1 for r in results]
+
+
 def _is_spec(value: Any) -> bool:
     """A DTensor argument as register_sharding passes it (a DTensorSpec: global shape and
     placements); tensors that are not DTensors do not come here."""
@@ -199,12 +272,7 @@ def _check_output_shape(
     if not all(isinstance(size, int) for size in shape):
         return  # symbolic sizes (under compile): nothing to compare without a hint
 
-    def meta(value: Any) -> Any:
-        if not _is_spec(value):
-            return value
-        return torch.empty(value.shape, dtype=value.tensor_meta.dtype, device="meta")
-
-    result = overload(*map(meta, args), **{k: meta(v) for k, v in kwargs.items()})
+    result = overload(*map(_meta, args), **{k: _meta(v) for k, v in kwargs.items()})
     results = result if isinstance(result, tuple | list) else (result,)
     for index, output in enumerate(results):
         if tuple(output.shape) != tuple(shape):

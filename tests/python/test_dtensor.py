@@ -231,9 +231,32 @@ def test_ops_without_a_strategy_are_refused_by_name_on_one_rank():
                 getattr(torch.ops.opreg_one, name)(rows)
             except Exception as error:
                 print("refused:", str(error).splitlines()[0][:80])
+
+        # Placements that do not fit their values (sweep 33 A-F1: a Shard of a dim the output
+        # lacks gave a DTensor that could not be gathered; A-F2: DTensor's errors named nothing).
+        for name, choices in (("out_dim", [([Shard(2)], [Shard(0), None])]),
+                              ("in_dim", [([Shard(0)], [Shard(-1), None])]),
+                              ("int_arg", [([Shard(0)], [Shard(0), Shard(0)])]),
+                              ("no_placement", [([Shard(0)], [None, None])])):
+            opreg.register_vmap_op(lambda x, n: x * n, fake_fn=None, name="opreg_one::" + name,
+                                   schema="(Tensor x, int n) -> Tensor",
+                                   sharding=lambda x, n, c=choices: c)
+            try:
+                getattr(torch.ops.opreg_one, name)(rows, 2)
+            except Exception as error:
+                print("refused:", str(error).splitlines()[0])
         dist.destroy_process_group()
         """
     )
+    for name, said in (
+        ("out_dim", "gave Shard(dim=2) for output 0, which has 2 dims; expected a dim from 0 to 1"),
+        ("in_dim", "gave Shard(dim=-1) for argument 'x', which has 2 dims; expected a dim from 0"),
+        ("int_arg", "gave Shard(dim=0) for argument 'n', which is no DTensor (int); give None"),
+        ("no_placement", "gave None for argument 'x', a DTensor; give it a placement"),
+    ):
+        assert f"refused: opreg: op 'opreg_one::{name}': its sharding strategy function {said}" in (
+            out
+        ), out
     assert (
         "refused: opreg: op 'opreg_one::none_chosen': its sharding strategy function returned "
         "NoneType None, expected a non-empty list of (output placements, input placements) "

@@ -22,6 +22,10 @@
 
 namespace opreg {
 
+namespace detail {
+struct PythonFront;  // src/python/python_op.cpp: what only the Python front may set
+}  // namespace detail
+
 // The op-wide switches of a declaration: X(name, what it promises). Each one is a method of the
 // C++ builders (`.bitwise()`), a keyword of the Python front (`bitwise=True`) and a field of
 // OpReport::flags; nothing else lists them.
@@ -98,9 +102,6 @@ class OPREG_API OpBuilder {
   OpBuilder& fallback(KernelFactory factory);
   // The op's abstract evaluation on meta tensors. Without one, the fallback runs on meta tensors.
   OpBuilder& fake(KernelFactory factory);
-  // The fake is a Python function that opreg's Python front registers (its module,
-  // "opreg._declaration", is the only one taken): an op defined in C++ gives fake().
-  OpBuilder& python_fake(std::string python_module);
   // `devices`: nullopt follows the accelerated device types (opreg/device_types.h).
   OpBuilder& kernel(KernelFactory factory, std::string name,
                     std::optional<std::vector<std::string>> devices);
@@ -133,6 +134,11 @@ class OPREG_API OpBuilder {
 
  private:
   friend OPREG_API std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi);
+  friend struct detail::PythonFront;
+  // The fake is a Python function that opreg's Python front registers, from its module
+  // "opreg._declaration" (the only one taken). Not public: from C++ it never took effect, and the
+  // op said it had a fake while its fallback served meta calls (sweep 32 B-F3, sweep 33 B-F5).
+  OpBuilder& python_fake(std::string python_module);
   std::unique_ptr<State> state_;
 };
 

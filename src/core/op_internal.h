@@ -41,6 +41,14 @@ VmapSupport vmap_support(const VmapRule& rule, const OpFlags& flags);
 void call_checked_fallback(const std::string& op, const c10::OperatorHandle& handle,
                            torch::jit::Stack* stack);
 
+// The op's current schema, kept alive with its definition: a replace on another thread frees the
+// dispatcher's copy, which OperatorHandle::schema() refers to. Throws for unknown ops.
+std::shared_ptr<const c10::FunctionSchema> current_schema(const std::string& op);
+
+// handle.callBoxed(stack) for a stack that holds the call's arguments alone, safe against a
+// replace that changes the op's schema meanwhile (see the definition).
+void call_boxed_padded(const c10::OperatorHandle& handle, torch::jit::Stack* stack);
+
 // Checks a boxed call's stack against the op's current schema before anything reads it: enough
 // arguments, and a defined tensor for every non-optional Tensor argument.
 void check_stack(const std::string& op, const torch::jit::Stack& stack);

@@ -1115,9 +1115,18 @@ struct Memory {
 // a call's stack must hold exactly its arguments (as every caller but a hand-made boxed call's
 // makes it), each of its schema type (one schema's float is the other's int). Left: such a call
 // whose old and new schemas take the same types in the same order.
+// A stack that call_boxed_padded passes, and the Nones it holds before the call's arguments.
+thread_local const torch::jit::Stack* padded_stack = nullptr;
+thread_local size_t stack_padding = 0;
+
+size_t padding_of(const torch::jit::Stack& stack) {
+  return &stack == padded_stack ? stack_padding : 0;
+}
+
 void check_schema_current(const OpEntry& entry, const Definition& definition,
                           const torch::jit::Stack& stack) {
   if (!entry.schema_changed.load()) return;
+  const size_t padding = padding_of(stack);
   TORCH_CHECK(definition.schema_generation.load() == entry.schema_generation.load(),
               definition.name(),
               ": this call raced a replace that changed the op's schema, so its arguments may "
@@ -1125,13 +1134,14 @@ void check_schema_current(const OpEntry& entry, const Definition& definition,
               definition.schema_text(), "'); call it again");
   const auto& arguments = definition.schema().arguments();
   TORCH_CHECK(
-      stack.size() == arguments.size(), definition.name(), ": called with ", stack.size(),
-      " arguments, expected ", arguments.size(), " (schema '", definition.schema_text(),
+      stack.size() - padding == arguments.size(), definition.name(), ": called with ",
+      stack.size() - padding, " arguments, expected ", arguments.size(), " (schema '",
+      definition.schema_text(),
       "'); the op's schema was replaced, and a call that raced the replace reads its "
       "arguments against the other schema; call it again with the arguments this schema takes "
       "(an OpHandle typed for another schema cannot: take one for this schema)");
   for (size_t i = 0; i < arguments.size(); ++i) {  // one schema's float is the other's int
-    const c10::IValue& value = stack[i];
+    const c10::IValue& value = stack[padding + i];
     TORCH_CHECK(
         value.type()->isSubtypeOf(*arguments[i].type()), definition.name(), ": argument '",
         arguments[i].name(), "' is ", value.tagKind(), ", expected ", arguments[i].type()->str(),
@@ -2153,6 +2163,17 @@ c10::OperatorHandle find_operator(const std::string& qualified) {
                          dot == std::string::npos ? "" : qualified.substr(dot + 1)};
   auto& dispatcher = c10::Dispatcher::singleton();
   if (auto handle = dispatcher.findSchema(name)) return *handle;
+  {
+    // A replace that changes an opreg op's schema leaves the dispatcher without one for a moment
+    // (sweep 33 B-F2: calls racing it were told the op was not defined). It holds the registry's
+    // lock meanwhile: once the lock is had, the new schema is there.
+    auto& reg = registry();
+    std::lock_guard<std::recursive_mutex> lock(reg.mutex);
+    auto found = reg.ops.find(qualified);
+    if (found != reg.ops.end() && found->second->load() != nullptr) {
+      if (auto handle = dispatcher.findSchema(name)) return *handle;
+    }
+  }
   const std::string message = "opreg: no op named '" + qualified + "' is defined";
   TORCH_CHECK_VALUE(detail::loading_library(), message);
   // In a library's static initializer an exception would terminate the process: the load fails
@@ -2171,10 +2192,9 @@ void check_handle_signature(const c10::OperatorHandle& handle,
                             const c10::FunctionSchema& handle_signature) {
   // A lookup inside a library's load gives a handle without a schema for a missing op.
   // Inside the load, the lookup's failure is recorded with the same message (listed once).
-  TORCH_CHECK_VALUE(handle.hasSchema(), "opreg: no op named '", handle.operator_name(),
-                    "' is defined", detail::loading_library() ? kLookupInLoad : "");
   // An opreg op's schema is copied under the registry's lock: a replace on another thread frees
-  // the dispatcher's copy, which handle.schema() refers to.
+  // the dispatcher's copy, which handle.schema() refers to, and leaves the dispatcher without
+  // one for a moment (sweep 33 B-F2: a call racing it was told the op was not defined).
   std::optional<c10::FunctionSchema> registered;
   {
     auto& reg = registry();
@@ -2183,11 +2203,14 @@ void check_handle_signature(const c10::OperatorHandle& handle,
     auto found =
         reg.ops.find(name.overload_name.empty() ? name.name : name.name + "." + name.overload_name);
     if (found != reg.ops.end()) {
-      // Not registered now (a rollback in progress): the call itself says what is wrong.
+      // Not registered now (undefined, or a rollback in progress): the call says what is wrong.
       if (!found->second->registered) return;
       registered = found->second->registered->schema;
     }
   }
+  TORCH_CHECK_VALUE(registered || handle.hasSchema(), "opreg: no op named '",
+                    handle.operator_name(), "' is defined",
+                    detail::loading_library() ? kLookupInLoad : "");
   const c10::FunctionSchema schema = registered ? *registered : handle.schema();
   if (auto difference = c10::findSchemaDifferences(handle_signature, schema)) {
     std::ostringstream signature_text, schema_text;
@@ -2223,6 +2246,31 @@ void call_checked_fallback(const std::string& op, const c10::OperatorHandle& han
   if (!definition->optional_tensors.empty()) undefined_as_none(*definition, *stack);
   definition->checked_fallback->callBoxed(
       handle, c10::DispatchKeySet(c10::DispatchKey::CompositeExplicitAutograd), stack);
+}
+
+std::shared_ptr<const c10::FunctionSchema> current_schema(const std::string& op) {
+  auto definition = current_definition(op);
+  return {definition, &definition->schema()};
+}
+
+// PyTorch reads a boxed call's dispatch arguments back from the stack's end by the schema it
+// holds at that moment: after a replace that added an argument, it read before the start of a
+// stack made for the earlier schema (sweep 33 B-F4, AddressSanitizer). It reads at most 64
+// values back (its bitset of dispatch arguments has 64 bits), so with 64 Nones before the
+// arguments every read stays inside; the trampoline counts the arguments without them.
+void call_boxed_padded(const c10::OperatorHandle& handle, torch::jit::Stack* stack) {
+  constexpr size_t kPadding = 64;
+  stack->insert(stack->begin(), kPadding, c10::IValue());
+  const auto* outer_stack = padded_stack;
+  const size_t outer_padding = stack_padding;
+  padded_stack = stack;
+  stack_padding = kPadding;
+  const auto restore = c10::make_scope_exit([&] {
+    padded_stack = outer_stack;
+    stack_padding = outer_padding;
+    stack->erase(stack->begin(), stack->begin() + std::min(kPadding, stack->size()));
+  });
+  handle.callBoxed(stack);
 }
 
 void check_stack(const std::string& op, const torch::jit::Stack& stack) {

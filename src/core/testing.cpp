@@ -19,8 +19,7 @@ namespace {
 
 // A dispatched call's stack may hold more than its arguments; a sample is its arguments alone
 // (seen: extra values were passed over and came back as outputs).
-void check_count(const std::string& op, const c10::OperatorHandle& handle, size_t given) {
-  const auto& schema = handle.schema();
+void check_count(const std::string& op, const c10::FunctionSchema& schema, size_t given) {
   TORCH_CHECK(given == schema.arguments().size(), op, ": called with ", given,
               " arguments, expected ", schema.arguments().size(), " (schema '", schema, "')");
 }
@@ -357,8 +356,9 @@ bool check_sample(const std::string& op, const std::vector<c10::IValue>& sample,
   const uint64_t serial = detail::definition_serial(op);
   auto handle = handle_of(op);
   const auto report = describe_op(op);
-  const auto& arguments = handle.schema().arguments();
-  check_count(op, handle, sample.size());
+  const auto schema = detail::current_schema(op);
+  const auto& arguments = schema->arguments();
+  check_count(op, *schema, sample.size());
   check_sample_has_data(op, sample, index);
   const std::string device = device_of(sample);
 
@@ -366,7 +366,7 @@ bool check_sample(const std::string& op, const std::vector<c10::IValue>& sample,
   const auto kernel_args = clone_tensors(sample);  // shares its tensors with the call's stack
   torch::jit::Stack stack = kernel_args;
   detail::check_stack(op, stack);
-  handle.callBoxed(&stack);
+  detail::call_boxed_padded(handle, &stack);
   const auto fallback_args = clone_tensors(sample);
   const auto fallback = call_fallback(op, fallback_args);
   const Comparison how{report.flags.bitwise, report.flags.random};
@@ -390,7 +390,7 @@ bool check_sample(const std::string& op, const std::vector<c10::IValue>& sample,
 
   CheckResult fake{"fake_vs_real", op, device, index, true, 0, {}};
   torch::jit::Stack meta = to_meta(sample);
-  handle.callBoxed(&meta);
+  detail::call_boxed_padded(handle, &meta);
   for (size_t i = 0; fake.message.empty() && i < meta.size() && i < stack.size(); ++i) {
     fake.message = compare_fake("output " + std::to_string(i), meta[i], stack[i]);
   }
@@ -424,7 +424,7 @@ namespace {
 
 std::vector<c10::IValue> call_fallback_now(const std::string& op, std::vector<c10::IValue> args) {
   const auto handle = handle_of(op);
-  check_count(op, handle, args.size());
+  check_count(op, *detail::current_schema(op), args.size());
   torch::jit::Stack stack(std::move(args));
   detail::call_checked_fallback(op, handle, &stack);
   return stack;

@@ -28,6 +28,16 @@
 #include "opreg/trace.h"
 #include "opreg/triton.h"
 
+namespace opreg::detail {
+
+struct PythonFront {
+  static void python_fake(OpBuilder& builder, std::string python_module) {
+    builder.python_fake(std::move(python_module));
+  }
+};
+
+}  // namespace opreg::detail
+
 namespace opreg::python {
 namespace {
 
@@ -825,7 +835,7 @@ void bind_op_builder(py::module& m) {
             builder.fallback(python_kernel(fn, py::none(), py::none(), label));
           },
           py::arg("fn"), py::arg("label") = "")
-      .def("python_fake", &OpBuilder::python_fake, py::arg("module"))
+      .def("python_fake", &detail::PythonFront::python_fake, py::arg("module"))
       .def(
           "kernel",
           [](OpBuilder& builder, KernelFactory factory, std::string name,

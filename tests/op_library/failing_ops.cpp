@@ -101,9 +101,9 @@ const auto thrown = [] {
 const auto registered = opreg::register_accelerated_device_type("hpu");
 const auto bad =
     opreg::op("opreg_failing::bad(Tensor x, Tensr y) -> Tensor").fallback(identity).define();
-#elif defined(OPREG_WAIT_THEN_FAIL)     // replaces OPREG_REPLACE_NAME's op, defines another, waits
-                                        // for the file OPREG_WAIT_FILE names (other threads act
-                                        // meanwhile), then fails
+#elif defined(OPREG_WAIT_THEN_FAIL)  // replaces OPREG_REPLACE_NAME's op, defines another, waits
+                                     // for the file OPREG_WAIT_FILE names (other threads act
+                                     // meanwhile), then fails
 const bool waited = [] {
   const char* name = std::getenv("OPREG_REPLACE_NAME");
   opreg::op(std::string(name != nullptr ? name : "OPREG_REPLACE_NAME_is_not::set") +
@@ -120,11 +120,11 @@ const bool waited = [] {
 }();
 const auto bad =
     opreg::op("opreg_failing::bad(Tensor x, Tensr y) -> Tensor").fallback(identity).define();
-#elif defined(OPREG_EMPTY_FALLBACK)     // a typed fallback that is an empty function
+#elif defined(OPREG_EMPTY_FALLBACK)  // a typed fallback that is an empty function
 at::Tensor (*no_fallback)(const at::Tensor&) = nullptr;
 const auto empty =
     opreg::op("opreg_failing::empty_fallback(Tensor x) -> Tensor").fallback(no_fallback).define();
-#elif defined(OPREG_UNKNOWN_FLAG)       // a flag by a name that is no flag's
+#elif defined(OPREG_UNKNOWN_FLAG)    // a flag by a name that is no flag's
 const auto unknown = [] {
   opreg::OpBuilder builder("opreg_failing::unknown_flag(Tensor x) -> Tensor");
   builder.fallback(
@@ -132,16 +132,15 @@ const auto unknown = [] {
   builder.flag("nosuchflag", true);
   return std::move(builder).define();
 }();
-#elif defined(OPREG_EMPTY_PYTHON_FAKE)  // python_fake("") (22nd sweep, B-F3)
-const auto empty_python_fake = [] {
-  opreg::OpBuilder builder("opreg_failing::empty_python_fake(Tensor x) -> Tensor");
+#elif defined(OPREG_NULL_FLAG)       // a builder's refusal (22nd sweep, B-F3: python_fake(""))
+const auto null_flag = [] {
+  opreg::OpBuilder builder("opreg_failing::null_flag(Tensor x) -> Tensor");
   builder.fallback(
       opreg::detail::typed_kernel(std::function<at::Tensor(const at::Tensor&)>(identity)));
-  builder.python_fake("");
   builder.flag(static_cast<bool opreg::OpFlags::*>(nullptr), true);
   return std::move(builder).define();
 }();
-#elif defined(OPREG_DEFINED_TWICE)      // one declaration defined twice (22nd sweep, B-F3)
+#elif defined(OPREG_DEFINED_TWICE)   // one declaration defined twice (22nd sweep, B-F3)
 auto twice = opreg::op("opreg_failing::defined_twice").fallback(identity);
 const auto first = std::move(twice).define();
 const auto second = std::move(twice).define();

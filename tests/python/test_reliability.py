@@ -311,11 +311,9 @@ def load_failing_library(failure: str, then: str = "", before: str = "") -> str:
         # a builder's own refusals aborted the process from the initializer (21st sweep, B-F2)
         ("empty_fallback", "opreg_failing::empty_fallback: its fallback is an empty function"),
         ("unknown_flag", "opreg: op 'opreg_failing::unknown_flag': no flag named 'nosuchflag'"),
-        # python_fake(""), and a declaration defined twice, aborted it too (22nd sweep, B-F3)
-        (
-            "empty_python_fake",
-            "opreg_failing::empty_python_fake': python_fake() needs the name of the module",
-        ),
+        # a builder's refusal (python_fake(""), then private), and a declaration defined twice,
+        # aborted it too (22nd sweep, B-F3)
+        ("null_flag", "opreg_failing::null_flag': flag() got a null member pointer"),
         ("defined_twice", "(an OpBuilder defined already): opreg: this OpBuilder was already"),
         # opreg's lookups of a missing op aborted it (23rd sweep, B-F2)
         (

@@ -18,6 +18,7 @@ import itertools
 import re
 import sys
 import threading
+import types
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -985,9 +986,11 @@ def _check_compile(op, sample, device, backend="aot_eager"):
     eager = op(*_clone(sample).args, **_clone(sample).kwargs)
     error = 0.0
     for dynamic in (False, True):
-        torch._dynamo.reset()
         compiled = torch.compile(
-            lambda *a, **k: op(*a, **k), fullgraph=True, dynamic=dynamic, backend=backend
+            _fresh_code(lambda *a, **k: op(*a, **k)),
+            fullgraph=True,
+            dynamic=dynamic,
+            backend=backend,
         )
         got = compiled(*_clone(sample).args, **_clone(sample).kwargs)
         error = max(error, _max_error(got, eager))
@@ -1012,6 +1015,15 @@ def _check_compile(op, sample, device, backend="aot_eager"):
                 f"{numbers[0]}, eager {numbers[1]}",
             )
     return True, error, ""
+
+
+def _fresh_code(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` with a code object of its own. torch.compile keeps compiled code per code object, so
+    each check compiles afresh; torch._dynamo.reset() would too, but it drops every thread's
+    compiled code, and the user's threads running compiled code then crashed (sweep 33 B-F3)."""
+    return types.FunctionType(
+        fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+    )
 
 
 # CUDA graphs and streams. Note [Checking stream use]: a kernel must run on PyTorch's current

@@ -3,6 +3,10 @@ repository), beside the earlier sweeps' files."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -45,3 +49,48 @@ def test_a_fakes_output_that_does_not_fit_says_why():
         pytest.raises(ValueError, match=r"its fake returned 1000.*, which a double cannot hold"),
     ):
         op(torch.empty(1))
+
+
+def test_opcheck_while_other_threads_run_compiled_code():
+    # B-F3: opcheck's compile row called torch._dynamo.reset(), which dropped the compiled code
+    # other threads were running: the process died (SIGSEGV) within seconds. A subprocess, so that
+    # a crash fails the test.
+    script = textwrap.dedent(
+        """
+        import threading, time
+        import torch, opreg
+
+        op = opreg.custom_op("sweep33::compiled_twice", lambda x: x * 2, mutates_args=(),
+                             schema="(Tensor x) -> Tensor")
+        op.register_fake(lambda x: torch.empty_like(x))
+        stop = threading.Event()
+        wrong = []
+
+        def caller(backend):
+            compiled = torch.compile(lambda x: op(x) + 1, backend=backend)
+            while not stop.is_set():
+                x = torch.randn(3)
+                if not torch.equal(compiled(x), x * 2 + 1):
+                    wrong.append(backend)
+
+        threads = [threading.Thread(target=caller, args=(b,)) for b in ("eager", "aot_eager")]
+        for thread in threads:
+            thread.start()
+        sample = opreg.Sample((torch.randn(4),))
+        checks = 0
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            report = opreg.opcheck(op, [sample], checks=["compile"], raise_on_failure=False)
+            assert not report.failures, report.failures
+            checks += 1
+        stop.set()
+        for thread in threads:
+            thread.join()
+        print("checks", checks, "wrong", len(wrong))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "wrong 0" in result.stdout, result.stdout

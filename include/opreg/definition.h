@@ -135,10 +135,11 @@ class OPREG_API OpBuilder {
  private:
   friend OPREG_API std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi);
   friend struct detail::PythonFront;
-  // The fake is a Python function that opreg's Python front registers, from its module
-  // "opreg._declaration" (the only one taken). Not public: from C++ it never took effect, and the
-  // op said it had a fake while its fallback served meta calls (sweep 32 B-F3, sweep 33 B-F5).
-  OpBuilder& python_fake(std::string python_module);
+  // The fake is a Python function that opreg's Python front registers for FakeTensorMode, from
+  // its module "opreg._declaration" (the only one taken); `meta` calls it on meta tensors. Not
+  // public: from C++ it never took effect, and the op said it had a fake while its fallback
+  // served meta calls (sweep 32 B-F3, sweep 33 B-F5).
+  OpBuilder& python_fake(std::string python_module, KernelFactory meta);
   std::unique_ptr<State> state_;
 };
 

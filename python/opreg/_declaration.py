@@ -146,7 +146,7 @@ class OpDeclaration:
         builder = _C.OpBuilder(self.schema)
         builder.fallback(self.fallback, self.fallback_label)
         if self.fake is not None:
-            builder.python_fake(__name__)
+            builder.python_fake(__name__, _meta_fake(self))
         for kernel in self.kernels:
             if kernel.aot is not None:
                 launch = kernel.aot
@@ -598,10 +598,11 @@ _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _NUMBER_TYPES = r"\b(int|SymInt|float|SymFloat|bool|SymBool|Scalar|complex)\b"  # may be symbolic
 
 
-def _checked_fake(declaration: OpDeclaration, serial: int) -> Callable[..., Any]:
+def _checked_fake(declaration: OpDeclaration, serial: int | None) -> Callable[..., Any]:
     """The fake, with its outputs checked against the schema and the inputs' device (the C++
-    core checks C++ fakes); a call made after the op was defined again from C++ goes to its
-    definition now."""
+    core checks C++ fakes). The one FakeTensorMode calls (`serial`: its definition's) sends a call
+    made after the op was defined again from C++ to its definition now, and records its trace;
+    the one the core holds (`serial` None) is its definition's, and the core records it."""
     qualname, fake_fn = declaration.qualname, declaration.fake
     parsed = torch._C.parse_schema(declaration.schema)
     returns = [r.type for r in parsed.returns]
@@ -634,10 +635,10 @@ def _checked_fake(declaration: OpDeclaration, serial: int) -> Callable[..., Any]
                     )
 
     def fake(*args: Any, **kwargs: Any) -> Any:
-        if not still_current(qualname, serial):
+        if serial is not None and not still_current(qualname, serial):
             return op_overload(qualname)(*args, **kwargs)
         check_dtypes(args, kwargs)
-        if _C.trace_enabled():  # as the core records a C++ fake: the first tensor's device
+        if serial is not None and _C.trace_enabled():  # as the core records a C++ fake
             first = next((t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)), None)
             _C.record_trace(qualname, "fake", "-" if first is None else str(first.device))
         try:
@@ -710,6 +711,29 @@ def _checked_fake(declaration: OpDeclaration, serial: int) -> Callable[..., Any]
         return result
 
     return fake
+
+
+def _meta_fake(declaration: OpDeclaration) -> Callable[..., Any]:
+    """The fake for calls on meta tensors, held by the op's definition in the core (torch's Meta
+    kernel for a Python fake, registered per definition, was freed by a replace while a call ran
+    it). As torch's, it refuses torch.library.get_ctx(): meta tensors have no symbolic sizes."""
+    qualname = declaration.qualname
+    checked: list[Callable[..., Any]] = []  # made at the first call: the schema is valid then
+
+    def no_context() -> Any:
+        raise RuntimeError(
+            f"opreg: op '{qualname}': its fake asks torch.library.get_ctx() for a size that "
+            "depends on the data, which a call on meta tensors cannot give; call the op under "
+            "FakeTensorMode (as torch.compile does) instead"
+        )
+
+    def meta(*args: Any, **kwargs: Any) -> Any:
+        if not checked:
+            checked.append(_checked_fake(declaration, None))
+        with torch._library.fake_impl.set_ctx_getter(no_context):
+            return checked[0](*args, **kwargs)
+
+    return meta
 
 
 # Held by each definition from Python, from the checks that read the Python-side records to

@@ -117,9 +117,20 @@ def claim(qualname: str) -> None:
 
 
 def register_fake(library: torch.library.Library, qualname: str, fn: Callable[..., Any]) -> None:
-    """opreg's own registration of an op's Python fake, past its entry in torch's table."""
-    # The caller's module is the fake's (frame 2 here): torch checks it against a C++ op's stub.
-    library._register_fake(qualname.split("::")[1], fn, _stacklevel=2)
+    """opreg's own registration of an op's Python fake, past its entry in torch's table, for
+    FakeTensorMode. torch would also register a Meta kernel for it, one per definition, which a
+    replace frees while a call on meta tensors may be running it; the op's definition holds its
+    own (OpBuilder.python_fake). The registration goes with `library`."""
+    fakes = torch._library.simple_registry.singleton.find(qualname).fake_impl
+    source = torch._library.utils.get_source(2)
+    library._registration_handles.append(fakes.register(fn, source, lib=_NoMetaKernel()))
+
+
+class _NoMetaKernel:
+    """What torch's fake registration takes as the library to register a Meta kernel in."""
+
+    def impl(self, *args: Any, **kwargs: Any) -> None:
+        pass
 
 
 def _is_op_itself(fn: Any, qualname: str) -> bool:

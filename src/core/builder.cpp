@@ -67,7 +67,7 @@ OpBuilder& OpBuilder::fake(KernelFactory factory) {
 // The module whose fakes python_fake() names: the Python front's, which registers them itself.
 constexpr const char* kPythonFrontModule = "opreg._declaration";
 
-OpBuilder& OpBuilder::python_fake(std::string python_module) {
+OpBuilder& OpBuilder::python_fake(std::string python_module, KernelFactory meta) {
   if (python_module.empty()) {
     keep_first(live(state_), c10::str("opreg: op '", declared_name(),
                                       "': python_fake() needs the name of the module that "
@@ -82,6 +82,7 @@ OpBuilder& OpBuilder::python_fake(std::string python_module) {
                         "runs its fallback on meta tensors without one"));
   }
   live(state_).python_module = std::move(python_module);
+  live(state_).python_meta = std::move(meta);
   return *this;
 }
 

@@ -45,8 +45,9 @@ void call_checked_fallback(const std::string& op, const c10::OperatorHandle& han
 // dispatcher's copy, which OperatorHandle::schema() refers to. Throws for unknown ops.
 std::shared_ptr<const c10::FunctionSchema> current_schema(const std::string& op);
 
-// handle.callBoxed(stack) for a stack that holds the call's arguments alone, safe against a
-// replace that changes the op's schema meanwhile (see the definition).
+// handle.callBoxed(stack) for a stack that holds the call's arguments alone, made by opreg for
+// the schema of one definition: safe against a replace that changes the op's schema meanwhile
+// (see the definition).
 void call_boxed_padded(const c10::OperatorHandle& handle, torch::jit::Stack* stack);
 
 // Checks a boxed call's stack against the op's current schema before anything reads it: enough

@@ -893,6 +893,12 @@ std::shared_ptr<Definition> build(OpBuilder::State spec,
     definition->fake_source = FakeSource::kExplicit;
   } else if (!declared.python_module.empty()) {
     definition->fake_source = FakeSource::kPython;
+    // The definition holds it, as its other pieces: a Meta kernel that torch.library registered
+    // for each definition was freed by a replace while a call on meta tensors ran it (sweep 33
+    // A-F1: PyTorch's internal assert on the Python object, a segfault under OPREG_DEBUG=1).
+    if (declared.python_meta) {
+      definition->meta = make_piece(*definition, *declared.python_meta, "fake", nullptr);
+    }
   } else {
     definition->meta = make_piece(*definition, declared.fallback, "fallback(meta)", nullptr);
   }
@@ -1555,7 +1561,7 @@ void compare_with_fake_outputs(const Definition& definition, const c10::Operator
   // failure of a fake is the fake's mistake, which torch.compile would meet.
   try {
     c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
-    op.callBoxed(&meta);
+    detail::call_boxed_padded(op, &meta);
   } catch (const std::exception& error) {  // c10's errors, and Python's from a Python fake
     std::string why = error.what();
     if (definition.fake_source == FakeSource::kFallbackOnMeta || cannot_run_on_meta(why) ||
@@ -1777,8 +1783,9 @@ class Trampoline final : public c10::OperatorKernel {
     const CallInputs inputs = inputs_of(d, *stack);
     const CallDevices devices = devices_of(inputs);
     if (devices.mixed) {  // a meta tensor beside real ones: whatever fails, say so
-      const std::string piece =
-          d.fake_source == FakeSource::kExplicit ? "the fake" : "the fallback on meta tensors";
+      const std::string piece = d.fake_source == FakeSource::kFallbackOnMeta
+                                    ? "the fallback on meta tensors"
+                                    : "the fake";
       std::string why;
       try {
         run_checked(d, *d.meta, piece, op, keys, stack, inputs, devices,
@@ -1795,7 +1802,7 @@ class Trampoline final : public c10::OperatorKernel {
           false, d.name(), ": ", piece,
           " failed on a call with tensors on several devices (a meta tensor among them): ", why);
     }
-    if (d.fake_source == FakeSource::kExplicit) {
+    if (d.fake_source != FakeSource::kFallbackOnMeta) {
       run_checked(d, *d.meta, kFake, op, keys, stack, inputs, devices,
                   /*compare_with_fake=*/false);
       return;

@@ -30,6 +30,9 @@ struct OpBuilder::State {
   KernelFactory fallback;
   std::optional<KernelFactory> fake;  // nullopt: the fallback runs on meta tensors
   std::string python_module;          // set: the fake is registered from Python by this module
+  // With python_module: the fake as a kernel, which serves calls on meta tensors (Python's
+  // registration serves FakeTensorMode).
+  std::optional<KernelFactory> python_meta;
   std::vector<KernelDeclaration> kernels;
   std::vector<std::pair<std::string, std::vector<c10::ScalarType>>> dtype_rules;
   OpFlags flags;

@@ -175,7 +175,7 @@ namespace {
 std::vector<c10::IValue> call_below(const c10::OperatorHandle& op, std::vector<c10::IValue> args) {
   c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::FuncTorchBatched);
   torch::jit::Stack stack(std::move(args));
-  op.callBoxed(&stack);
+  detail::call_boxed_padded(op, &stack);
   return stack;
 }
 
@@ -498,7 +498,7 @@ class VmapKernel final : public c10::OperatorKernel {
           c10::autograd_dispatch_keyset |
           c10::DispatchKeySet(
               {c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchVmapMode}));
-      op.callBoxed(&meta);
+      detail::call_boxed_padded(op, &meta);
     } catch (const std::exception&) {
       return;
     }
@@ -894,7 +894,7 @@ class RandomnessKernel final : public c10::OperatorKernel {
       // A batch of none still calls the op once, for its outputs' shapes.
       for (int64_t example = 0; example < std::max<int64_t>(batch_size, 1); ++example) {
         torch::jit::Stack one(arguments.begin(), arguments.end());
-        op.callBoxed(&one);
+        detail::call_boxed_padded(op, &one);
         draws.push_back(std::move(one));
       }
     }

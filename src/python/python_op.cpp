@@ -31,8 +31,8 @@
 namespace opreg::detail {
 
 struct PythonFront {
-  static void python_fake(OpBuilder& builder, std::string python_module) {
-    builder.python_fake(std::move(python_module));
+  static void python_fake(OpBuilder& builder, std::string python_module, KernelFactory meta) {
+    builder.python_fake(std::move(python_module), std::move(meta));
   }
 };
 
@@ -835,7 +835,14 @@ void bind_op_builder(py::module& m) {
             builder.fallback(python_kernel(fn, py::none(), py::none(), label));
           },
           py::arg("fn"), py::arg("label") = "")
-      .def("python_fake", &detail::PythonFront::python_fake, py::arg("module"))
+      .def(
+          "python_fake",
+          [](OpBuilder& builder, std::string module, const py::object& meta) {
+            require_callable(builder, "the fake", meta);
+            detail::PythonFront::python_fake(builder, std::move(module),
+                                             python_kernel(meta, py::none(), py::none(), ""));
+          },
+          py::arg("module"), py::arg("meta"))
       .def(
           "kernel",
           [](OpBuilder& builder, KernelFactory factory, std::string name,

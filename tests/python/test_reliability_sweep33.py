@@ -3,6 +3,7 @@ repository), beside the earlier sweeps' files."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -94,3 +95,70 @@ def test_opcheck_while_other_threads_run_compiled_code():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "wrong 0" in result.stdout, result.stdout
+
+
+RACE = """
+import os, sys, threading, time
+import torch, opreg
+
+def define(k, replace, schema):
+    return opreg.register_triton_op(
+        fake_fn=lambda x, *rest: torch.empty_like(x), triton_fn=None, name="sweep33::raced",
+        schema=schema, replace=replace)(lambda x, *rest: x + k)
+
+schemas = ["(Tensor x) -> Tensor", sys.argv[1]]
+define(1, False, schemas[0])
+stop = threading.Event()
+errors, calls = [], [0]
+
+def replace():
+    i = 0
+    while not stop.is_set():
+        define(1 + i % 2, True, schemas[i % 2])
+        i += 1
+        time.sleep(0.0002)
+
+def call(device):
+    while not stop.is_set():
+        try:
+            torch.ops.sweep33.raced(torch.ones(3, device=device))
+        except RuntimeError as error:
+            if "raced a replace" not in str(error) and "called with" not in str(error):
+                errors.append(str(error)[:300])
+        calls[0] += 1
+
+threads = [threading.Thread(target=replace)] + [
+    threading.Thread(target=call, args=(d,)) for d in ("meta", "meta", "cpu")]
+for thread in threads:
+    thread.start()
+time.sleep(float(sys.argv[2]))
+stop.set()
+for thread in threads:
+    thread.join()
+print("calls", calls[0], "errors", len(errors), errors[:1])
+"""
+
+
+@pytest.mark.parametrize(
+    ("schema", "debug"),
+    [
+        ("(Tensor x) -> Tensor", "0"),
+        ("(Tensor x) -> Tensor", "1"),
+        ("(Tensor x, int k=2) -> Tensor", "1"),
+    ],
+    ids=["meta", "debug", "debug_schema_change"],
+)
+def test_calls_on_meta_tensors_while_the_op_is_replaced(schema, debug):
+    # A-F1: torch's Meta kernel for a Python fake, registered for each definition, was freed by a
+    # replace while a call on meta tensors ran it: PyTorch's internal assert on the Python object
+    # ("interpreter == pyinterpreter_"), and with OPREG_DEBUG=1, whose checks call the fake on
+    # meta copies, segfaults (a schema change among the replaces: PyTorch read before the stack).
+    result = subprocess.run(
+        [sys.executable, "-c", RACE, schema, "5"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OPREG_DEBUG": debug},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "errors 0 " in result.stdout, result.stdout

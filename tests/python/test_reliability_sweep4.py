@@ -115,7 +115,7 @@ def test_opreg_debug_compares_tensor_list_outputs_with_the_fake():
         empty = torch.empty_like
         for name, fake, expected in [
             ("sweep4::short", lambda x: [empty(x)], "with 2 tensors, but the op's fake gives 1"),
-            ("sweep4::shape", lambda x: [empty(x), torch.empty(5)], "element 1 of shape [2]"),
+            ("sweep4::shape", lambda x: [empty(x), x.new_empty(5)], "element 1 of shape [2]"),
             ("sweep4::dtype", lambda x: [empty(x), empty(x, dtype=torch.int64)], "and dtype Long"),
         ]:
             try:

@@ -111,10 +111,10 @@ def _check_choices(
     name neither (``min() arg is an empty sequence``)."""
     from torch.distributed.tensor.placement_types import Placement
 
-    def placements(value: Any, count: int) -> bool:
+    def placements(value: Any, counts: tuple[int, ...]) -> bool:
         return (
             isinstance(value, list | tuple)
-            and len(value) == count
+            and len(value) in counts
             and all(
                 p is None
                 or isinstance(p, Placement)
@@ -124,14 +124,17 @@ def _check_choices(
         )
 
     outputs = len(overload._schema.returns)
+    # One per argument the call passed, or one per argument of the schema (defaults left out),
+    # as register_sharding takes either.
+    counts = (arguments, len(overload._schema.arguments))
     if (
         not isinstance(choices, list | tuple)
         or not choices
         or not all(
             isinstance(c, list | tuple)
             and len(c) == 2
-            and placements(c[0], outputs)
-            and placements(c[1], arguments)
+            and placements(c[0], (outputs,))
+            and placements(c[1], counts)
             for c in choices
         )
     ):
@@ -139,8 +142,9 @@ def _check_choices(
             f"opreg: op '{qualname}': its sharding strategy function returned "
             f"{type(choices).__name__} {choices!r:.100}, expected a non-empty list of "
             f"(output placements, input placements) pairs: {outputs} placements for the outputs "
-            f"and {arguments} for the arguments (None for one that is no tensor), as "
-            "torch.distributed.tensor.experimental.register_sharding takes"
+            f"and {' or '.join(map(str, sorted(set(counts))))} for the arguments (None for one "
+            "that is no tensor: one per argument the call passed, or per argument of the "
+            "schema), as torch.distributed.tensor.experimental.register_sharding takes"
         )
 
 
@@ -169,7 +173,8 @@ def _check_placements(
 
     output_dims: list[int] | None = None
     for outputs, inputs in choices:
-        for name, value, placement in zip(names, values, inputs, strict=True):
+        # Placements past the arguments the call passed stand for defaults, as DTensor takes them.
+        for name, value, placement in zip(names, values, inputs, strict=False):
             if isinstance(placement, list | tuple) or isinstance(value, list | tuple):
                 continue  # a Tensor[] argument: DTensor checks its placements one by one
             what = f"argument '{name}'"

@@ -245,9 +245,16 @@ def test_ops_without_a_strategy_are_refused_by_name_on_one_rank():
                 getattr(torch.ops.opreg_one, name)(rows, 2)
             except Exception as error:
                 print("refused:", str(error).splitlines()[0])
+
+        # A placement per argument of the schema, a default left out of the call (sweep 33 A-F3).
+        opreg.register_vmap_op(lambda x, k=2.0: x * k, fake_fn=None, name="opreg_one::default",
+                               schema="(Tensor x, float k=2.0) -> Tensor",
+                               sharding=lambda x, k=2.0: [([Shard(0)], [Shard(0), None])])
+        print("default:", torch.ops.opreg_one.default(rows).full_tensor().sum().item())
         dist.destroy_process_group()
         """
     )
+    assert "default: 24.0" in out, out
     for name, said in (
         ("out_dim", "gave Shard(dim=2) for output 0, which has 2 dims; expected a dim from 0 to 1"),
         ("in_dim", "gave Shard(dim=-1) for argument 'x', which has 2 dims; expected a dim from 0"),

@@ -306,7 +306,7 @@ class CustomOpDef(torch._library.custom_ops.CustomOpDef):
         usable as a decorator. Replaces a triton_op's fake (its function on fake tensors)."""
         self._check_callable("register_fake", fn)
         check_signature(self._qualname, "register_fake's fn", fn, self._qualname + self._schema)
-        self._with(_fake=fn)
+        self._with(_fake=fn, _meta_kernel=None)  # one fake serves meta tensors and fake ones
         return fn
 
     def _placed(self, types: Sequence[str | None], fn: Callable[..., Any]) -> dict[str, Any]:
@@ -342,6 +342,17 @@ class CustomOpDef(torch._library.custom_ops.CustomOpDef):
             check_signature(
                 self._qualname, "register_kernel's fn", fn, self._qualname + self._schema
             )
+            if self._fake is not None and any(
+                device is not None and device.strip().lower() == "meta" for device in types
+            ):
+                # torch runs a "meta" kernel for meta tensors and the fake for fake ones; opreg's
+                # one fake serves both, so a second would never run.
+                raise ValueError(
+                    f"{self._qualname}: register_kernel('meta'): the op has a fake "
+                    "(register_fake), which serves calls on meta tensors as well as on fake "
+                    "ones, so a kernel for 'meta' would never run; give it as the fake "
+                    "(register_fake) instead"
+                )
             with self._lock:
                 self._with(**self._placed(types, fn))
             return fn

@@ -30,7 +30,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from opreg import _C
 from opreg._declaration import check_positional, registration_of
 from opreg._public import public
-from opreg._registry import AutogradSupport, describe_op, op_namespace
+from opreg._registry import AutogradSupport, check_text, describe_op, op_namespace
 
 CHECKS = (
     "torch_opcheck",
@@ -93,6 +93,8 @@ class Sample:
             )
         if not isinstance(self.label, str):
             raise TypeError(f"opreg.Sample: label must be a str, got {type(self.label).__name__}")
+        # A report naming the sample must print (sweep 33 A-F5: UnicodeEncodeError then).
+        check_text("opreg.Sample", "label", self.label)
 
 
 @public

@@ -162,3 +162,28 @@ def test_calls_on_meta_tensors_while_the_op_is_replaced(schema, debug):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "errors 0 " in result.stdout, result.stdout
+
+
+def test_a_sample_label_with_a_lone_surrogate_is_refused():
+    # A-F5: accepted; a failing check's report then could not be printed (UnicodeEncodeError).
+    with pytest.raises(ValueError, match=r"opreg.Sample: label 'a\\ud800' holds a lone surrogate"):
+        opreg.Sample((torch.ones(1),), label="a\ud800")
+
+
+def test_a_meta_kernel_beside_a_fake_is_refused():
+    # A-F6: register_kernel("meta") on an op with a fake was accepted and never ran (opreg's one
+    # fake serves meta tensors too); without a fake it is the fake, and a later fake replaces it.
+    op = opreg.custom_op(
+        "sweep33::meta_kernel",
+        lambda x: x.sum(0, keepdim=True),
+        mutates_args=(),
+        schema="(Tensor x) -> Tensor",
+    )
+    op.register_kernel("meta")(lambda x: x.new_empty(1, x.shape[1]))
+    assert op(torch.empty(4, 3, device="meta")).shape == (1, 3)
+    op.register_fake(lambda x: x.new_empty(1, x.shape[1]))
+    with pytest.raises(
+        ValueError, match="sweep33::meta_kernel: register_kernel\\('meta'\\): the op"
+    ):
+        op.register_kernel("meta")(lambda x: x.new_empty(9, 9))
+    assert op(torch.empty(4, 3, device="meta")).shape == (1, 3)

@@ -123,7 +123,9 @@ def register_fake(library: torch.library.Library, qualname: str, fn: Callable[..
     own (OpBuilder.python_fake). The registration goes with `library`."""
     fakes = torch._library.simple_registry.singleton.find(qualname).fake_impl
     source = torch._library.utils.get_source(2)
-    library._registration_handles.append(fakes.register(fn, source, lib=_NoMetaKernel()))
+    # allow_override: torch 2.11's default refuses a fake beside a Meta kernel (opreg's own).
+    handle = fakes.register(fn, source, lib=_NoMetaKernel(), allow_override=True)
+    library._registration_handles.append(handle)
 
 
 class _NoMetaKernel:

@@ -173,8 +173,13 @@ def _check_placements(
 
     output_dims: list[int] | None = None
     for outputs, inputs in choices:
-        # Placements past the arguments the call passed stand for defaults, as DTensor takes them.
-        for name, value, placement in zip(names, values, inputs, strict=False):
+        # Placements past the arguments the call passed stand for defaults (None for a Tensor?
+        # left out, as for one passed None: sweep 34 A-F1), as DTensor takes them.
+        given = [*zip(names, values, strict=True)]
+        given += [
+            (a.name, a.default_value) for a in overload._schema.arguments if a.name not in names
+        ]
+        for (name, value), placement in zip(given, inputs, strict=False):
             if isinstance(placement, list | tuple) or isinstance(value, list | tuple):
                 continue  # a Tensor[] argument: DTensor checks its placements one by one
             what = f"argument '{name}'"

@@ -178,7 +178,8 @@ def test_ops_without_a_strategy_are_refused_by_name_on_one_rank():
         import os, socket
         import torch, torch.distributed as dist
         import opreg
-        from torch.distributed.tensor import DTensor, Shard, distribute_tensor, init_device_mesh
+        from torch.distributed.tensor import (DTensor, Replicate, Shard, distribute_tensor,
+                                               init_device_mesh)
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -251,10 +252,24 @@ def test_ops_without_a_strategy_are_refused_by_name_on_one_rank():
                                schema="(Tensor x, float k=2.0) -> Tensor",
                                sharding=lambda x, k=2.0: [([Shard(0)], [Shard(0), None])])
         print("default:", torch.ops.opreg_one.default(rows).full_tensor().sum().item())
+
+        # A placement for a Tensor? left out of the call (sweep 34 A-F1: DTensor's raw error).
+        opreg.register_vmap_op(lambda x, w=None: x * 2, fake_fn=None,
+                               name="opreg_one::optional",
+                               schema="(Tensor x, Tensor? w=None) -> Tensor",
+                               sharding=lambda x, w=None: [([Shard(0)], [Shard(0), Replicate()])])
+        try:
+            torch.ops.opreg_one.optional(rows)
+        except Exception as error:
+            print("refused:", str(error).splitlines()[0])
         dist.destroy_process_group()
         """
     )
     assert "default: 24.0" in out, out
+    assert (
+        "refused: opreg: op 'opreg_one::optional': its sharding strategy function gave "
+        "Replicate() for argument 'w', which is no DTensor (NoneType); give None there" in out
+    ), out
     for name, said in (
         ("out_dim", "gave Shard(dim=2) for output 0, which has 2 dims; expected a dim from 0 to 1"),
         ("in_dim", "gave Shard(dim=-1) for argument 'x', which has 2 dims; expected a dim from 0"),

@@ -187,3 +187,30 @@ def test_a_meta_kernel_beside_a_fake_is_refused():
     ):
         op.register_kernel("meta")(lambda x: x.new_empty(9, 9))
     assert op(torch.empty(4, 3, device="meta")).shape == (1, 3)
+
+
+def test_nested_outputs_under_opreg_debug_and_in_the_gradients_row():
+    # Sweep 34 A-F3: OPREG_DEBUG's comparison with the fake met PyTorch's "NestedTensorImpl
+    # doesn't support sizes" on a plain call; A-F4: so did opcheck's gradients row.
+    script = textwrap.dedent(
+        """
+        import torch, opreg
+        op = opreg.custom_op("sweep34::nested", mutates_args=(), schema="(Tensor x) -> Tensor")(
+            lambda x: torch.nested.nested_tensor([x, x[:1]]))
+        op.register_fake(lambda x: torch.empty_like(x))
+        print("values", op(torch.ones(3)).unbind()[1].tolist())
+        report = opreg.opcheck(op, [opreg.Sample((torch.ones(3, requires_grad=True),))],
+                               checks=["gradients"], raise_on_failure=False)
+        print("gradients", [(r.skipped, r.message) for r in report.rows])
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OPREG_DEBUG": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "values [1.0]" in result.stdout, result.stdout
+    assert "a nested output, which torch.autograd.gradcheck does not take" in result.stdout

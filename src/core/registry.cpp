@@ -1108,6 +1108,14 @@ struct Memory {
   }
 };
 
+// A stack that call_boxed_padded passes, and the Nones it holds before the call's arguments.
+thread_local const torch::jit::Stack* padded_stack = nullptr;
+thread_local size_t stack_padding = 0;
+
+size_t padding_of(const torch::jit::Stack& stack) {
+  return &stack == padded_stack ? stack_padding : 0;
+}
+
 // Note [A call racing a change of schema]
 // A caller reads its arguments against the schema registered at that moment (Python's parser,
 // C++'s unboxed-to-boxed wrapper), then the trampoline reads the op's definition. A replace that
@@ -1121,14 +1129,6 @@ struct Memory {
 // a call's stack must hold exactly its arguments (as every caller but a hand-made boxed call's
 // makes it), each of its schema type (one schema's float is the other's int). Left: such a call
 // whose old and new schemas take the same types in the same order.
-// A stack that call_boxed_padded passes, and the Nones it holds before the call's arguments.
-thread_local const torch::jit::Stack* padded_stack = nullptr;
-thread_local size_t stack_padding = 0;
-
-size_t padding_of(const torch::jit::Stack& stack) {
-  return &stack == padded_stack ? stack_padding : 0;
-}
-
 void check_schema_current(const OpEntry& entry, const Definition& definition,
                           const torch::jit::Stack& stack) {
   if (!entry.schema_changed.load()) return;

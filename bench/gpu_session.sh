@@ -50,18 +50,9 @@ cmake -S tests -B build/gpu-tests -G Ninja -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX" \
   ctest --test-dir build/gpu-tests --output-on-failure >> "$WORK/logs/cpp-tests.log" 2>&1
 tail -4 "$WORK/logs/cpp-tests.log"
 else  # only the op libraries the Python tests load
-  libraries="opreg_test_ops opreg_replacing_ops"
-  for failure in bad_schema duplicate_name signature_mismatch other_version nested_load \
-    undefine_then_fail undefine_unknown undefine_named thread_define thread_replace \
-    define_all factory_throws device_type_then_fail wait_then_fail empty_fallback unknown_flag \
-    empty_python_fake defined_twice find_unknown describe_unknown handle_unknown \
-    handle_mismatch check_unknown bundle_missing; do
-    libraries="$libraries opreg_failing_$failure"
-  done
-  for name in a b c dep needy; do libraries="$libraries opreg_scripted_$name"; done
   cmake -S tests -B build/gpu-tests -G Ninja -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX" \
     -DOPREG_GTEST_SOURCE_DIR="$PWD/.carry/googletest" > "$WORK/logs/cpp-tests.log" 2>&1 &&
-    cmake --build build/gpu-tests --target $libraries >> "$WORK/logs/cpp-tests.log" 2>&1
+    cmake --build build/gpu-tests --target opreg_python_test_libraries >> "$WORK/logs/cpp-tests.log" 2>&1
 fi
 
 step python tests

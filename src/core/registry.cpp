@@ -2239,6 +2239,13 @@ void throw_no_fake(const std::string& op, const std::string& reason) {
   // The reason may carry a C++ backtrace of an error rethrown inside it (a library's path among
   // its frames, in bytes that need not be UTF-8, which Python would then fail to read).
   const std::string said = reason.substr(0, reason.find("Exception raised from "));
+  // PyTorch makes no nested tensor on meta (nor under FakeTensorMode): no fake can help, and its
+  // refusal is an internal assert that asks for a bug report.
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      said.find("NestedTensorImpl storage must be") == std::string::npos, op,
+      ": its fallback makes a nested tensor, which PyTorch cannot make on meta tensors or under "
+      "FakeTensorMode, so no fake can stand for it: meta calls and torch.export fail on this op, "
+      "and torch.compile runs it outside its graph (a graph break); eager calls are not affected");
   TORCH_CHECK_NOT_IMPLEMENTED(false, op,
                               ": has no fake, and its fallback failed on meta tensors; give the op "
                               "a fake (.fake(fn) in C++, fake_fn= in Python). The fallback said: ",

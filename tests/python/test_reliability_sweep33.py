@@ -214,3 +214,28 @@ def test_nested_outputs_under_opreg_debug_and_in_the_gradients_row():
     assert result.returncode == 0, result.stderr[-3000:]
     assert "values [1.0]" in result.stdout, result.stdout
     assert "a nested output, which torch.autograd.gradcheck does not take" in result.stdout
+
+
+def test_an_op_that_returns_a_nested_tensor_and_has_no_fake_says_no_fake_can_help():
+    # Sweep 34 A-F2: the "has no fake" message quoted PyTorch's internal assert about nested
+    # storage on meta and advised a fake, which PyTorch cannot make nested either.
+    op = opreg.custom_op(
+        "sweep34::nested_no_fake",
+        lambda x: torch.nested.nested_tensor([x, x[:1]]),
+        mutates_args=(),
+        schema="(Tensor x) -> Tensor",
+    )
+    assert op(torch.ones(3)).unbind()[1].tolist() == [1.0]
+    plainly = "which PyTorch cannot make on meta tensors or under FakeTensorMode"
+    with pytest.raises(NotImplementedError, match=f"sweep34::nested_no_fake: .*{plainly}"):
+        op(torch.ones(3, device="meta"))
+    report = opreg.opcheck(
+        op,
+        [(torch.ones(3),)],
+        checks=["torch_opcheck", "fake_vs_real", "compile"],
+        raise_on_failure=False,
+    )
+    for row in report.rows:
+        assert not row.passed, row
+        assert row.message.startswith("sweep34::nested_no_fake returns a nested tensor"), row
+        assert "INTERNAL ASSERT" not in row.message

@@ -47,11 +47,15 @@ std::string trace_device_of(const Args&... args) {
 // error is thrown again as its own type, with those bytes written \xNN; one of a type that cannot
 // be rebuilt so becomes a c10::Error.
 template <class Type>
-void throw_readable_as(const c10::Error& error, const std::string& msg) {
-  if (typeid(error) != typeid(Type)) return;
+[[noreturn]] void throw_rebuilt_as(const c10::Error& error, const std::string& msg) {
   Type readable(msg, error.backtrace(), error.caller());
   for (const auto& entry : error.context()) readable.add_context(valid_utf8(entry));
   throw readable;
+}
+
+template <class Type>
+void throw_readable_as(const c10::Error& error, const std::string& msg) {
+  if (typeid(error) == typeid(Type)) throw_rebuilt_as<Type>(error, msg);
 }
 
 inline bool readable_in_python(const c10::Error& error) {
@@ -78,9 +82,7 @@ inline bool readable_in_python(const c10::Error& error) {
   throw_readable_as<c10::DistStoreError>(error, msg);
   throw_readable_as<c10::DistNetworkError>(error, msg);
   throw_readable_as<c10::DistQueueEmptyError>(error, msg);
-  c10::Error readable(msg, error.backtrace(), error.caller());
-  for (const auto& entry : error.context()) readable.add_context(valid_utf8(entry));
-  throw readable;
+  throw_rebuilt_as<c10::Error>(error, msg);
 }
 
 // Runs a piece of the user's C++ code. What it throws as a std::runtime_error or

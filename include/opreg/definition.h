@@ -74,7 +74,9 @@ struct KernelContext {
 };
 
 // Builds one piece of an op (its fallback, a kernel, its fake) for one definition: a typed C++
-// callable, a Python function or an AOT Triton launch (opreg::triton::aot) made boxed.
+// callable, a Python function or an AOT Triton launch (opreg::triton::aot) made boxed. The
+// KernelFunction must take the schema's arguments: opreg cannot read the C++ signature of one made
+// by hand (a call then meets PyTorch's "expected int"); opreg::op's pieces are checked.
 struct KernelFactory {
   std::function<c10::KernelFunction(const KernelContext&)> make;
 };

@@ -75,7 +75,9 @@ inline KernelOptions<> on(std::vector<std::string> device_types) {
 }
 
 // The dispatcher's handle of "ns::name" or "ns::name.overload"; a ValueError when there is none
-// (inside opreg::load_library, the load fails instead: see ARCHITECTURE.md, Guarantees).
+// (inside opreg::load_library, the load fails instead: see ARCHITECTURE.md, Guarantees). Its
+// schema() must not be read while another thread changes the op's schema (PyTorch's dispatcher
+// frees it unlocked): describe_op(name).schema can be.
 OPREG_API c10::OperatorHandle find_operator(const std::string& qualified);
 
 // A ValueError, naming the op, when a handle's C++ signature does not fit the op's schema.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import os
 import re
 import threading
 import warnings
@@ -741,6 +742,14 @@ def _meta_fake(declaration: OpDeclaration) -> Callable[..., Any]:
 # turn, so neither's checks read records the other is changing (reentrant: a fallback may define).
 _definition_lock = threading.RLock()
 _defining_here = threading.local()  # .active: inside defining(); .forget: a replace was made
+# A fork copies the lock held by the thread defining at that moment, a thread the child does not
+# have: every definition in the child (a DataLoader worker, say) waited forever. A fork waits for
+# the definition to end instead, and holds the lock across, so the child copies no half-made one.
+os.register_at_fork(
+    before=_definition_lock.acquire,
+    after_in_parent=_definition_lock.release,
+    after_in_child=_definition_lock.release,
+)
 
 
 @contextlib.contextmanager

@@ -1365,13 +1365,7 @@ def _rows(
             for check in checks:
                 if progress:
                     progress(f"{name} {device} {label}: {check}")
-                skipped = False
-                try:
-                    passed, error, message = _RUNNERS[check](op, sample, device)
-                except _Skipped as skip:
-                    passed, error, message, skipped = True, 0.0, f"{skip}: skipped", True
-                except Exception as failure:
-                    passed, error, message = False, 0.0, f"{type(failure).__name__}: {failure}"
+                passed, error, message, skipped = _run_check(op, check, sample, device)
                 if not passed and check in _FAKE_ROWS and _nested_output(op, sample):
                     message = (
                         f"{name} returns a nested tensor, which PyTorch cannot make on fake or "
@@ -1380,6 +1374,34 @@ def _rows(
                     )
                 rows.append(CheckRow(check, name, device, label, passed, error, message, skipped))
     return rows
+
+
+_RUNS_A_REPLACE_MAY_INTERRUPT = 3
+
+
+def _run_check(op, check: str, sample: Sample, device: str) -> tuple[bool, float, str, bool]:
+    """(passed, error, message, skipped) of one check of one sample. A run that a replace of the
+    op on another thread interrupted compared two definitions: it runs again, up to three times,
+    as opreg::testing::check's samples do."""
+    qualname = _qualified(op)
+    for _ in range(_RUNS_A_REPLACE_MAY_INTERRUPT):
+        serial = _C.definition_serial(qualname)
+        skipped = False
+        try:
+            passed, error, message = _RUNNERS[check](op, sample, device)
+        except _Skipped as skip:
+            passed, error, message, skipped = True, 0.0, f"{skip}: skipped", True
+        except Exception as failure:
+            passed, error, message = False, 0.0, f"{type(failure).__name__}: {failure}"
+        if _C.definition_serial(qualname) == serial:
+            return passed, error, message, skipped
+    return (
+        False,
+        0.0,
+        f"{qualname} was replaced on another thread during each of "
+        f"{_RUNS_A_REPLACE_MAY_INTERRUPT} runs of this check: not checked",
+        False,
+    )
 
 
 # Rows that run the op on fake tensors, which PyTorch never makes nested: on an op with a nested

@@ -2,6 +2,7 @@
 // runs an explicit backward. See Note [Autograd policies] in include/opreg/autograd.h.
 #include "opreg/autograd.h"
 
+#include <algorithm>
 #include <atomic>
 #include <optional>
 #include <set>
@@ -301,6 +302,137 @@ void bump_versions_of_mutated_inputs(const c10::FunctionSchema& schema,
   }
 }
 
+// Note [Outputs the schema declares views]
+// An output declared an alias of an argument (`Tensor(a) x -> Tensor(a)`) is a view of it. An op
+// run below ADInplaceOrView (the no-gradient path, an explicit backward's forward) makes it a plain
+// tensor on the same memory, with a version counter of its own: an in-place change through it went
+// unseen by the tensors autograd saved, and autograd read stale values (a silently wrong
+// gradient). So such outputs are made views of their argument, as PyTorch's ADInplaceOrView kernels
+// make theirs: one version counter, and autograd's view + in-place handling.
+struct ViewReturn {
+  size_t index;                   // of the return
+  std::vector<size_t> arguments;  // it may view (empty: any tensor argument, a wildcard)
+};
+
+std::vector<ViewReturn> view_returns_of(const c10::FunctionSchema& schema) {
+  std::vector<ViewReturn> views;
+  const auto& returns = schema.returns();
+  for (size_t index = 0; index < returns.size(); ++index) {
+    const auto* alias = returns[index].alias_info();
+    if (alias == nullptr || alias->isWrite()) continue;
+    ViewReturn view{index, {}};
+    for (size_t i = 0; i < schema.arguments().size(); ++i) {
+      const auto* argument = schema.arguments()[i].alias_info();
+      if (argument == nullptr || argument->isWildcardBefore() || alias->isWildcardBefore())
+        continue;
+      for (const auto& set : alias->beforeSets()) {
+        if (argument->beforeSets().count(set) != 0) {
+          view.arguments.push_back(i);
+          break;
+        }
+      }
+    }
+    views.push_back(std::move(view));
+  }
+  return views;
+}
+
+// Replays of a view that as_strided cannot make (another dtype, layout or conjugation) are
+// refused: autograd would otherwise rebuild the view wrongly.
+class UnreplayableView final : public torch::autograd::ViewFunc {
+ public:
+  explicit UnreplayableView(std::string message) : message_(std::move(message)) {}
+  at::Tensor operator()(const at::Tensor& /*base*/) const override {
+    TORCH_CHECK(false, message_);
+    return {};
+  }
+  std::unique_ptr<torch::autograd::ViewFunc> clone_and_set(
+      std::optional<std::vector<c10::SymInt>> /*symints*/,
+      std::optional<std::vector<at::Tensor>> /*tensors*/) const override {
+    return std::make_unique<UnreplayableView>(message_);
+  }
+
+ private:
+  std::string message_;
+};
+
+bool replayable_by_as_strided(const at::Tensor& base, const at::Tensor& view) {
+  return base.layout() == at::kStrided && view.layout() == at::kStrided &&
+         base.scalar_type() == view.scalar_type() && base.is_conj() == view.is_conj() &&
+         base.is_neg() == view.is_neg();
+}
+
+// `output` made a view of the argument it shares memory with; as it is where it shares none (a
+// functorch wrapper, which has no storage to compare, or a value the call checks refused).
+at::Tensor as_view_of_argument(const std::string& op, const at::Tensor& output,
+                               const ViewReturn& view, const std::vector<c10::IValue>& inputs,
+                               bool differentiable, torch::autograd::CreationMeta creation) {
+  if (!output.defined() || !output.has_storage()) return output;
+  const at::Tensor* base = nullptr;
+  for (size_t i = 0; i < inputs.size() && base == nullptr; ++i) {
+    const bool allowed =
+        view.arguments.empty() ||
+        std::find(view.arguments.begin(), view.arguments.end(), i) != view.arguments.end();
+    if (!allowed || !inputs[i].isTensor()) continue;
+    const at::Tensor& input = inputs[i].toTensor();
+    if (input.defined() && input.has_storage() && input.storage().is_alias_of(output.storage())) {
+      base = &input;
+    }
+  }
+  if (base == nullptr || base->is_inference()) return output;
+  at::Tensor view_tensor = output;
+  // A tensor that is its own base, or one autograd knows already (an input returned as it is),
+  // cannot be made a view: a new tensor on its memory can.
+  if (output.is_same(*base) || torch::autograd::impl::get_autograd_meta(output) != nullptr) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    view_tensor = output.alias();
+  }
+  std::unique_ptr<torch::autograd::ViewFunc> replay;
+  if (!replayable_by_as_strided(*base, view_tensor)) {
+    replay = std::make_unique<UnreplayableView>(
+        op + ": output " + std::to_string(view.index) +
+        " is a view of another dtype, layout or conjugation than its argument, which autograd "
+        "cannot rebuild after an in-place change; clone the output before changing it or its "
+        "argument in place");
+  }
+  if (!differentiable) {
+    return torch::autograd::as_view(*base, view_tensor, false, false, std::move(replay), nullptr,
+                                    torch::autograd::CreationMeta::DEFAULT);
+  }
+  return torch::autograd::as_view(*base, view_tensor, true, true, std::move(replay), nullptr,
+                                  creation);
+}
+
+// The outputs on `stack` that the schema declares views, made views of their arguments.
+// `multiple`: a creation for an op with several views (a Tensor(a)[] output included), which
+// PyTorch forbids changing in place under autograd.
+void make_views(const std::string& op, const std::vector<ViewReturn>& views,
+                const std::vector<c10::IValue>& inputs, size_t num_returns,
+                torch::jit::Stack* stack, bool differentiable, torch::autograd::CreationMeta single,
+                torch::autograd::CreationMeta multiple) {
+  const size_t first = stack->size() - num_returns;
+  const bool several = views.size() > 1 || std::any_of(views.begin(), views.end(), [&](auto& v) {
+                         return (*stack)[first + v.index].isTensorList();
+                       });
+  const auto creation = several ? multiple : single;
+  for (const auto& view : views) {
+    c10::IValue& slot = (*stack)[first + view.index];
+    if (slot.isTensor()) {
+      slot = as_view_of_argument(op, slot.toTensor(), view, inputs, differentiable, creation);
+    } else if (slot.isTensorList()) {
+      auto list = slot.toTensorList().copy();
+      for (size_t i = 0; i < list.size(); ++i) {
+        list.set(i, as_view_of_argument(op, list.get(i), view, inputs, differentiable, creation));
+      }
+      slot = std::move(list);
+    }
+  }
+}
+
+torch::autograd::CreationMeta creation_in_grad_mode(torch::autograd::CreationMeta grad_mode) {
+  return c10::GradMode::is_enabled() ? grad_mode : torch::autograd::CreationMeta::NO_GRAD_MODE;
+}
+
 }  // namespace
 
 // The grad_fn of a fallback's outputs that are not connected to its inputs (see
@@ -334,7 +466,8 @@ class AutogradKernel final : public c10::OperatorKernel {
                  detail::FallbackPtr fallback)
       : op_(std::move(op)),
         spec_(std::make_shared<const AutogradDeclaration>(std::move(declaration))),
-        fallback_(std::move(fallback)) {}
+        fallback_(std::move(fallback)),
+        views_(view_returns_of(op_->schema)) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                   torch::jit::Stack* stack) {
@@ -351,12 +484,20 @@ class AutogradKernel final : public c10::OperatorKernel {
     // 1. No gradient needed (or never given): run below autograd, kernel included.
     if ((!any_requires_grad && !any_tangent) || !differentiable) {
       std::vector<c10::IValue> inputs;
-      if (schema.is_mutable()) inputs.assign(stack->end() - num_args, stack->end());
+      if (schema.is_mutable() || !views_.empty()) {
+        inputs.assign(stack->end() - num_args, stack->end());
+      }
       {
         at::AutoDispatchBelowADInplaceOrView guard;
         op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
       }
       if (schema.is_mutable()) bump_versions_of_mutated_inputs(schema, inputs);
+      if (!views_.empty()) {
+        using torch::autograd::CreationMeta;
+        make_views(op_->name, views_, inputs, schema.returns().size(), stack, differentiable,
+                   creation_in_grad_mode(CreationMeta::DEFAULT),
+                   creation_in_grad_mode(CreationMeta::MULTI_OUTPUT_NODE));
+      }
       return;
     }
     // 2. Gradient needed, no backward: the policy decides. Forward-mode tangents always take
@@ -523,6 +664,13 @@ class AutogradKernel final : public c10::OperatorKernel {
       op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
     }
     const size_t num_returns = schema.returns().size();
+    // As torch.autograd.Function's outputs that view an input: changing one in place would
+    // bypass the backward, so PyTorch refuses it.
+    if (!views_.empty()) {
+      using torch::autograd::CreationMeta;
+      make_views(op_->name, views_, inputs, num_returns, stack, true,
+                 CreationMeta::IN_CUSTOM_FUNCTION, CreationMeta::IN_CUSTOM_FUNCTION);
+    }
     std::vector<c10::IValue> outputs(stack->end() - num_returns, stack->end());
     node->num_returns = num_returns;
     // As torch.autograd.Function: setup_context sees the outputs before they join the graph, and
@@ -582,6 +730,7 @@ class AutogradKernel final : public c10::OperatorKernel {
   detail::IdentityPtr op_;
   std::shared_ptr<const AutogradDeclaration> spec_;
   detail::FallbackPtr fallback_;
+  std::vector<ViewReturn> views_;  // see Note [Outputs the schema declares views]
   std::shared_ptr<std::atomic<bool>> warned_ = std::make_shared<std::atomic<bool>>(false);
 };
 

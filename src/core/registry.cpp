@@ -1079,13 +1079,18 @@ void check_arguments(const Definition& definition, const torch::jit::Stack& stac
 // every opreg kernel allocates its outputs while its inputs are alive, so an output cannot get the
 // memory of an input freed during the call.
 struct Memory {
+  // Only of a tensor without storage (a sparse one), which the call's stack holds: a part of a
+  // sparse tensor (its values, its indices) may be a temporary, whose address a later one reuses.
   const c10::TensorImpl* tensor = nullptr;
   const c10::StorageImpl* storage = nullptr;  // null for tensors without storage
   uintptr_t begin = 0;                        // 0 for storage without data (meta tensors)
   uintptr_t end = 0;
 
-  explicit Memory(const at::Tensor& of) : tensor(of.unsafeGetTensorImpl()) {
-    if (!of.has_storage()) return;
+  explicit Memory(const at::Tensor& of) {
+    if (!of.has_storage()) {
+      tensor = of.unsafeGetTensorImpl();
+      return;
+    }
     c10::StorageImpl* impl = of.storage().unsafeGetStorageImpl();
     storage = impl;
     // Read past PyTorch's checks (a storage may refuse reads of its data pointer): only the
@@ -1101,7 +1106,7 @@ struct Memory {
   // memory in a storage of their own). `same_device`: data pointers of other devices are not
   // comparable.
   bool shared_with(const Memory& other, bool same_device) const {
-    if (tensor == other.tensor) return true;  // the very tensor (sparse ones have no storage)
+    if (tensor != nullptr && tensor == other.tensor) return true;  // the very sparse tensor
     if (storage == nullptr || other.storage == nullptr) return false;
     if (storage == other.storage) return true;
     return same_device && begin != 0 && other.begin != 0 && begin < other.end && other.begin < end;

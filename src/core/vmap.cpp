@@ -830,7 +830,7 @@ class VmapKernel final : public c10::OperatorKernel {
     std::call_once(loop_warning_, [&] {
       TORCH_WARN(op_->name,
                  ": vmap runs this op once per example (the op asked for the per-example loop); "
-                 "this warning is shown once");
+                 "this warning is shown once per definition of the op");
     });
   }
 

@@ -532,3 +532,22 @@ TEST(Errors, ASchemaReadingThatThrowsNamesTheOp) {
             "threw: cannot read");
   EXPECT_FALSE(opreg::is_defined("opreg_err::unread"));
 }
+
+// Sweep 35 B-F3: a piece taking other C++ arguments than the schema's was accepted, and every
+// call met PyTorch's internal assert "expected int".
+TEST(Errors, APieceOfAnotherCppSignatureIsRefusedAtItsDefinition) {
+  using Wrong = std::function<at::Tensor(const at::Tensor&, int64_t)>;
+  const Wrong add = [](const at::Tensor& x, int64_t n) { return x + n; };
+  opreg::OpBuilder fallback("opreg_err::piece_signature(Tensor x) -> Tensor");
+  fallback.fallback(opreg::detail::typed_kernel(add));
+  EXPECT_CONTAINS(error_of([&] { std::move(fallback).define(); }),
+                  "opreg_err::piece_signature: its fallback's C++ signature does not match the "
+                  "schema: The number of arguments is different. 2 vs 1.");
+  opreg::OpBuilder kernel("opreg_err::piece_signature(Tensor x) -> Tensor");
+  kernel
+      .fallback(opreg::detail::typed_kernel(std::function<at::Tensor(const at::Tensor&)>(identity)))
+      .kernel(opreg::detail::typed_kernel(add), "cpu", std::vector<std::string>{"cpu"});
+  EXPECT_CONTAINS(error_of([&] { std::move(kernel).define(); }),
+                  "opreg_err::piece_signature: its kernel:cpu's C++ signature does not match");
+  EXPECT_FALSE(opreg::is_defined("opreg_err::piece_signature"));
+}

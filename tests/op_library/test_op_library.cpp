@@ -97,10 +97,12 @@ const auto exp_op = opreg::op("opreg_test::exp(Tensor x) -> Tensor")
                         .define();
 
 // Its fallback's error holds a byte that is not UTF-8 (Python raised UnicodeDecodeError for it):
-// a std::runtime_error, or for two elements a c10::ValueError (sweep 32 B-F13).
+// a std::runtime_error, or for two elements a c10::ValueError (sweep 32 B-F13); for three, a NUL
+// (Python's message stopped there, sweep 35 B-F2).
 const auto throws_bytes = opreg::op("opreg_test::throws_bytes(Tensor x) -> Tensor")
                               .fallback([](const at::Tensor& x) -> at::Tensor {
                                 TORCH_CHECK_VALUE(x.numel() != 2, "bad \xfe value");
+                                TORCH_CHECK(x.numel() != 3, std::string("nul\0after", 9));
                                 throw std::runtime_error("bad \xff byte");
                               })
                               .define();

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -18,6 +19,7 @@
 #endif
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/op_registration/infer_schema.h>
 #include <c10/util/Exception.h>
 
 #include "opreg/definition.h"
@@ -133,6 +135,22 @@ Ret run_user_code_named(const std::string& op, std::string_view label, Fn&& fn) 
 }
 
 // A callable run as is (the fallback, a fake), its calls traced under the context's label.
+// A piece whose C++ arguments are not the schema's would have its stack misread at every call
+// (PyTorch's internal assert "expected int"): refused at the definition, naming both.
+template <class Signature>
+void check_signature(const KernelContext& context) {
+  const auto inferred = c10::inferFunctionSchemaFlattenedReturns<Signature>();
+  if (auto difference = c10::findSchemaDifferences(inferred, context.schema)) {
+    std::ostringstream inferred_text, schema_text;
+    inferred_text << inferred;
+    schema_text << context.schema;
+    TORCH_CHECK_VALUE(false, context.op, ": its ", context.label,
+                      "'s C++ signature does not match the schema: ", *difference,
+                      " (the signature reads as '", inferred_text.str(), "', the schema is '",
+                      schema_text.str(), "')");
+  }
+}
+
 template <class Ret, class... Args>
 KernelFactory typed_kernel(std::function<Ret(Args...)> fn) {
   return {[fn = std::move(fn)](const KernelContext& context) {
@@ -140,6 +158,7 @@ KernelFactory typed_kernel(std::function<Ret(Args...)> fn) {
     // within a library's load, a builder's escapes its static initializer.
     TORCH_CHECK_VALUE(static_cast<bool>(fn), context.op, ": its ", context.label,
                       " is an empty function; pass a function");
+    check_signature<Ret(Args...)>(context);
     return c10::KernelFunction::makeFromUnboxedLambda(
         [fn, op = context.op, label = context.label](Args... args) -> Ret {
           if (trace_enabled()) record_trace(op, label, trace_device_of(args...));
@@ -156,6 +175,7 @@ KernelFactory typed_kernel(std::function<Ret(Args...)> kernel, std::function<boo
   return {[=](const KernelContext& context) {
     TORCH_CHECK_VALUE(static_cast<bool>(kernel), context.op, ": its ", context.label,
                       " is an empty function; pass a function");
+    check_signature<Ret(Args...)>(context);
     return c10::KernelFunction::makeFromUnboxedLambda([=, op = context.op,
                                                        label = context.label](Args... args) -> Ret {
       const bool accepted = run_user_code<bool>(op, "the accepts predicate of ", label,

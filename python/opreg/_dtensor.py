@@ -162,6 +162,7 @@ def _check_placements(
     for arguments its errors name nothing (``min() arg is an empty sequence``)."""
     names = [a.name for a in overload._schema.arguments][: len(args)] + list(kwargs)
     values = [*args, *kwargs.values()]
+    aliased = {a.name for a in overload._schema.arguments if a.alias_info is not None}
 
     def check(what: str, placement: Any, ndim: int) -> None:
         if placement.is_shard() and not 0 <= placement.dim < ndim:
@@ -195,6 +196,15 @@ def _check_placements(
                 )
             if placement is not None:
                 check(what, placement, len(value.shape))
+            mesh_dims = len(value.placements) if _is_spec(value) else 0
+            if name in aliased and mesh_dims == 1 and value.placements[0] != placement:
+                raise ValueError(
+                    f"opreg: op '{qualname}': its sharding strategy function gave {placement!r} "
+                    f"for {what}, which the op writes or an output views, a DTensor placed "
+                    f"{tuple(value.placements)!r}: DTensor would redistribute it into a new "
+                    "tensor, and the write or the view would reach only that; give it its own "
+                    "placement"
+                )
         for index, placement in enumerate(outputs):
             if placement is None or isinstance(placement, list | tuple) or not placement.is_shard():
                 continue

@@ -368,18 +368,26 @@ at::Tensor as_view_of_argument(const std::string& op, const at::Tensor& output,
                                const ViewReturn& view, const std::vector<c10::IValue>& inputs,
                                bool differentiable, torch::autograd::CreationMeta creation) {
   if (!output.defined() || !output.has_storage()) return output;
-  const at::Tensor* base = nullptr;
-  for (size_t i = 0; i < inputs.size() && base == nullptr; ++i) {
+  std::optional<at::Tensor> base;
+  auto consider = [&](const c10::IValue& value) {
+    if (base || !value.isTensor()) return;
+    const at::Tensor& input = value.toTensor();
+    if (input.defined() && input.has_storage() && input.storage().is_alias_of(output.storage())) {
+      base = input;
+    }
+  };
+  for (size_t i = 0; i < inputs.size(); ++i) {
     const bool allowed =
         view.arguments.empty() ||
         std::find(view.arguments.begin(), view.arguments.end(), i) != view.arguments.end();
-    if (!allowed || !inputs[i].isTensor()) continue;
-    const at::Tensor& input = inputs[i].toTensor();
-    if (input.defined() && input.has_storage() && input.storage().is_alias_of(output.storage())) {
-      base = &input;
+    if (!allowed) continue;
+    if (inputs[i].isList()) {  // Tensor(a)[]: a view of one of its elements
+      for (const c10::IValue& element : inputs[i].toListRef()) consider(element);
+    } else {
+      consider(inputs[i]);
     }
   }
-  if (base == nullptr || base->is_inference()) return output;
+  if (!base || base->is_inference()) return output;
   at::Tensor view_tensor = output;
   // A tensor that is its own base, or one autograd knows already (an input returned as it is),
   // cannot be made a view: a new tensor on its memory can.

@@ -559,15 +559,25 @@ std::vector<std::pair<size_t, std::vector<c10::ScalarType>>> resolve_dtype_rules
 // Why the schema does not fit Sharding::kPointwise (empty when it does): DTensor's pointwise
 // strategy shards Tensor (and Tensor?) arguments and Tensor outputs, and opreg's Python side
 // checks at the call that the output has the inputs' broadcast shape.
+// The first argument the op writes or an output views, said (empty: none): a sharding that
+// redistributes it hands the op a new tensor, and the write or the view would reach only that.
+std::string aliased_argument(const c10::FunctionSchema& schema) {
+  for (const auto& argument : schema.arguments()) {
+    if (argument.alias_info() != nullptr) {
+      return "argument '" + argument.name() + "' is mutated or aliased (" + argument.type()->str() +
+             ")";
+    }
+  }
+  return "";
+}
+
 std::string why_not_pointwise(const c10::FunctionSchema& schema) {
+  if (auto aliased = aliased_argument(schema); !aliased.empty()) return aliased;
   bool any_tensor = false;
   for (const auto& argument : schema.arguments()) {
     const auto& type = argument.type();
     const bool tensor = type->kind() == c10::TypeKind::TensorType ||
                         type->isSubtypeOf(*c10::OptionalType::ofTensor());
-    if (argument.alias_info() != nullptr) {
-      return "argument '" + argument.name() + "' is mutated or aliased (" + type->str() + ")";
-    }
     if (!tensor && (type->isSubtypeOf(*c10::ListType::ofTensors()) ||
                     type->isSubtypeOf(*c10::ListType::ofOptionalTensors()))) {
       return "argument '" + argument.name() + "' is a " + type->str();
@@ -602,6 +612,13 @@ Sharding resolve_sharding(const OpBuilder::State& spec, const detail::OpIdentity
                       "none of them mutated, but ",
                       why_not, " in the schema '", op.schema_text,
                       "'; declare Sharding::kReplicate, kNone, or a strategy function (Python)");
+    const std::string aliased = aliased_argument(op.schema);
+    TORCH_CHECK_VALUE(*spec.sharding != Sharding::kReplicate || aliased.empty(), op.name,
+                      ": sharding replicate gathers each DTensor argument into a new tensor, but ",
+                      aliased, " in the schema '", op.schema_text,
+                      "': the op's write (or an output's view) would reach that copy, not the "
+                      "argument; declare Sharding::kNone, or a strategy function (Python) that "
+                      "keeps that argument's placement");
     return *spec.sharding;
   }
   return Sharding::kNone;

@@ -318,6 +318,8 @@ class VmapKernel final : public c10::OperatorKernel {
                     promise);
         if (rule_ && op_->schema.returns()[i].alias_info() == nullptr) {
           check_no_alias(tensor, unwrapped_inputs, i);
+        } else if (rule_ && !op_->schema.returns()[i].alias_info()->isWildcardBefore()) {
+          check_declared_alias(tensor, unwrapped_inputs, i);
         }
         return functorch::makeBatched(tensor, dim, level);
       };
@@ -380,6 +382,34 @@ class VmapKernel final : public c10::OperatorKernel {
                   " sharing memory with an input, but the schema '", op_->schema_text,
                   "' declares no alias; return a new tensor (e.g. x.clone())");
     }
+  }
+
+  // An output the schema declares an alias of an input must be one under vmap too: a rule that
+  // returned a new tensor made an in-place change through the output silently miss the input.
+  void check_declared_alias(const at::Tensor& output, const std::vector<c10::IValue>& inputs,
+                            size_t index) const {
+    if (!output.has_storage()) return;
+    bool comparable = false;  // an input with memory to compare (not a functorch wrapper)
+    auto shares = [&](const c10::IValue& input) {
+      if (!input.isTensor() || !input.toTensor().defined() || !input.toTensor().has_storage()) {
+        return false;
+      }
+      comparable = true;
+      return input.toTensor().storage().is_alias_of(output.storage());
+    };
+    for (const auto& input : inputs) {
+      if (input.isList()) {
+        for (const c10::IValue& element : input.toListRef()) {
+          if (shares(element)) return;
+        }
+      } else if (shares(input)) {
+        return;
+      }
+    }
+    TORCH_CHECK(!comparable, op_->name, ": the vmap rule returned output ", index,
+                " sharing memory with no input, but the schema '", op_->schema_text,
+                "' declares it an alias of an input; return a view of that input (e.g. "
+                "x.view(...)), so that changes through the output reach it");
   }
 
   // The per-example loops stack the examples' outputs into new tensors: a view the schema

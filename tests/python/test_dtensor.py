@@ -262,9 +262,27 @@ def test_ops_without_a_strategy_are_refused_by_name_on_one_rank():
             torch.ops.opreg_one.optional(rows)
         except Exception as error:
             print("refused:", str(error).splitlines()[0])
+
+        # A strategy that redistributes an argument the op writes (sweep 36 A-F2: the write
+        # reached only DTensor's new replicated copy).
+        def add_one(x):
+            x.add_(1)
+
+        opreg.register_triton_op(schema="(Tensor(a!) x) -> ()", fake_fn=lambda x: None,
+                                 triton_fn=None, name="opreg_one::written",
+                                 sharding=lambda x: [([], [Replicate()])])(add_one)
+        try:
+            torch.ops.opreg_one.written(rows)
+        except Exception as error:
+            print("refused:", str(error).splitlines()[0])
         dist.destroy_process_group()
         """
     )
+    assert (
+        "refused: opreg: op 'opreg_one::written': its sharding strategy function gave Replicate() "
+        "for argument 'x', which the op writes or an output views, a DTensor placed "
+        "(Shard(dim=0),): DTensor would redistribute it" in out
+    ), out
     assert "default: 24.0" in out, out
     assert (
         "refused: opreg: op 'opreg_one::optional': its sharding strategy function gave "

@@ -261,3 +261,72 @@ def test_a_fork_while_another_thread_defines_leaves_the_child_able_to_define(tmp
         timeout=600,
     )
     assert "children defined their ops" in result.stdout, result.stderr[-3000:]
+
+
+# Sweep 36, run against the fixes above.
+
+
+def test_a_view_of_an_element_of_a_tensor_list_shares_its_version_counter():
+    # Sweep 36 A-F4: a view of xs[0] for (Tensor(a)[] xs) -> Tensor(a) stayed a plain tensor.
+    def first(xs):
+        return xs[0].view(-1)
+
+    op = opreg.register_triton_op(
+        schema="(Tensor(a)[] xs) -> Tensor(a)",
+        fake_fn=first,
+        triton_fn=None,
+        name="sweep36::first",
+    )(first)
+    w = torch.ones(4, requires_grad=True)
+    a = torch.ones(2, 2)
+    y = (w * a.view(-1)).sum()
+    v = op([torch.zeros(1), a][1:])
+    assert v._base is a
+    v.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+
+
+def test_a_vmap_rule_returning_a_new_tensor_for_a_declared_view_is_refused():
+    # Sweep 36 A-F1: the rule's new tensor was accepted, and an in-place change through the
+    # output under vmap silently missed the input.
+    def flat(x):
+        return x.view(-1)
+
+    op = opreg.register_triton_op(
+        schema="(Tensor(a) x) -> Tensor(a)",
+        fake_fn=flat,
+        triton_fn=None,
+        name="sweep36::fresh_view",
+        vmap=lambda info, dims, x: (x.movedim(dims[0], 0).clone().reshape(x.shape[dims[0]], -1), 0),
+    )(flat)
+    x = torch.ones(3, 2, 2)
+    with pytest.raises(
+        RuntimeError,
+        match="sweep36::fresh_view: the vmap rule returned output 0 "
+        "sharing memory with no input, but the schema",
+    ):
+        torch.vmap(lambda t: op(t).mul_(2))(x)
+    good = opreg.register_triton_op(
+        schema="(Tensor(a) x) -> Tensor(a)",
+        fake_fn=flat,
+        triton_fn=None,
+        name="sweep36::kept_view",
+        vmap=lambda info, dims, x: (x.movedim(dims[0], 0).reshape(x.shape[dims[0]], -1), 0),
+    )(flat)
+    torch.vmap(lambda t: good(t).mul_(2))(x)
+    assert x.sum().item() == 24.0
+
+
+def test_replicate_sharding_of_an_op_that_writes_or_views_an_argument_is_refused():
+    # Sweep 36 A-F2: DTensor gathered the argument into a new tensor, and the op's write (or
+    # the view's later change) reached only that copy.
+    for schema in ("(Tensor(a!) x) -> ()", "(Tensor(a) x) -> Tensor(a)"):
+        with pytest.raises(ValueError, match="sharding replicate gathers each DTensor argument"):
+            opreg.register_triton_op(
+                schema=schema,
+                fake_fn=lambda x: None,
+                triton_fn=None,
+                sharding="replicate",
+                name=f"sweep36::replicated{len(schema)}",
+            )(lambda x: None)

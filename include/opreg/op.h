@@ -119,6 +119,45 @@ T placeholder() {
     return c10::Device(c10::kCPU);
   }
 }
+
+// Whether a piece's parameters can be read: a function, or a functor whose operator() is no
+// template (a generic lambda's is).
+template <class Piece, class = void>
+constexpr bool has_readable_parameters = std::is_function_v<std::remove_pointer_t<Piece>>;
+template <class Piece>
+constexpr bool has_readable_parameters<Piece, std::void_t<decltype(&Piece::operator())>> = true;
+
+template <class Expected, class Given>
+constexpr bool same_scalar() {
+  using E = std::decay_t<Expected>;
+  using G = std::decay_t<Given>;
+  return !(std::is_arithmetic_v<E> || std::is_arithmetic_v<G>) || std::is_same_v<E, G>;
+}
+
+template <class... Expected, class... Given>
+constexpr bool same_scalars(c10::guts::typelist::typelist<Expected...>* /*expected*/,
+                            c10::guts::typelist::typelist<Given...>* /*given*/) {
+  if constexpr (sizeof...(Expected) != sizeof...(Given)) {
+    return true;  // std::function refuses the piece, with the compiler's message
+  } else {
+    return (same_scalar<Expected, Given>() && ...);
+  }
+}
+
+// A kernel's or fake's scalar parameters are the fallback's exactly: std::function would convert
+// the arguments on the way in, an int64_t to an int dropping bits, a double to a float or a bool
+// losing value, and the piece would silently compute with other numbers than the call's.
+template <class Signature, class Piece>
+constexpr bool takes_the_scalars_of() {
+  using Decayed = std::decay_t<Piece>;
+  if constexpr (has_readable_parameters<Decayed>) {
+    using Expected = typename c10::guts::infer_function_traits_t<Signature>::parameter_types;
+    using Given = typename c10::guts::infer_function_traits_t<Decayed>::parameter_types;
+    return same_scalars(static_cast<Expected*>(nullptr), static_cast<Given*>(nullptr));
+  } else {
+    return true;
+  }
+}
 }  // namespace detail
 
 // A callable handle on a defined op: calls go through the dispatcher, like any PyTorch op.
@@ -198,6 +237,9 @@ class Op<Ret(Args...)> {
   // An accelerated implementation with the fallback's signature.
   template <class Kernel, class Predicate = std::nullptr_t>
   Op&& kernel(Kernel kernel, KernelOptions<Predicate> options = {}) && {
+    static_assert(detail::takes_the_scalars_of<Signature, Kernel>(),
+                  "opreg: a kernel's int, float and bool parameters must have the fallback's "
+                  "exact C++ types (int64_t, double, bool): a conversion would change the values");
     std::function<bool(Args...)> accepts;
     if constexpr (!std::is_same_v<Predicate, std::nullptr_t>) accepts = options.predicate();
     builder_.kernel(
@@ -216,6 +258,9 @@ class Op<Ret(Args...)> {
   // with sym_sizes() so dynamic shapes stay symbolic.
   template <class Fake>
   Op&& fake(Fake fake) && {
+    static_assert(detail::takes_the_scalars_of<Signature, Fake>(),
+                  "opreg: a fake's int, float and bool parameters must have the fallback's exact "
+                  "C++ types (int64_t, double, bool): a conversion would change the values");
     builder_.fake(detail::typed_kernel(Function(std::move(fake))));
     return std::move(*this);
   }

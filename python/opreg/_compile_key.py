@@ -14,7 +14,6 @@ import enum
 import functools
 import hashlib
 import sys
-import threading
 import types
 from collections.abc import Iterable
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import torch
 
 from opreg._after_import import run_after_import
+from opreg._fork import new_rlock
 
 _PREFIX = "opreg definition "  # no function is named so: torch reads these names as functions
 _MAX_DEPTH = 32
@@ -221,7 +221,7 @@ _declared: dict[str, list[Any]] = {}
 _PENDING = "fingerprinted when a cache key is made"
 # Definitions in several threads, and compiles beside them, read and change these dicts: one at
 # a time (seen: "dictionary changed size during iteration" from a define).
-_lock = threading.RLock()
+_lock = new_rlock()
 
 
 class _SharedEntries(dict):

@@ -740,15 +740,15 @@ def _meta_fake(declaration: OpDeclaration) -> Callable[..., Any]:
 # Held by each definition from Python, from the checks that read the Python-side records to
 # their update: two threads defining one name (or an op and its companion) check and define in
 # turn, so neither's checks read records the other is changing (reentrant: a fallback may define).
-_definition_lock = threading.RLock()
+definition_lock = threading.RLock()
 _defining_here = threading.local()  # .active: inside defining(); .forget: a replace was made
 # A fork copies the lock held by the thread defining at that moment, a thread the child does not
 # have: every definition in the child (a DataLoader worker, say) waited forever. A fork waits for
 # the definition to end instead, and holds the lock across, so the child copies no half-made one.
 os.register_at_fork(
-    before=_definition_lock.acquire,
-    after_in_parent=_definition_lock.release,
-    after_in_child=_definition_lock.release,
+    before=definition_lock.acquire,
+    after_in_parent=definition_lock.release,
+    after_in_child=definition_lock.release,
 )
 
 
@@ -759,7 +759,7 @@ def defining() -> Iterator[None]:
     another thread holds while its fake (say) waits for this lock to define an op."""
     outermost = not getattr(_defining_here, "active", False)
     try:
-        with _definition_lock:
+        with definition_lock:
             _defining_here.active = True
             try:
                 yield

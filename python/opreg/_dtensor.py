@@ -12,7 +12,6 @@ op's current definition at each propagation, so a replaced op serves its new sha
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -20,6 +19,7 @@ import torch
 
 from opreg import _C
 from opreg._after_import import run_after_import
+from opreg._fork import new_rlock
 
 _DTENSOR = "torch.distributed.tensor"
 
@@ -30,7 +30,7 @@ _strategies: dict[str, Callable[..., Any]] = {}
 # the definition serial it was registered for: a definition made since registers it again, in
 # place of a strategy the user registered for the op meanwhile.
 _registered: dict[int, tuple[torch._ops.OpOverload, int]] = {}
-_lock = threading.RLock()
+_lock = new_rlock()
 
 
 def declare(qualname: str, strategy: Callable[..., Any] | None) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -27,6 +26,7 @@ from opreg._declaration import (
     refuse_companion,
     registration_of,
 )
+from opreg._fork import new_rlock
 from opreg._front import _device_types, _schema
 from opreg._opcheck import opcheck as _opreg_opcheck
 from opreg._public import public
@@ -136,7 +136,7 @@ class CustomOpDef(torch._library.custom_ops.CustomOpDef):
         self._registration: object = None  # the definition this object made last
         # Held while a method reads and redefines the pieces: each call from several threads
         # adds its piece to the others' and sees the definition this object made last.
-        self._lock = threading.RLock()
+        self._lock = new_rlock()
 
     @property
     def __name__(self) -> str:  # functools and torch read it

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from opreg import _C, _compile_key, _dtensor
+from opreg._fork import new_lock
 from opreg._public import public
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -212,7 +213,7 @@ def forget_compiled_code_later() -> None:
 DEFERRED_RESET = "opreg: forget compiled code when no compiled code runs"
 _WAIT_FOR_OTHERS_S = 1.0
 _WORKER_GIVES_UP_S = 600.0
-_reset_lock = threading.Lock()
+_reset_lock = new_lock()
 _reset_requests = 0
 _reset_worker: threading.Thread | None = None
 
@@ -591,7 +592,10 @@ def load_library(path: str | Path) -> None:
 
     python_defined = _declaration.python_defined_forms()
     encoded = os.fsencode(path.resolve())  # bytes: a path need not be UTF-8
-    _C.load_library(encoded)
+    # Its definitions hold the C++ registry's lock: a fork meanwhile left the child a copy held
+    # for good. The definition lock makes a fork wait for the load (see _declaration).
+    with _declaration.definition_lock:
+        _C.load_library(encoded)
     # As the core writes a definition's origin (and as a hash takes it): bytes that are not
     # UTF-8 as \xNN.
     library = encoded.decode("utf-8", "backslashreplace")

@@ -15,16 +15,17 @@ key directly and replace opreg's there."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch._library import custom_ops, simple_registry
 
+from opreg._fork import new_lock
+
 # OPDEFS holds its entries weakly: these keep them.
 _entries: dict[str, TorchLibraryEntry] = {}
-_lock = threading.Lock()
+_lock = new_lock()
 
 
 class TorchLibraryEntry(custom_ops.CustomOpDef):

@@ -372,7 +372,7 @@ at::Tensor as_view_of_argument(const std::string& op, const at::Tensor& output,
   auto consider = [&](const c10::IValue& value) {
     if (base || !value.isTensor()) return;
     const at::Tensor& input = value.toTensor();
-    if (input.defined() && input.has_storage() && input.storage().is_alias_of(output.storage())) {
+    if (input.defined() && input.has_storage() && detail::share_memory(input, output)) {
       base = input;
     }
   };
@@ -396,14 +396,19 @@ at::Tensor as_view_of_argument(const std::string& op, const at::Tensor& output,
     view_tensor = output.alias();
   }
   std::unique_ptr<torch::autograd::ViewFunc> replay;
-  if (!replayable_by_as_strided(*base, view_tensor)) {
+  // Another storage on the same bytes (from_blob over the argument): as_strided would read its
+  // offset against the argument's storage.
+  if (!replayable_by_as_strided(*base, view_tensor) ||
+      !base->storage().is_alias_of(view_tensor.storage())) {
     replay = std::make_unique<UnreplayableView>(
         op + ": output " + std::to_string(view.index) +
-        " is a view of another dtype, layout or conjugation than its argument, which autograd "
+        " is a view of another dtype, layout, conjugation or storage than its argument, which "
+        "autograd "
         "cannot rebuild after an in-place change; clone the output before changing it or its "
         "argument in place");
   }
-  if (!differentiable) {
+  // An integer view carries no gradient (PyTorch's own view(int32) alike).
+  if (!differentiable || !torch::autograd::isDifferentiableType(view_tensor.scalar_type())) {
     return torch::autograd::as_view(*base, view_tensor, false, false, std::move(replay), nullptr,
                                     torch::autograd::CreationMeta::DEFAULT);
   }

@@ -63,4 +63,8 @@ bool value_fits(const c10::IValue& value, const c10::Type& type);
 
 [[noreturn]] void throw_no_fake(const std::string& op, const std::string& reason);
 
+// Whether two tensors with storage share memory: one storage, or two on the same bytes (numpy,
+// from_blob or DLPack wrap one's memory in a storage of their own), as the output checks compare.
+bool share_memory(const at::Tensor& a, const at::Tensor& b);
+
 }  // namespace opreg::detail

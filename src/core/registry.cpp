@@ -642,6 +642,12 @@ void add_kernel(Definition& definition, const KernelDeclaration& kernel,
   TORCH_CHECK_VALUE(!kernel.name.empty(), op,
                     ": a kernel has an empty name, which reports and traces would show as "
                     "'kernel:'; name it (opreg::on({...}).name(\"triton\")) or keep the default");
+  // Reports, traces and Python read the name as text: bytes that are not UTF-8 (or control
+  // bytes) made describe_op raise UnicodeDecodeError.
+  TORCH_CHECK_VALUE(detail::escaped(kernel.name) == kernel.name, op, ": kernel name '",
+                    detail::escaped(kernel.name),
+                    "' holds bytes that are not UTF-8 text (or control bytes), which reports and "
+                    "Python cannot show; name it with text");
   std::string why_not;
   auto key = dispatch_key_for_device_type(device_type, &why_not);
   if (!key) {
@@ -2256,6 +2262,10 @@ void check_handle_signature(const c10::OperatorHandle& handle,
 namespace detail {
 
 bool value_fits(const c10::IValue& value, const c10::Type& type) { return fits(value, type); }
+
+bool share_memory(const at::Tensor& a, const at::Tensor& b) {
+  return Memory(a).shared_with(Memory(b), a.device() == b.device());
+}
 
 void throw_no_fake(const std::string& op, const std::string& reason) {
   // The reason may carry a C++ backtrace of an error rethrown inside it (a library's path among

@@ -389,6 +389,8 @@ class VmapKernel final : public c10::OperatorKernel {
   void check_declared_alias(const at::Tensor& output, const std::vector<c10::IValue>& inputs,
                             size_t index) const {
     if (!output.has_storage()) return;
+    const auto& schema = op_->schema;
+    const auto& sets = schema.returns()[index].alias_info()->beforeSets();
     bool comparable = false;  // an input with memory to compare (not a functorch wrapper)
     auto shares = [&](const c10::IValue& input) {
       if (!input.isTensor() || !input.toTensor().defined() || !input.toTensor().has_storage()) {
@@ -397,19 +399,27 @@ class VmapKernel final : public c10::OperatorKernel {
       comparable = true;
       return input.toTensor().storage().is_alias_of(output.storage());
     };
-    for (const auto& input : inputs) {
-      if (input.isList()) {
-        for (const c10::IValue& element : input.toListRef()) {
+    std::string named;  // the arguments of its alias set
+    for (size_t i = 0; i < inputs.size() && i < schema.arguments().size(); ++i) {
+      const auto* alias = schema.arguments()[i].alias_info();
+      if (alias == nullptr || std::none_of(sets.begin(), sets.end(), [&](const auto& set) {
+            return alias->beforeSets().count(set) != 0;
+          })) {
+        continue;
+      }
+      named += (named.empty() ? "'" : ", '") + schema.arguments()[i].name() + "'";
+      if (inputs[i].isList()) {
+        for (const c10::IValue& element : inputs[i].toListRef()) {
           if (shares(element)) return;
         }
-      } else if (shares(input)) {
+      } else if (shares(inputs[i])) {
         return;
       }
     }
     TORCH_CHECK(!comparable, op_->name, ": the vmap rule returned output ", index,
-                " sharing memory with no input, but the schema '", op_->schema_text,
-                "' declares it an alias of an input; return a view of that input (e.g. "
-                "x.view(...)), so that changes through the output reach it");
+                " sharing memory with none of ", named, ", but the schema '", op_->schema_text,
+                "' declares it an alias of ", named, "; return a view of ", named,
+                " (e.g. x.view(...)), so that changes through the output reach it");
   }
 
   // The per-example loops stack the examples' outputs into new tensors: a view the schema

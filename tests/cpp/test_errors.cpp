@@ -551,3 +551,30 @@ TEST(Errors, APieceOfAnotherCppSignatureIsRefusedAtItsDefinition) {
                   "opreg_err::piece_signature: its kernel:cpu's C++ signature does not match");
   EXPECT_FALSE(opreg::is_defined("opreg_err::piece_signature"));
 }
+
+// Sweep 36 B-F5: a kernel or fake taking an int for the schema's int (int64_t) was accepted, and
+// std::function cut the argument on the way in.
+at::Tensor scaled(const at::Tensor& x, int64_t n) { return x.mul(n); }
+using ScaledSignature = at::Tensor(const at::Tensor&, int64_t);
+static_assert(opreg::detail::takes_the_scalars_of<ScaledSignature, decltype(&scaled)>());
+static_assert(!opreg::detail::takes_the_scalars_of<
+              ScaledSignature, std::function<at::Tensor(const at::Tensor&, int)>>());
+static_assert(
+    !opreg::detail::takes_the_scalars_of<at::Tensor(const at::Tensor&, double),
+                                         std::function<at::Tensor(const at::Tensor&, float)>>());
+static_assert(!opreg::detail::takes_the_scalars_of<
+              ScaledSignature, std::function<at::Tensor(const at::Tensor&, bool)>>());
+
+// Sweep 36 B-F6: a kernel name of bytes that are not UTF-8 was accepted, and describe_op's report
+// then could not reach Python.
+TEST(Errors, AKernelNameThatIsNotTextIsRefused) {
+  auto message = error_of([] {
+    opreg::op("opreg_err::kernel_bytes(Tensor x) -> Tensor")
+        .fallback(identity)
+        .kernel(identity, opreg::on({"cpu"}).name("k\xff"))
+        .define();
+  });
+  EXPECT_CONTAINS(message,
+                  "opreg_err::kernel_bytes: kernel name 'k\\xff' holds bytes that are not");
+  EXPECT_FALSE(opreg::is_defined("opreg_err::kernel_bytes"));
+}

@@ -304,7 +304,7 @@ def test_a_vmap_rule_returning_a_new_tensor_for_a_declared_view_is_refused():
     with pytest.raises(
         RuntimeError,
         match="sweep36::fresh_view: the vmap rule returned output 0 "
-        "sharing memory with no input, but the schema",
+        "sharing memory with none of 'x', but the schema",
     ):
         torch.vmap(lambda t: op(t).mul_(2))(x)
     good = opreg.register_triton_op(
@@ -330,3 +330,125 @@ def test_replicate_sharding_of_an_op_that_writes_or_views_an_argument_is_refused
                 sharding="replicate",
                 name=f"sweep36::replicated{len(schema)}",
             )(lambda x: None)
+
+
+def test_forks_while_other_threads_check_or_add_pieces_leave_the_child_able_to(tmp_path):
+    # Sweep 36 A-F6, A-F7: the child copied opcheck's lock, or a custom op's own lock, held by a
+    # thread it does not have, and waited forever for it; B-F1: a load on another thread held
+    # the C++ registry's lock at the fork.
+    script = textwrap.dedent(
+        """
+        import os, threading, time, torch, opreg
+
+        def twice(x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        checked = opreg.register_triton_op(fake_fn=None, triton_fn=None, name="sweep36::checked")(
+            twice)
+        pieces = opreg.custom_op("sweep36::pieces", twice, mutates_args=())
+
+        def check_again_and_again():
+            while True:
+                opreg.opcheck(checked, [(torch.ones(2),)], checks=["fake_vs_real"])
+
+        def add_pieces_again_and_again():
+            while True:
+                pieces.register_fake(lambda x: torch.empty_like(x))
+
+        def load_again_and_again():
+            while True:
+                opreg.load_library(os.environ["OPREG_TEST_OPS"])
+
+        # Once first: a fork while another thread imports a module (opcheck imports sympy on
+        # its first call) leaves the child Python's own held import lock.
+        opreg.opcheck(checked, [(torch.ones(2),)], checks=["fake_vs_real"])
+        for loop in (check_again_and_again, add_pieces_again_and_again, load_again_and_again):
+            threading.Thread(target=loop, daemon=True).start()
+        time.sleep(0.3)
+        for trial in range(6):
+            pid = os.fork()
+            if pid == 0:
+                opreg.opcheck(checked, [(torch.ones(2),)], checks=["fake_vs_real"])
+                pieces.register_fake(lambda x: torch.empty_like(x))
+                opreg.load_library(os.environ["OPREG_TEST_OPS"])
+                os._exit(0 if pieces(torch.ones(1)).item() == 2 else 3)
+            deadline = time.monotonic() + 60
+            while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+                if time.monotonic() > deadline:
+                    os.kill(pid, 9)
+                    raise SystemExit(f"child {trial} hung")
+                time.sleep(0.01)
+            assert os.waitstatus_to_exitcode(done[1]) == 0, done
+        print("children checked, added pieces and loaded")
+        os._exit(0)
+        """
+    )
+    (tmp_path / "fork_while_busy.py").write_text(script)
+    result = subprocess.run(
+        [sys.executable, str(tmp_path / "fork_while_busy.py")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert "children checked, added pieces and loaded" in result.stdout, result.stderr[-3000:]
+
+
+def test_an_integer_view_carries_no_gradient():
+    # Sweep 36 B-F3: a view of another dtype said requires_grad=True, which PyTorch refuses for
+    # integer tensors, and a gradient through it silently stopped.
+    op = opreg.register_triton_op(
+        schema="(Tensor(a) x) -> Tensor(a)",
+        fake_fn=lambda x: x.view(torch.int32),
+        triton_fn=None,
+        name="sweep36::bits",
+        **_backward_keywords(),
+    )(lambda x: x.view(torch.int32))
+    x = torch.ones(2, requires_grad=True)
+    base = x * 1
+    bits = op(base)
+    assert bits.dtype == torch.int32 and not bits.requires_grad
+    bits.add_(1)  # a view without autograd's view + in-place handling, on one version counter
+    assert base._version == bits._version > 0
+
+
+def test_a_view_on_the_same_bytes_in_another_storage_shares_the_version_counter():
+    # Sweep 36 B-F2: a fallback returning a wrap of its argument's memory (numpy, from_blob) met
+    # the alias check but came back with a version counter of its own.
+    def wrap(x):
+        return torch.from_numpy(x.numpy()).view(-1)
+
+    op = opreg.register_triton_op(
+        schema="(Tensor(a) x) -> Tensor(a)",
+        fake_fn=lambda x: x.view(-1),
+        triton_fn=None,
+        name="sweep36::wrap",
+    )(wrap)
+    w = torch.ones(4, requires_grad=True)
+    b = torch.ones(2, 2)
+    y = w * b.view(-1)
+    v = op(b)
+    v.mul_(2)
+    assert b._version == v._version > 0
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+def test_opcheck_says_why_it_skips_compiling_an_op_whose_output_aliases_an_input():
+    # Sweep 36 B-F8: every such op failed the compile rows with PyTorch's "Found a custom
+    # (non-ATen) operator whose output has alias annotations".
+    op = _view_op()
+    report = opreg.opcheck(op, [(torch.ones(2, 2),)], checks=["torch_opcheck", "compile"])
+    messages = {row.check: row.message for row in report.rows}
+    assert (
+        "test_aot_dispatch_dynamic skipped: an output aliasing an input"
+        in (messages["torch_opcheck"])
+    )
+    assert messages["compile"].startswith("an output aliasing an input, which AOTAutograd")
+
+
+def test_a_str_output_holding_a_nul_is_returned():
+    # Sweep 36 B-F7: it was refused as "not UTF-8", which it is.
+    op = opreg.custom_op(
+        "sweep36::echo", lambda x, s: s, mutates_args=(), schema="(Tensor x, str s) -> str"
+    )
+    assert op(torch.ones(1), "a\x00b") == "a\x00b"

@@ -35,18 +35,17 @@ inline size_t utf8_sequence_length(std::string_view text, size_t i) {
   return length;
 }
 
-// `text` with each byte that is not part of valid UTF-8 and each NUL (which ends a C string: a
-// message that reached Python stopped there, its context lost) written as \xNN, and the other
-// control bytes too where `controls` is set.
-inline std::string escape_bytes(std::string_view text, bool controls) {
+// `text` with each byte that is not part of valid UTF-8 written as \xNN, and the control bytes
+// too where `controls` is set, or NUL alone where `nul` is.
+inline std::string escape_bytes(std::string_view text, bool controls, bool nul = false) {
   static const char digits[] = "0123456789abcdef";
   std::string out;
   out.reserve(text.size());
   for (size_t i = 0; i < text.size();) {
     const auto byte = static_cast<unsigned char>(text[i]);
     const bool control = byte < 0x20 || byte == 0x7f;
-    const size_t length =
-        byte >= 0x80 ? utf8_sequence_length(text, i) : (byte == 0 || (controls && control) ? 0 : 1);
+    const size_t length = byte >= 0x80 ? utf8_sequence_length(text, i)
+                                       : ((controls && control) || (nul && byte == 0) ? 0 : 1);
     if (length > 0) {
       out.append(text.substr(i, length));
       i += length;
@@ -58,8 +57,14 @@ inline std::string escape_bytes(std::string_view text, bool controls) {
   return out;
 }
 
-// `text` with each byte that is not part of valid UTF-8, and each NUL, written as \xNN.
+// `text` with each byte that is not part of valid UTF-8 written as \xNN.
 inline std::string valid_utf8(std::string_view text) { return escape_bytes(text, false); }
+
+// An error message as Python can read it: valid_utf8, and a NUL written \x00 too (a C string
+// ends there: the message that reached Python stopped at it, its context lost).
+inline std::string readable_message(std::string_view text) {
+  return escape_bytes(text, false, true);
+}
 
 // `text` with control bytes and bytes that are not UTF-8 written \xNN: a name from a file or a
 // user, safe to put in a message on one line.

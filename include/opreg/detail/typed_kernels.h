@@ -51,7 +51,7 @@ std::string trace_device_of(const Args&... args) {
 template <class Type>
 [[noreturn]] void throw_rebuilt_as(const c10::Error& error, const std::string& msg) {
   Type readable(msg, error.backtrace(), error.caller());
-  for (const auto& entry : error.context()) readable.add_context(valid_utf8(entry));
+  for (const auto& entry : error.context()) readable.add_context(readable_message(entry));
   throw readable;
 }
 
@@ -62,13 +62,13 @@ void throw_readable_as(const c10::Error& error, const std::string& msg) {
 
 inline bool readable_in_python(const c10::Error& error) {
   const auto& context = error.context();
-  return valid_utf8(error.msg()) == error.msg() &&
+  return readable_message(error.msg()) == error.msg() &&
          std::all_of(context.begin(), context.end(),
-                     [](const std::string& entry) { return valid_utf8(entry) == entry; });
+                     [](const std::string& entry) { return readable_message(entry) == entry; });
 }
 
 [[noreturn]] inline void throw_readable(const c10::Error& error) {
-  const std::string msg = valid_utf8(error.msg());
+  const std::string msg = readable_message(error.msg());
   throw_readable_as<c10::IndexError>(error, msg);
   throw_readable_as<c10::ValueError>(error, msg);
   throw_readable_as<c10::TypeError>(error, msg);

@@ -1,0 +1,30 @@
+"""opreg's locks in a forked child: a fork copies a lock another thread holds as held for good (the
+child has none of the parent's other threads), and the child's first use of it waited forever
+(multiprocessing's fork start, DataLoader workers)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+
+def unlocked_in_forked_child(lock: Any) -> Any:
+    """Registers `lock` (a threading.Lock or RLock) to be unlocked in a forked child unless the
+    forking thread holds it (an RLock it holds stays its, for its own release). Returns it."""
+
+    def reset() -> None:
+        owned = getattr(lock, "_is_owned", None)
+        if owned is None or not owned():
+            lock._at_fork_reinit()
+
+    os.register_at_fork(after_in_child=reset)
+    return lock
+
+
+def new_rlock() -> threading.RLock:
+    return unlocked_in_forked_child(threading.RLock())
+
+
+def new_lock() -> threading.Lock:
+    return unlocked_in_forked_child(threading.Lock())

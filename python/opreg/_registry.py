@@ -592,10 +592,7 @@ def load_library(path: str | Path) -> None:
 
     python_defined = _declaration.python_defined_forms()
     encoded = os.fsencode(path.resolve())  # bytes: a path need not be UTF-8
-    # Its definitions hold the C++ registry's lock: a fork meanwhile left the child a copy held
-    # for good. The definition lock makes a fork wait for the load (see _declaration).
-    with _declaration.definition_lock:
-        _C.load_library(encoded)
+    _C.load_library(encoded)
     # As the core writes a definition's origin (and as a hash takes it): bytes that are not
     # UTF-8 as \xNN.
     library = encoded.decode("utf-8", "backslashreplace")

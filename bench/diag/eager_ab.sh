@@ -5,6 +5,10 @@
 # .carry/b0 (`git archive <commit> | tar -x -C .carry/b0`) and is installed to /tmp/opreg-base;
 # this tree must be installed already (bench/gpu_session.sh). Each run's results are written to
 # $WORK/ab/<new|base><i>/ (WORK defaults to a new temporary folder). Needs a CUDA GPU.
+# With AB_NAME set, the runs that completed are tabled (bench/diag/ab_table.py) into
+# bench/results/AB_NAME.{json,md}, copied to $OUT when set. AB_SECONDS (default 420) bounds the
+# whole script: a pair of runs that would end past it is not started, so a device call's limit
+# never cuts a run and loses the table (seen: RUNS=3 with the base build took over 470 s).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 WORK=${WORK:-$(mktemp -d)}
@@ -26,7 +30,15 @@ fi
 # (eager_overhead_ab8, ab9), more than the A/B looks for.
 PIN=()
 command -v taskset > /dev/null && PIN=(taskset -c "${AB_CPUS:-2-5}")
+START=$SECONDS
+PAIR_SECONDS=0
+COMPLETED=0
 for i in $(seq 1 "$RUNS"); do
+  if ((SECONDS - START + PAIR_SECONDS > ${AB_SECONDS:-420})); then
+    echo "run $i not started: the last pair took ${PAIR_SECONDS}s, AB_SECONDS=${AB_SECONDS:-420}"
+    break
+  fi
+  pair_start=$SECONDS
   for build in new base; do
     out="$WORK/ab/$build$i"
     mkdir -p "$out"
@@ -38,4 +50,17 @@ for i in $(seq 1 "$RUNS"); do
     fi
     echo "$build$i: rc=$? $(grep -c '' "$out/log") lines"
   done
+  PAIR_SECONDS=$((SECONDS - pair_start))
+  [ -f "$WORK/ab/new$i/eager_overhead.json" ] && [ -f "$WORK/ab/base$i/eager_overhead.json" ] &&
+    COMPLETED=$i
 done
+if [ -n "${AB_NAME:-}" ] && ((COMPLETED > 0)); then
+  new_runs=() base_runs=()
+  for i in $(seq 1 "$COMPLETED"); do
+    new_runs+=("$WORK/ab/new$i/eager_overhead.json") base_runs+=("$WORK/ab/base$i/eager_overhead.json")
+  done
+  python3 bench/diag/ab_table.py "$AB_NAME" "Eager overhead A/B: ${AB_NEW:-this tree} vs base ${AB_BASE:-.carry/b0}" \
+    "bench/eager_overhead.py run $COMPLETED times per build, alternating new/base, each a fresh process pinned to cores ${AB_CPUS:-2-5} (bench/diag/eager_ab.sh)" \
+    --new "${new_runs[@]}" --base "${base_runs[@]}"
+  [ -n "${OUT:-}" ] && cp bench/results/"$AB_NAME".json bench/results/"$AB_NAME".md "$OUT"/
+fi

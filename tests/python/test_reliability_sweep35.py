@@ -219,10 +219,41 @@ def test_opcheck_runs_a_check_again_when_a_replace_interrupts_it():
     assert all(replaced in message for message in messages), messages[:3]
 
 
+FORK_SIX_CHILDREN = """
+for trial in range(6):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(child(trial))
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            raise SystemExit(f"child {trial} hung")
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(done[1]) == 0, done
+print("every child went on")
+os._exit(0)
+"""
+
+
+def fork_while_busy(tmp_path, busy_process: str) -> None:
+    """Runs busy_process (which starts threads holding opreg's locks at times and defines
+    child(trial) -> exit code) and forks it six times; every child must exit 0 within 60 s."""
+    # From a file: a definition then reads its function's source, and a lock is held longer
+    # (under `python -c` the race was seldom met).
+    script = tmp_path / "fork_while_busy.py"
+    script.write_text(textwrap.dedent(busy_process) + FORK_SIX_CHILDREN)
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=600
+    )
+    assert "every child went on" in result.stdout, result.stderr[-3000:]
+
+
 def test_a_fork_while_another_thread_defines_leaves_the_child_able_to_define(tmp_path):
     # A-F3: the child copied opreg's definition lock held by the defining thread, which it does
     # not have, and its own definition waited forever (multiprocessing's fork, DataLoader workers).
-    script = textwrap.dedent(
+    fork_while_busy(
+        tmp_path,
         """
         import os, threading, time, torch, opreg
         def twice(x: torch.Tensor) -> torch.Tensor:
@@ -234,33 +265,12 @@ def test_a_fork_while_another_thread_defines_leaves_the_child_able_to_define(tmp
                     fake_fn=None, triton_fn=None, name="sweep35::forked", replace=True)(twice)
         threading.Thread(target=replace_again_and_again, daemon=True).start()
         time.sleep(0.2)
-        for trial in range(6):
-            pid = os.fork()
-            if pid == 0:
-                op = opreg.register_triton_op(
-                    fake_fn=None, triton_fn=None, name=f"sweep35::child{trial}")(twice)
-                os._exit(0 if op(torch.ones(1)).item() == 2 else 3)
-            deadline = time.monotonic() + 60
-            while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
-                if time.monotonic() > deadline:
-                    os.kill(pid, 9)
-                    raise SystemExit(f"child {trial} hung defining an op")
-                time.sleep(0.01)
-            assert os.waitstatus_to_exitcode(done[1]) == 0, done
-        print("children defined their ops")
-        os._exit(0)
-        """
+        def child(trial):
+            op = opreg.register_triton_op(
+                fake_fn=None, triton_fn=None, name=f"sweep35::child{trial}")(twice)
+            return 0 if op(torch.ones(1)).item() == 2 else 3
+        """,
     )
-    # From a file: a definition then reads its function's source, and the lock is held longer
-    # (under `python -c` the race was seldom met).
-    (tmp_path / "fork_while_defining.py").write_text(script)
-    result = subprocess.run(
-        [sys.executable, str(tmp_path / "fork_while_defining.py")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert "children defined their ops" in result.stdout, result.stderr[-3000:]
 
 
 # Sweep 36, run against the fixes above.
@@ -335,7 +345,8 @@ def test_replicate_sharding_of_an_op_that_writes_or_views_an_argument_is_refused
 def test_forks_while_other_threads_check_or_add_pieces_leave_the_child_able_to(tmp_path):
     # Sweep 36 A-F6, A-F7: the child copied opcheck's lock, or a custom op's own lock, held by a
     # thread it does not have, and waited forever for it.
-    script = textwrap.dedent(
+    fork_while_busy(
+        tmp_path,
         """
         import os, threading, time, torch, opreg
 
@@ -360,31 +371,13 @@ def test_forks_while_other_threads_check_or_add_pieces_leave_the_child_able_to(t
         for loop in (check_again_and_again, add_pieces_again_and_again):
             threading.Thread(target=loop, daemon=True).start()
         time.sleep(0.3)
-        for trial in range(6):
-            pid = os.fork()
-            if pid == 0:
-                opreg.opcheck(checked, [(torch.ones(2),)], checks=["fake_vs_real"])
-                pieces.register_fake(lambda x: torch.empty_like(x))
-                os._exit(0 if pieces(torch.ones(1)).item() == 2 else 3)
-            deadline = time.monotonic() + 60
-            while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
-                if time.monotonic() > deadline:
-                    os.kill(pid, 9)
-                    raise SystemExit(f"child {trial} hung")
-                time.sleep(0.01)
-            assert os.waitstatus_to_exitcode(done[1]) == 0, done
-        print("children checked and added pieces")
-        os._exit(0)
-        """
+
+        def child(trial):
+            opreg.opcheck(checked, [(torch.ones(2),)], checks=["fake_vs_real"])
+            pieces.register_fake(lambda x: torch.empty_like(x))
+            return 0 if pieces(torch.ones(1)).item() == 2 else 3
+        """,
     )
-    (tmp_path / "fork_while_busy.py").write_text(script)
-    result = subprocess.run(
-        [sys.executable, str(tmp_path / "fork_while_busy.py")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert "children checked and added pieces" in result.stdout, result.stderr[-3000:]
 
 
 def test_an_integer_view_carries_no_gradient():

@@ -6,19 +6,27 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from typing import Any
+
+# Weak: a custom op's lock goes with its op, and one hook serves every lock.
+_locks: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _unlock_in_child() -> None:
+    for lock in list(_locks):
+        owned = getattr(lock, "_is_owned", None)  # an RLock the forking thread holds stays its
+        if owned is None or not owned():
+            lock._at_fork_reinit()
+
+
+os.register_at_fork(after_in_child=_unlock_in_child)
 
 
 def unlocked_in_forked_child(lock: Any) -> Any:
     """Registers `lock` (a threading.Lock or RLock) to be unlocked in a forked child unless the
     forking thread holds it (an RLock it holds stays its, for its own release). Returns it."""
-
-    def reset() -> None:
-        owned = getattr(lock, "_is_owned", None)
-        if owned is None or not owned():
-            lock._at_fork_reinit()
-
-    os.register_at_fork(after_in_child=reset)
+    _locks.add(lock)
     return lock
 
 

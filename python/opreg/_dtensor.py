@@ -182,7 +182,10 @@ def _check_placements(
         ]
         for (name, value), placement in zip(given, inputs, strict=False):
             if isinstance(placement, list | tuple) or isinstance(value, list | tuple):
-                continue  # a Tensor[] argument: DTensor checks its placements one by one
+                # A Tensor[] argument: DTensor checks its placements one by one.
+                if name in aliased:
+                    _check_aliased_list(qualname, name, value, placement)
+                continue
             what = f"argument '{name}'"
             if _is_spec(value) and placement is None:
                 raise ValueError(
@@ -196,15 +199,8 @@ def _check_placements(
                 )
             if placement is not None:
                 check(what, placement, len(value.shape))
-            mesh_dims = len(value.placements) if _is_spec(value) else 0
-            if name in aliased and mesh_dims == 1 and value.placements[0] != placement:
-                raise ValueError(
-                    f"opreg: op '{qualname}': its sharding strategy function gave {placement!r} "
-                    f"for {what}, which the op writes or an output views, a DTensor placed "
-                    f"{tuple(value.placements)!r}: DTensor would redistribute it into a new "
-                    "tensor, and the write or the view would reach only that; give it its own "
-                    "placement"
-                )
+            if name in aliased:
+                _check_aliased(qualname, what, value, placement)
         for index, placement in enumerate(outputs):
             if placement is None or isinstance(placement, list | tuple) or not placement.is_shard():
                 continue
@@ -212,6 +208,38 @@ def _check_placements(
                 output_dims = _output_dims(overload, args, kwargs)
             if index < len(output_dims) and output_dims[index] >= 0:
                 check(f"output {index}", placement, output_dims[index])
+
+
+def _check_aliased(qualname: str, what: str, value: Any, placement: Any) -> None:
+    """A ValueError unless a DTensor argument the op writes or an output views keeps its
+    placement: DTensor would redistribute it into a new tensor, and the write or the view would
+    reach only that. DTensor applies each choice to every mesh dim and may combine choices across
+    them, so the placement must be the argument's own on every mesh dim."""
+    if not _is_spec(value) or all(own == placement for own in value.placements):
+        return
+    raise ValueError(
+        f"opreg: op '{qualname}': its sharding strategy function gave {placement!r} for {what}, "
+        f"which the op writes or an output views, a DTensor placed {tuple(value.placements)!r}: "
+        "DTensor would redistribute it into a new tensor, and the write or the view would reach "
+        "only that; give it its own placement (on a mesh of several dims, DTensor applies each "
+        "choice to every mesh dim, so only an argument placed alike on each can be kept)"
+    )
+
+
+def _check_aliased_list(qualname: str, name: str, values: Any, placement: Any) -> None:
+    """_check_aliased for each DTensor of a Tensor[] argument the op writes or an output views;
+    `placement` is one for every element or a list of one per element."""
+    if not isinstance(values, list | tuple):
+        return
+    for i, value in enumerate(values):
+        if isinstance(placement, list | tuple):
+            if i >= len(placement):
+                break
+            element = placement[i]
+        else:
+            element = placement
+        if element is not None:
+            _check_aliased(qualname, f"element {i} of argument '{name}'", value, element)
 
 
 def _meta(value: Any) -> Any:

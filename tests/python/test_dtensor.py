@@ -275,9 +275,44 @@ def test_ops_without_a_strategy_are_refused_by_name_on_one_rank():
             torch.ops.opreg_one.written(rows)
         except Exception as error:
             print("refused:", str(error).splitlines()[0])
+
+        # The same on a mesh of two dims, and for a written Tensor[] (sweep 37 A-F1, A-F2: the
+        # check looked at 1-D meshes and single tensors only, and the write was lost).
+        mesh2 = init_device_mesh("cpu", (1, 1), mesh_dim_names=("a", "b"))
+        rows2 = distribute_tensor(torch.ones(4, 3), mesh2, [Shard(0), Replicate()])
+        try:
+            torch.ops.opreg_one.written(rows2)
+        except Exception as error:
+            print("refused 2-D:", str(error).splitlines()[0])
+        print("kept 2-D:", rows2.full_tensor().sum().item())
+
+        def add_one_each(xs):
+            for x in xs:
+                x.add_(1)
+
+        for name, placement in (("each", Replicate()), ("per_element", [Replicate()])):
+            opreg.register_triton_op(schema="(Tensor(a!)[] xs) -> ()", fake_fn=lambda xs: None,
+                                     triton_fn=None, name="opreg_one::written_" + name,
+                                     sharding=lambda xs, p=placement: [([], [p])])(add_one_each)
+            try:
+                getattr(torch.ops.opreg_one, "written_" + name)([rows])
+            except Exception as error:
+                print("refused:", str(error).splitlines()[0])
+        print("kept:", rows.full_tensor().sum().item())
         dist.destroy_process_group()
         """
     )
+    assert (
+        "refused 2-D: opreg: op 'opreg_one::written': its sharding strategy function gave "
+        "Replicate() for argument 'x', which the op writes or an output views, a DTensor placed "
+        "(Shard(dim=0), Replicate()): DTensor would redistribute it" in out
+    ), out
+    for name in ("each", "per_element"):
+        assert (
+            f"refused: opreg: op 'opreg_one::written_{name}': its sharding strategy function gave "
+            "Replicate() for element 0 of argument 'xs', which the op writes" in out
+        ), out
+    assert "kept 2-D: 12.0" in out and "kept: 12.0" in out, out
     assert (
         "refused: opreg: op 'opreg_one::written': its sharding strategy function gave Replicate() "
         "for argument 'x', which the op writes or an output views, a DTensor placed "

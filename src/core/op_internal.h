@@ -61,6 +61,10 @@ void check_stack_dtypes(const std::string& op, const torch::jit::Stack& stack);
 // a call's arguments are checked; src/core/registry.cpp.
 bool value_fits(const c10::IValue& value, const c10::Type& type);
 
+// The arguments a return is declared an alias of, through its alias sets and its elements'
+// (`Tensor(a)[]`); none for a return without one, or where a wildcard argument may hold anything.
+std::vector<size_t> alias_arguments_of(const c10::FunctionSchema& schema, const c10::Argument& ret);
+
 [[noreturn]] void throw_no_fake(const std::string& op, const std::string& reason);
 
 // Whether two tensors with storage share memory: one storage, or two on the same bytes (numpy,

@@ -697,7 +697,6 @@ class CheckedFallback final : public c10::OperatorKernel {
 };
 
 // Everything validated and built; nothing published.
-// How many values an enumeration type (or an optional one) has; nullopt for other types.
 // The alias sets an argument or return names, its elements' included (`Tensor(a)[]`); nullopt
 // for a wildcard.
 std::optional<std::set<c10::Symbol>> alias_sets_of(const c10::AliasInfo* info) {
@@ -713,22 +712,7 @@ std::optional<std::set<c10::Symbol>> alias_sets_of(const c10::AliasInfo* info) {
   return sets;
 }
 
-std::vector<size_t> alias_arguments_of(const c10::FunctionSchema& schema,
-                                       const c10::Argument& ret) {
-  const auto returned = alias_sets_of(ret.alias_info());
-  if (!returned || returned->empty()) return {};
-  std::vector<size_t> arguments;
-  for (size_t i = 0; i < schema.arguments().size(); ++i) {
-    const auto sets = alias_sets_of(schema.arguments()[i].alias_info());
-    if (!sets) return {};  // a wildcard argument may hold anything
-    if (std::any_of(sets->begin(), sets->end(),
-                    [&](const c10::Symbol& set) { return returned->count(set) != 0; })) {
-      arguments.push_back(i);
-    }
-  }
-  return arguments;
-}
-
+// How many values an enumeration type (or an optional one) has; nullopt for other types.
 std::optional<int64_t> enum_values(const c10::Type& type) {
   if (const auto* optional = type.castRaw<c10::OptionalType>()) {
     return enum_values(*optional->getElementType());
@@ -888,7 +872,7 @@ std::shared_ptr<Definition> build(OpBuilder::State spec,
           "gradients flow through lists)");
     }
     definition->return_aliases.push_back(ret.alias_info() != nullptr);
-    definition->return_alias_arguments.push_back(alias_arguments_of(op.schema, ret));
+    definition->return_alias_arguments.push_back(detail::alias_arguments_of(op.schema, ret));
     // An alias of a set no argument is in would read as a wildcard: any input could come back.
     const auto sets = alias_sets_of(ret.alias_info());
     if (sets && !sets->empty() && definition->return_alias_arguments.back().empty()) {
@@ -2262,6 +2246,22 @@ void check_handle_signature(const c10::OperatorHandle& handle,
 namespace detail {
 
 bool value_fits(const c10::IValue& value, const c10::Type& type) { return fits(value, type); }
+
+std::vector<size_t> alias_arguments_of(const c10::FunctionSchema& schema,
+                                       const c10::Argument& ret) {
+  const auto returned = alias_sets_of(ret.alias_info());
+  if (!returned || returned->empty()) return {};
+  std::vector<size_t> arguments;
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const auto sets = alias_sets_of(schema.arguments()[i].alias_info());
+    if (!sets) return {};  // a wildcard argument may hold anything
+    if (std::any_of(sets->begin(), sets->end(),
+                    [&](const c10::Symbol& set) { return returned->count(set) != 0; })) {
+      arguments.push_back(i);
+    }
+  }
+  return arguments;
+}
 
 bool share_memory(const at::Tensor& a, const at::Tensor& b) {
   return Memory(a).shared_with(Memory(b), a.device() == b.device());

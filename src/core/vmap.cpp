@@ -318,7 +318,7 @@ class VmapKernel final : public c10::OperatorKernel {
                     promise);
         if (rule_ && op_->schema.returns()[i].alias_info() == nullptr) {
           check_no_alias(tensor, unwrapped_inputs, i);
-        } else if (rule_ && !op_->schema.returns()[i].alias_info()->isWildcardBefore()) {
+        } else if (rule_) {
           check_declared_alias(tensor, unwrapped_inputs, i);
         }
         return functorch::makeBatched(tensor, dim, level);
@@ -385,28 +385,26 @@ class VmapKernel final : public c10::OperatorKernel {
   }
 
   // An output the schema declares an alias of an input must be one under vmap too: a rule that
-  // returned a new tensor made an in-place change through the output silently miss the input.
+  // returned a new tensor, or a view of another input, made an in-place change through the output
+  // silently miss the input.
   void check_declared_alias(const at::Tensor& output, const std::vector<c10::IValue>& inputs,
                             size_t index) const {
     if (!output.has_storage()) return;
     const auto& schema = op_->schema;
-    const auto& sets = schema.returns()[index].alias_info()->beforeSets();
+    // Its alias sets' arguments, `Tensor(a)[]` ones included; none where a wildcard may hold it.
+    const auto arguments = detail::alias_arguments_of(schema, schema.returns()[index]);
+    if (arguments.empty()) return;
     bool comparable = false;  // an input with memory to compare (not a functorch wrapper)
     auto shares = [&](const c10::IValue& input) {
       if (!input.isTensor() || !input.toTensor().defined() || !input.toTensor().has_storage()) {
         return false;
       }
       comparable = true;
-      return input.toTensor().storage().is_alias_of(output.storage());
+      return detail::share_memory(input.toTensor(), output);
     };
-    std::string named;  // the arguments of its alias set
-    for (size_t i = 0; i < inputs.size() && i < schema.arguments().size(); ++i) {
-      const auto* alias = schema.arguments()[i].alias_info();
-      if (alias == nullptr || std::none_of(sets.begin(), sets.end(), [&](const auto& set) {
-            return alias->beforeSets().count(set) != 0;
-          })) {
-        continue;
-      }
+    std::string named;
+    for (const size_t i : arguments) {
+      if (i >= inputs.size()) continue;
       named += (named.empty() ? "'" : ", '") + schema.arguments()[i].name() + "'";
       if (inputs[i].isList()) {
         for (const c10::IValue& element : inputs[i].toListRef()) {

@@ -173,7 +173,7 @@ def forget_compiled_code(*, wait: bool = True) -> None:
     reset_code_caches = getattr(dynamo, "reset_code_caches", None)
     if reset_code_caches is None:
         return
-    global _reset_requests, _reset_worker
+    global _reset_requests
     with _reset_lock:  # never held while waiting for Dynamo's compile lock: a compile may replace
         _reset_requests += 1
         worker_running = _reset_worker is not None
@@ -183,13 +183,7 @@ def forget_compiled_code(*, wait: bool = True) -> None:
         return
     with _reset_lock:
         if _reset_worker is None:
-            _reset_worker = threading.Thread(
-                target=_reset_for_all_requests,
-                args=(reset_code_caches,),
-                name=DEFERRED_RESET,
-                daemon=True,
-            )
-            _reset_worker.start()
+            _start_reset_worker(reset_code_caches)
 
 
 def forget_compiled_code_later() -> None:
@@ -216,6 +210,29 @@ _WORKER_GIVES_UP_S = 600.0
 _reset_lock = new_lock()
 _reset_requests = 0
 _reset_worker: threading.Thread | None = None
+
+
+def _start_reset_worker(reset_code_caches: Any) -> None:
+    """Starts the thread of its own (called holding _reset_lock, or with no other thread)."""
+    global _reset_worker
+    _reset_worker = threading.Thread(
+        target=_reset_for_all_requests, args=(reset_code_caches,), name=DEFERRED_RESET, daemon=True
+    )
+    _reset_worker.start()
+
+
+def _reset_worker_in_forked_child() -> None:
+    """A fork copies _reset_worker but not its thread: the child took the reset for under way
+    and never dropped compiled code again (sweep 37 A-F3). Its own thread serves the requests
+    the parent's had not yet served."""
+    if _reset_worker is None:
+        return
+    reset_code_caches = getattr(sys.modules.get("torch._dynamo"), "reset_code_caches", None)
+    _start_reset_worker(reset_code_caches)
+
+
+# After _fork's hook (registered at its import, above): _reset_lock is free in the child by then.
+os.register_at_fork(after_in_child=_reset_worker_in_forked_child)
 
 
 def _reset_when_free(reset_code_caches: Any, wait_s: float) -> bool:

@@ -3,6 +3,10 @@ repository), beside the earlier sweeps' files."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -63,3 +67,52 @@ def test_a_vmap_rule_must_view_the_tensor_list_its_output_is_declared_a_view_of(
     )(clones)
     with pytest.raises(RuntimeError, match="sweep37::list_of_clones: the vmap rule returned"):
         torch.vmap(lambda xs: listed(xs)[0].mul_(5), in_dims=([0],))([torch.ones(3, 2)])
+
+
+def test_a_fork_while_compiled_code_waits_to_be_dropped_leaves_the_child_dropping_it(tmp_path):
+    # Sweep 37 A-F3: the child inherited the parent's note that a thread of its own would drop
+    # compiled code, without that thread: its replaces never dropped compiled code again, and its
+    # compiled calls ran the old definition with no error.
+    script = tmp_path / "fork_while_dropping.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, threading, time, torch, opreg
+
+            def define(k):
+                return opreg.register_triton_op(
+                    schema="(Tensor x) -> Tensor", fake_fn=lambda x: torch.empty_like(x),
+                    triton_fn=lambda x: x * k, triton_device_types="cpu", traceable=True,
+                    name="sweep37::scaled", replace=True)(lambda x: x * k)
+
+            op = define(2)
+
+            @torch.compile(backend="aot_eager")
+            def slow(x):
+                y = op(x) + 0
+                torch._dynamo.graph_break()
+                time.sleep(3)
+                return y
+
+            slow(torch.ones(2))
+            busy = threading.Thread(target=slow, args=(torch.ones(2),))
+            busy.start()
+            time.sleep(0.5)
+            define(3)  # another thread runs compiled code: a thread of opreg's drops it later
+            assert any(t.name.startswith("opreg: forget") for t in threading.enumerate())
+            pid = os.fork()
+            if pid == 0:
+                compiled = torch.compile(lambda x: op(x) + 0, backend="aot_eager")
+                compiled(torch.ones(2))
+                define(5)
+                os._exit(0 if compiled(torch.ones(2)).tolist() == [5.0, 5.0] else 3)
+            _, status = os.waitpid(pid, 0)
+            print("child exit code", os.waitstatus_to_exitcode(status))
+            busy.join()
+            """
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=600
+    )
+    assert "child exit code 0" in result.stdout, result.stdout + result.stderr[-3000:]

@@ -12,6 +12,7 @@
 // See Note [How an opreg op maps onto the dispatcher] in src/core/registry.cpp.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <exception>
@@ -25,9 +26,11 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/core/List.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/op_registration/infer_schema.h>
 #include <c10/util/Exception.h>
+#include <c10/util/OptionalArrayRef.h>
 
 #include "opreg/autograd.h"
 #include "opreg/definition.h"
@@ -127,10 +130,29 @@ constexpr bool has_readable_parameters = std::is_function_v<std::remove_pointer_
 template <class Piece>
 constexpr bool has_readable_parameters<Piece, std::void_t<decltype(&Piece::operator())>> = true;
 
+// The scalar a parameter carries, through the wrappers a schema type maps to and std::function may
+// convert across (`int? n` is std::optional<int64_t>; std::optional<int> takes it, cutting it).
+template <class T>
+struct carried_scalar {
+  using type = T;
+};
+template <class T>
+struct carried_scalar<std::optional<T>> : carried_scalar<std::decay_t<T>> {};
+template <class T>
+struct carried_scalar<c10::ArrayRef<T>> : carried_scalar<std::decay_t<T>> {};
+template <class T>
+struct carried_scalar<c10::OptionalArrayRef<T>> : carried_scalar<std::decay_t<T>> {};
+template <class T, class Allocator>
+struct carried_scalar<std::vector<T, Allocator>> : carried_scalar<std::decay_t<T>> {};
+template <class T>
+struct carried_scalar<c10::List<T>> : carried_scalar<std::decay_t<T>> {};
+template <class T, size_t N>
+struct carried_scalar<std::array<T, N>> : carried_scalar<std::decay_t<T>> {};
+
 template <class Expected, class Given>
 constexpr bool same_scalar() {
-  using E = std::decay_t<Expected>;
-  using G = std::decay_t<Given>;
+  using E = typename carried_scalar<std::decay_t<Expected>>::type;
+  using G = typename carried_scalar<std::decay_t<Given>>::type;
   return !(std::is_arithmetic_v<E> || std::is_arithmetic_v<G>) || std::is_same_v<E, G>;
 }
 
@@ -144,9 +166,11 @@ constexpr bool same_scalars(c10::guts::typelist::typelist<Expected...>* /*expect
   }
 }
 
-// A kernel's or fake's scalar parameters are the fallback's exactly: std::function would convert
-// the arguments on the way in, an int64_t to an int dropping bits, a double to a float or a bool
-// losing value, and the piece would silently compute with other numbers than the call's.
+// A kernel's, fake's or predicate's scalar parameters (bare or in an optional or a list) are the
+// fallback's exactly: std::function would convert the arguments on the way in, an int64_t to an
+// int dropping bits, a double to a float or a bool losing value, and the piece would silently
+// compute with other numbers than the call's. A functor with an overloaded operator() cannot be
+// read (nor a generic lambda's, which std::function calls with the exact types).
 template <class Signature, class Piece>
 constexpr bool takes_the_scalars_of() {
   using Decayed = std::decay_t<Piece>;
@@ -241,7 +265,13 @@ class Op<Ret(Args...)> {
                   "opreg: a kernel's int, float and bool parameters must have the fallback's "
                   "exact C++ types (int64_t, double, bool): a conversion would change the values");
     std::function<bool(Args...)> accepts;
-    if constexpr (!std::is_same_v<Predicate, std::nullptr_t>) accepts = options.predicate();
+    if constexpr (!std::is_same_v<Predicate, std::nullptr_t>) {
+      static_assert(detail::takes_the_scalars_of<Signature, Predicate>(),
+                    "opreg: an accepts() predicate's int, float and bool parameters must have the "
+                    "fallback's exact C++ types (int64_t, double, bool): a conversion would change "
+                    "the values it decides on");
+      accepts = options.predicate();
+    }
     builder_.kernel(
         detail::typed_kernel(Function(std::move(kernel)), std::move(accepts), fallback_),
         options.kernel_name(), options.device_types());

@@ -564,6 +564,28 @@ static_assert(
                                          std::function<at::Tensor(const at::Tensor&, float)>>());
 static_assert(!opreg::detail::takes_the_scalars_of<
               ScaledSignature, std::function<at::Tensor(const at::Tensor&, bool)>>());
+// Sweep 37 B-F1: the same through an optional or a list (`int? n`, `float[] a`), and for an
+// accepts() predicate; a list of tensors, a string view and references stay accepted.
+using OptionalSignature = at::Tensor(const at::Tensor&, std::optional<int64_t>,
+                                     c10::ArrayRef<double>);
+static_assert(opreg::detail::takes_the_scalars_of<
+              OptionalSignature, std::function<at::Tensor(at::Tensor, const std::optional<int64_t>&,
+                                                          std::vector<double>)>>());
+static_assert(
+    !opreg::detail::takes_the_scalars_of<
+        OptionalSignature,
+        std::function<at::Tensor(const at::Tensor&, std::optional<int>, c10::ArrayRef<double>)>>());
+static_assert(!opreg::detail::takes_the_scalars_of<
+              OptionalSignature, std::function<at::Tensor(const at::Tensor&, std::optional<int64_t>,
+                                                          std::vector<float>)>>());
+static_assert(!opreg::detail::takes_the_scalars_of<
+              at::Tensor(const at::Tensor&, double),
+              std::function<at::Tensor(const at::Tensor&, std::optional<float>)>>());
+static_assert(opreg::detail::takes_the_scalars_of<
+              at::Tensor(at::TensorList, c10::string_view),
+              std::function<at::Tensor(const std::vector<at::Tensor>&, std::string)>>());
+static_assert(
+    !opreg::detail::takes_the_scalars_of<ScaledSignature, bool (*)(const at::Tensor&, int)>());
 
 // Sweep 36 B-F6: a kernel name of bytes that are not UTF-8 was accepted, and describe_op's report
 // then could not reach Python.

@@ -228,7 +228,7 @@ bool check_not_rebuilt(const std::string& path, const std::string& file,
   const bool other_file = deleted || (then && *stamp && !(*then == **stamp));
   if (!other_file) return true;
   TORCH_CHECK_VALUE(
-      false, "opreg::load_library: cannot load '", detail::valid_utf8(path),
+      false, "opreg::load_library: cannot load '", detail::readable_message(path),
       "': a library was loaded from that path earlier in this process, from another file than "
       "the one there now (",
       then ? "loaded: " + describe_stamp(*then) + "; now: " + describe_stamp(**stamp)
@@ -329,7 +329,7 @@ void check_defines_again(void* handle, const std::string& path, const LoadContex
   if (undefined.empty()) return;
   std::ostringstream names;
   for (const auto& name : undefined) names << (names.tellp() > 0 ? ", " : "") << name;
-  TORCH_CHECK_VALUE(false, "opreg::load_library: '", detail::valid_utf8(path),
+  TORCH_CHECK_VALUE(false, "opreg::load_library: '", detail::readable_message(path),
                     "' is loaded already, so its static initializers do not run again, and ops it "
                     "defined were undefined since: ",
                     names.str(),
@@ -680,7 +680,7 @@ void load_once(const std::string& path) {
     } else if (mapped_file(path)) {  // mapped already: nothing to check
       mapped_already = true;
     } else {
-      TORCH_CHECK_VALUE(false, "opreg::load_library: cannot load '", detail::valid_utf8(path),
+      TORCH_CHECK_VALUE(false, "opreg::load_library: cannot load '", detail::readable_message(path),
                         "': no file of that name in LD_LIBRARY_PATH or the system's library "
                         "directories (/etc/ld.so.conf), and no library of that name is loaded; "
                         "pass the library's path");
@@ -689,11 +689,11 @@ void load_once(const std::string& path) {
   // A FIFO or a device would block the reads below and dlopen's, without end.
   struct stat status{};
   TORCH_CHECK_VALUE(mapped_already || stat(file.c_str(), &status) != 0 || S_ISREG(status.st_mode),
-                    "opreg::load_library: cannot load '", detail::valid_utf8(file),
+                    "opreg::load_library: cannot load '", detail::readable_message(file),
                     "': it is not a regular file");
   const std::string truncated = mapped_already ? "" : truncated_elf(file);
   TORCH_CHECK_VALUE(truncated.empty(), "opreg::load_library: cannot load '",
-                    detail::valid_utf8(file), "': the file is a truncated shared library (",
+                    detail::readable_message(file), "': the file is a truncated shared library (",
                     truncated, ")");
   std::optional<FileStamp> stamp;
   const bool mapped_before = !mapped_already && check_not_rebuilt(path, file, &stamp);
@@ -720,7 +720,7 @@ void load_once(const std::string& path) {
   if (!detail::library_loading_elsewhere()) run_deferred();
   if (handle == nullptr) {
     const char* why = dlerror();
-    TORCH_CHECK(false, "opreg::load_library: cannot load '", detail::valid_utf8(path),
+    TORCH_CHECK(false, "opreg::load_library: cannot load '", detail::readable_message(path),
                 "': ", detail::valid_utf8(why != nullptr ? why : "unknown error"));
   }
   // The file it was mapped from, unless it changed while dlopen read it (then it is not known).

@@ -102,6 +102,9 @@ struct Definition {
   // Lists of a declared length (int[2]): PyTorch's unboxing passes any length on.
   std::vector<std::pair<size_t, size_t>> fixed_lengths;
   std::vector<size_t> optional_tensors;  // Tensor? arguments: an undefined tensor there is None
+  // Tensor?[] arguments: a boxed C++ call may give a List<Tensor>, which the pieces' unboxing
+  // refuses ("Tried to cast a List<Tensor> to a List<Tensor?>").
+  std::vector<size_t> lists_of_optional_tensors;
   // Tensor[]? arguments: PyTorch's dispatcher computes a call's keys from every other kind of
   // tensor argument, but not from these (see Note [Tensors only in a Tensor[]?]).
   std::vector<size_t> optional_tensor_lists;
@@ -529,8 +532,9 @@ std::vector<std::pair<size_t, std::vector<c10::ScalarType>>> resolve_dtype_rules
   for (const auto& [argument, allowed] : spec.dtype_rules) {
     auto found = std::find_if(arguments.begin(), arguments.end(),
                               [&](const auto& candidate) { return candidate.name() == argument; });
-    TORCH_CHECK_VALUE(found != arguments.end(), op.name, ": dtypes() names argument '", argument,
-                      "', which the schema '", op.schema_text, "' does not have");
+    TORCH_CHECK_VALUE(found != arguments.end(), op.name, ": dtypes() names argument '",
+                      detail::escaped(argument), "', which the schema '", op.schema_text,
+                      "' does not have");
     TORCH_CHECK_VALUE(holds_tensors(*found->type()), op.name, ": dtypes() names argument '",
                       argument,
                       "', which is not a Tensor, Tensor?, Tensor[] or Tensor?[] in the schema '",
@@ -844,6 +848,10 @@ std::shared_ptr<Definition> build(OpBuilder::State spec,
       definition->optional_tensor_lists.push_back(i);
     }
     if (argument.N()) definition->fixed_lengths.emplace_back(i, *argument.N());
+    if (argument.type()->isSubtypeOf(*c10::ListType::ofOptionalTensors()) &&
+        !argument.type()->isSubtypeOf(*c10::ListType::ofTensors())) {
+      definition->lists_of_optional_tensors.push_back(i);
+    }
   }
   for (size_t i = 0; i < op.schema.returns().size(); ++i) {
     const auto& ret = op.schema.returns()[i];
@@ -909,6 +917,17 @@ std::shared_ptr<Definition> build(OpBuilder::State spec,
   } else {
     definition->meta = make_piece(*definition, declared.fallback, "fallback(meta)", nullptr);
   }
+  // PyTorch's dispatcher picks a device kernel by the tensor arguments' devices: with none, every
+  // call reaches the fallback, and a kernel would be reported serving while it never runs.
+  const auto& arguments = op.schema.arguments();
+  const bool takes_tensors = std::any_of(arguments.begin(), arguments.end(),
+                                         [](const auto& a) { return holds_tensors(*a.type()); });
+  TORCH_CHECK_VALUE(declared.kernels.empty() || takes_tensors, definition->name(), ": kernel '",
+                    declared.kernels.front().name, "' would never run: the schema '",
+                    op.schema_text,
+                    "' takes no tensor argument, and PyTorch's dispatcher picks a device's kernel "
+                    "by its tensor arguments (every call runs the fallback); call the kernel from "
+                    "the fallback, or take a tensor argument on the device");
   for (const auto& kernel : declared.kernels) {
     TORCH_CHECK_VALUE(!kernel.device_types || !kernel.device_types->empty(), definition->name(),
                       ": kernel '", kernel.name,
@@ -1038,6 +1057,18 @@ void undefined_as_none(const Definition& definition, torch::jit::Stack& stack) {
   for (size_t index : definition.optional_tensors) {
     auto& value = first[index];
     if (value.isTensor() && !value.toTensor().defined()) value = c10::IValue();
+  }
+}
+
+// A Tensor?[] given a List<Tensor> (a boxed C++ call's) reaches the pieces as a List<Tensor?>.
+void tensor_lists_as_optional(const Definition& definition, torch::jit::Stack& stack) {
+  c10::IValue* first = stack.data() + (stack.size() - definition.schema().arguments().size());
+  for (size_t index : definition.lists_of_optional_tensors) {
+    auto& value = first[index];
+    if (!value.isTensorList()) continue;
+    c10::List<std::optional<at::Tensor>> optional;
+    for (const auto& tensor : value.toTensorList()) optional.push_back(tensor);
+    value = std::move(optional);
   }
 }
 
@@ -1701,6 +1732,7 @@ class Trampoline final : public c10::OperatorKernel {
     if (!call.pinned()) check_schema_current(*entry_, d, *stack);
     check_arguments(d, *stack);
     if (!d.optional_tensors.empty()) undefined_as_none(d, *stack);
+    if (!d.lists_of_optional_tensors.empty()) tensor_lists_as_optional(d, *stack);
     switch (key_) {
       case c10::DispatchKey::Autograd: {
         const PinDefinition pin(*entry_, definition);
@@ -2088,13 +2120,14 @@ std::vector<std::string> accelerated_device_types() {
 
 namespace {
 
-std::string register_device_type_now(const std::string& name) {
-  std::string normalized = normalize_device_type(name);
+std::string register_device_type_now(const std::string& raw_name) {
+  std::string normalized = normalize_device_type(raw_name);
+  const std::string name = detail::escaped(raw_name);  // for messages: a NUL ended Python's
   TORCH_CHECK_VALUE(!normalized.empty(),
                     "opreg: register_accelerated_device_type: the device type name is empty");
   const size_t colon = normalized.find(':');
   TORCH_CHECK_VALUE(colon == std::string::npos, "opreg: register_accelerated_device_type: '", name,
-                    "' is a device; name its type ('", normalized.substr(0, colon),
+                    "' is a device; name its type ('", detail::escaped(normalized.substr(0, colon)),
                     "'): a kernel serves every device of its type");
   TORCH_CHECK_VALUE(is_identifier(normalized), "opreg: register_accelerated_device_type: '", name,
                     "' is not a device type name like 'cuda' or 'npu'");
@@ -2291,6 +2324,9 @@ void call_checked_fallback(const std::string& op, const c10::OperatorHandle& han
   const auto definition = current_definition(op);
   check_arguments(*definition, *stack);
   if (!definition->optional_tensors.empty()) undefined_as_none(*definition, *stack);
+  if (!definition->lists_of_optional_tensors.empty()) {
+    tensor_lists_as_optional(*definition, *stack);
+  }
   definition->checked_fallback->callBoxed(
       handle, c10::DispatchKeySet(c10::DispatchKey::CompositeExplicitAutograd), stack);
 }

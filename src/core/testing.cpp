@@ -216,7 +216,7 @@ std::string compare_tensors(const std::string& what, const at::Tensor& a, const 
 }
 
 // "" when the kernel's value `got` matches the fallback's `want`, else why. `what` names the
-// value ("output 0", "output 1[2]", "argument 'x', which the op writes"); lists are compared
+// value ("output 0", "output 1[2]", "the written argument 'xs'[0]"); lists are compared
 // element by element, with the tolerance of each tensor's dtype.
 std::string compare_values(const std::string& what, const c10::IValue& got, const c10::IValue& want,
                            Comparison how, double* max_error) {
@@ -383,7 +383,7 @@ bool check_sample(const std::string& op, const std::vector<c10::IValue>& sample,
   for (size_t i = 0; kernel.message.empty() && i < arguments.size() && i < sample.size(); ++i) {
     const auto* alias = arguments[i].alias_info();
     if (alias == nullptr || !alias->isWrite()) continue;
-    kernel.message = compare_values("argument '" + arguments[i].name() + "', which the op writes,",
+    kernel.message = compare_values("the written argument '" + arguments[i].name() + "'",
                                     kernel_args[i], fallback_args[i], how, &kernel.max_error);
   }
   kernel.passed = kernel.message.empty();

@@ -307,6 +307,15 @@ class VmapKernel final : public c10::OperatorKernel {
       auto& output = result.outputs[i];
       if (rule_) check_rule_output(output, i);
       auto batched = [&](const at::Tensor& tensor) {
+        if (!tensor.defined()) {  // C++'s None: fine where the schema allows one
+          const auto& type = op_->schema.returns()[i].type();
+          const auto* list = type->castRaw<c10::ListType>();
+          const auto& element = list != nullptr ? list->getElementType() : type;
+          TORCH_CHECK_TYPE(element->kind() == c10::TypeKind::OptionalType, op_->name, ": ", source,
+                           " returned an undefined tensor for output ", i, ", declared ",
+                           type->str(), " in the schema; expected a tensor");
+          return tensor;
+        }
         const int64_t dim = *result.out_dims[i];
         TORCH_CHECK(dim >= -tensor.dim() && dim < tensor.dim(), op_->name, ": ", source,
                     " gave out_dim ", dim, " for output ", i, ", which has ", tensor.dim(), " dims",

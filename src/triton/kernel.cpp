@@ -941,9 +941,10 @@ KernelImpl& Kernel::impl() const {
   if (kernel == nullptr) {
     const auto failure = failure_of(name_);
     TORCH_CHECK(failure.empty(), "opreg: no ahead-of-time binaries are registered for the Triton ",
-                "kernel '", name_, "': its embedded bundle failed to load: ", failure);
+                "kernel '", opreg::detail::escaped(name_),
+                "': its embedded bundle failed to load: ", failure);
     TORCH_CHECK(false, "opreg: no ahead-of-time binaries are registered for the Triton kernel '",
-                name_,
+                opreg::detail::escaped(name_),
                 "' (build them with python -m opreg.aot, and link the generated source or call "
                 "load_bundle_dir)");
   }
@@ -1037,15 +1038,17 @@ void Kernel::launch(Grid grid, c10::ArrayRef<Arg> args) const {
   // 1. Validate the grid and the arguments, and pick the variant.
   TORCH_CHECK_VALUE(grid.x >= 0 && grid.y >= 0 && grid.z >= 0 && grid.x < (int64_t{1} << 31) &&
                         grid.y < 65536 && grid.z < 65536,
-                    "opreg: Triton kernel '", name_, "': grid (", grid.x, ", ", grid.y, ", ",
-                    grid.z, ") is outside CUDA's limits (x < 2^31, y and z < 65536)");
+                    "opreg: Triton kernel '", opreg::detail::escaped(name_), "': grid (", grid.x,
+                    ", ", grid.y, ", ", grid.z,
+                    ") is outside CUDA's limits (x < 2^31, y and z < 65536)");
   auto& kernel = impl();
   std::string why;
   auto call = inspect(kernel, args, &why);
-  TORCH_CHECK(call.device >= 0, "opreg: cannot launch Triton kernel '", name_, "': ", why);
+  TORCH_CHECK(call.device >= 0, "opreg: cannot launch Triton kernel '",
+              opreg::detail::escaped(name_), "': ", why);
   Variant* variant = select(kernel, args, call.device, &why);
-  TORCH_CHECK(variant != nullptr, "opreg: cannot launch Triton kernel '", name_,
-              "' on cuda:", call.device, ": ", why);
+  TORCH_CHECK(variant != nullptr, "opreg: cannot launch Triton kernel '",
+              opreg::detail::escaped(name_), "' on cuda:", call.device, ": ", why);
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
 
   // 2. Device, context, stream, module.
@@ -1081,8 +1084,9 @@ void Kernel::launch(Grid grid, c10::ArrayRef<Arg> args) const {
   TORCH_CHECK_VALUE(
       !c10::mul_overflows(grid.x * grid.y * grid.z, int64_t{variant->num_ctas}, &programs) &&
           grid.x * variant->num_ctas < (int64_t{1} << 31),
-      "opreg: Triton kernel '", name_, "': grid (", grid.x, ", ", grid.y, ", ", grid.z, ") times ",
-      variant->num_ctas, " CTAs per program is outside CUDA's limits (x < 2^31)");
+      "opreg: Triton kernel '", opreg::detail::escaped(name_), "': grid (", grid.x, ", ", grid.y,
+      ", ", grid.z, ") times ", variant->num_ctas,
+      " CTAs per program is outside CUDA's limits (x < 2^31)");
   at::Tensor global_scratch, profile_scratch;
   void* global_pointer = nullptr;
   void* profile_pointer = nullptr;
@@ -1110,9 +1114,10 @@ void Kernel::launch(Grid grid, c10::ArrayRef<Arg> args) const {
   shape.pdl = variant->launch_pdl;
   shape.cooperative = variant->launch_cooperative_grid;
   const cuda::CUresult result = launch_kernel(*d, function, shape, stream, params.data());
-  TORCH_CHECK(result == cuda::kSuccess, "opreg: launching Triton kernel '", name_, "' (sm_",
-              variant->arch, ", ", variant->assumptions_text, ") with grid (", grid.x, ", ", grid.y,
-              ", ", grid.z, ") on cuda:", call.device, " failed: ", cuda::error_text(result));
+  TORCH_CHECK(result == cuda::kSuccess, "opreg: launching Triton kernel '",
+              opreg::detail::escaped(name_), "' (sm_", variant->arch, ", ",
+              variant->assumptions_text, ") with grid (", grid.x, ", ", grid.y, ", ", grid.z,
+              ") on cuda:", call.device, " failed: ", cuda::error_text(result));
 }
 
 // Runs while a library loads (the generated source's static initializer), where an exception

@@ -600,3 +600,47 @@ TEST(Errors, AKernelNameThatIsNotTextIsRefused) {
                   "opreg_err::kernel_bytes: kernel name 'k\\xff' holds bytes that are not");
   EXPECT_FALSE(opreg::is_defined("opreg_err::kernel_bytes"));
 }
+
+// Sweep 37 B-F4: a boxed call giving a List<Tensor> for a Tensor?[] met PyTorch's "Tried to cast a
+// List<Tensor> to a List<Tensor?>", blamed on the fallback; the pieces get a List<Tensor?>.
+TEST(Errors, ABoxedListOfTensorsServesATensorOptionalList) {
+  opreg::op("opreg_err::count_given(Tensor?[] xs) -> int")
+      .fallback([](const c10::List<std::optional<at::Tensor>>& xs) {
+        int64_t given = 0;
+        for (const std::optional<at::Tensor>& x : xs) given += x.has_value() ? 1 : 0;
+        return given;
+      })
+      .define();
+  const c10::List<at::Tensor> tensors({at::ones({1}), at::ones({2})});
+  const auto outputs = opreg_test::call_boxed("opreg_err::count_given", {tensors});
+  ASSERT_EQ(outputs.size(), 1u);
+  EXPECT_EQ(outputs[0].toInt(), 2);
+  opreg::undefine("opreg_err::count_given");
+}
+
+// Sweep 37 B-F2: a kernel of an op without tensor arguments never ran (the dispatcher picks a
+// device's kernel by the tensors), yet kernel_status reported it serving and opcheck passed it.
+TEST(Errors, AKernelOfAnOpWithoutTensorArgumentsIsRefused) {
+  auto zeros = [](int64_t n) { return at::zeros({n}); };
+  EXPECT_CONTAINS(error_of([&] {
+                    opreg::op("opreg_err::made(int n) -> Tensor")
+                        .fallback(zeros)
+                        .kernel(zeros, opreg::on({"cpu"}).name("k"))
+                        .define();
+                  }),
+                  "opreg_err::made: kernel 'k' would never run: the schema 'opreg_err::made(int n) "
+                  "-> Tensor' takes no tensor argument, and PyTorch's dispatcher picks");
+  EXPECT_FALSE(opreg::is_defined("opreg_err::made"));
+  auto on_device = [](int64_t n, c10::Device device) { return at::zeros({n}, device); };
+  EXPECT_CONTAINS(error_of([&] {
+                    opreg::op("opreg_err::made(int n, Device d) -> Tensor")
+                        .fallback(on_device)
+                        .kernel(on_device, opreg::on({"cpu"}).name("k"))
+                        .define();
+                  }),
+                  "opreg_err::made: kernel 'k' would never run");
+  EXPECT_FALSE(opreg::is_defined("opreg_err::made"));
+  opreg::op("opreg_err::made(int n) -> Tensor").fallback(zeros).define();  // fine without one
+  EXPECT_TRUE(opreg::is_defined("opreg_err::made"));
+  opreg::undefine("opreg_err::made");
+}

@@ -581,6 +581,13 @@ TEST(Reliability, AnEmptyLibraryPathIsRefused) {
                   "opreg::load_library: 'path' is empty");
 }
 
+// Sweep 37 B-F3: the message stopped at the NUL ("cannot load '/tmp/x"), its reason lost.
+TEST(Reliability, ALibraryPathHoldingANulIsNamedWhole) {
+  const auto error = error_of([] { opreg::load_library(std::string("/tmp/x\0y.so", 11)); });
+  EXPECT_CONTAINS(error, "opreg::load_library: cannot load '/tmp/x\\x00y.so': ");
+  EXPECT_EQ(std::string(error.c_str()), error);  // no NUL left to end a C string
+}
+
 // Sweep 21 B-F6: a FIFO blocked load_library's reads (and dlopen's) without end.
 TEST(Reliability, ALibraryPathThatIsNoRegularFileIsRefused) {
   const std::string fifo = ::testing::TempDir() + "opreg_fifo_" + std::to_string(getpid()) + ".so";

@@ -205,8 +205,7 @@ TEST(Testing, WhatTheOpWritesIsComparedAndTheSamplesStayAsTheyWere) {
   const auto x = at::zeros({3});
   auto message =
       error_of([&] { opreg::testing::check_or_throw("opreg_check::lazy_add_one", {{x}}); });
-  EXPECT_CONTAINS(message,
-                  "argument 'x', which the op writes, differs from the fallback's by up to 1");
+  EXPECT_CONTAINS(message, "the written argument 'x' differs from the fallback's by up to 1");
   EXPECT_TRUE(at::equal(x, at::zeros({3})));
 }
 
@@ -398,7 +397,7 @@ TEST(Testing, TheKernelRunsOnTheSamplesOwnLayout) {
   opreg::testing::check_or_throw("opreg_check::add_into", {{at::ones({2}), at::ones({2})}});
   EXPECT_CONTAINS(
       error_of([&] { opreg::testing::check_or_throw("opreg_check::add_into", {{both, both}}); }),
-      "argument 'x', which the op writes, differs from the fallback's");
+      "the written argument 'x' differs from the fallback's");
   EXPECT_TRUE(at::equal(both, at::ones({2})));  // the sample stays as it was
 }
 

@@ -187,6 +187,15 @@ const auto bad_vmap_rule =
         })
         .define();
 
+// Sweep 37 B-F5: an undefined tensor from a rule was said to have "0 entries along its batch dim".
+const auto undefined_vmap_rule =
+    opreg::op("opreg_test::undefined_vmap_rule(Tensor x) -> Tensor")
+        .fallback([](const at::Tensor& x) { return x * 2; })
+        .vmap(
+            [](const opreg::VmapInfo&, const std::vector<std::optional<int64_t>>&,
+               const std::vector<c10::IValue>&) { return opreg::VmapResult{{at::Tensor()}, {0}}; })
+        .define();
+
 // Ops a call may give no tensor (Note [An op's rule for FakeTensorMode]).
 const auto arange_cpp = opreg::op("opreg_test::arange(int n) -> Tensor")
                             .fallback([](int64_t n) { return at::arange(n, at::kFloat); })

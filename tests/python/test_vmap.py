@@ -125,6 +125,15 @@ def test_bad_rule_output_count_is_an_error():
         vmap(ops.bad_vmap_rule)(torch.randn(3, 2))
 
 
+def test_a_rule_returning_an_undefined_tensor_is_named_so():
+    with pytest.raises(
+        TypeError,
+        match="undefined_vmap_rule: the vmap rule returned an undefined tensor for output 0, "
+        "declared Tensor in the schema; expected a tensor",
+    ):
+        vmap(ops.undefined_vmap_rule)(torch.randn(3, 2))
+
+
 def test_randomness_error_same_different():
     x = torch.zeros(4)
     with pytest.raises(RuntimeError, match="opreg_test::noisy: the op is random"):

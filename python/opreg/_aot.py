@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -68,8 +69,18 @@ class AotKernel:
                 f"opreg.AotKernel '{self.name}': give the grid as numbers; an AOT "
                 "kernel's constexprs are fixed, so a meta-parameter grid has no meta"
             )
-        launch = self._kernel.launch
-        return lambda *args: launch(grid, *args)
+        launch, name = self._kernel.launch, self.name
+
+        def launch_on_grid(*args: Any, **keywords: Any) -> None:
+            if keywords:
+                raise TypeError(
+                    f"opreg.AotKernel '{name}': arguments are given by position, in the kernel's "
+                    f"order (its constexprs are fixed at compile time); got keywords "
+                    f"{sorted(keywords)}"
+                )
+            launch(grid, *args)
+
+        return launch_on_grid
 
 
 @public

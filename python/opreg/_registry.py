@@ -550,6 +550,7 @@ def register_accelerated_device_type(name: str) -> str:
             "opreg.register_accelerated_device_type: name must be a device type's name like "
             f"'npu', got {type(name).__name__} {name!r:.80}"
         )
+    check_text("opreg.register_accelerated_device_type", "name", name, "; no device type has one")
     return _C.register_accelerated_device_type(name)
 
 

@@ -116,3 +116,71 @@ def test_a_fork_while_compiled_code_waits_to_be_dropped_leaves_the_child_droppin
         [sys.executable, str(script)], capture_output=True, text=True, timeout=600
     )
     assert "child exit code 0" in result.stdout, result.stdout + result.stderr[-3000:]
+
+
+def test_a_device_type_or_dtypes_name_holding_a_nul_or_a_lone_surrogate_is_named_whole():
+    # Sweep 37 A-F5: the message stopped at the NUL ("'a"), and a lone surrogate met pybind11's
+    # "incompatible function arguments" although a str was given.
+    with pytest.raises(ValueError, match=r"'a\\x00b' is not a device type name like 'cuda'"):
+        opreg.register_accelerated_device_type("a\x00b")
+    with pytest.raises(ValueError, match="holds a lone surrogate, which is no character"):
+        opreg.register_accelerated_device_type("\udc80")
+    with pytest.raises(ValueError, match=r"dtypes\(\) names argument 'x\\x00y', which the schema"):
+        opreg.register_triton_op(
+            schema="(Tensor x) -> Tensor",
+            fake_fn=lambda x: x.clone(),
+            triton_fn=None,
+            name="sweep37::nul_dtypes",
+            dtypes={"x\x00y": [torch.float32]},
+        )(lambda x: x * 2)
+    assert "sweep37::nul_dtypes" not in [r.name for r in opreg.describe_ops()]
+
+
+def test_opcheck_passes_a_right_view_of_a_tensor_list_element_saying_what_it_skips():
+    # Sweep 37 A-F6: PyTorch's schema check reads no Tensor(a)[] element's alias set and failed
+    # the op ("Argument xs is not defined to alias output but was aliasing").
+    def first(xs):
+        return xs[0].view(-1)
+
+    op = opreg.register_triton_op(
+        schema="(Tensor(a)[] xs) -> Tensor(a)", fake_fn=first, triton_fn=None, name="sweep37::first"
+    )(first)
+    report = opreg.opcheck(op, [([torch.ones(2, 3)],)], checks=["torch_opcheck"])
+    (row,) = report.rows
+    assert row.passed, row.message
+    assert "test_schema skipped: PyTorch's schema check reads no Tensor(a)[] element" in (
+        row.message
+    )
+    wrong = opreg.register_triton_op(
+        schema="(Tensor(a)[] xs) -> Tensor(a)",
+        fake_fn=lambda xs: torch.empty(3),  # a wrong fake is still caught
+        triton_fn=None,
+        name="sweep37::first_wrong_fake",
+    )(first)
+    report = opreg.opcheck(
+        wrong, [([torch.ones(2, 3)],)], checks=["torch_opcheck"], raise_on_failure=False
+    )
+    assert not report.rows[0].passed
+
+
+def test_a_kernel_of_an_op_without_tensor_arguments_is_refused_from_python():
+    # Sweep 37 B-F2: the kernel never ran (the dispatcher picks a device's kernel by the tensor
+    # arguments), yet kernel_status said it served.
+    with pytest.raises(ValueError, match="sweep37::made: kernel 'triton' would never run"):
+        opreg.register_triton_op(
+            schema="(int n) -> Tensor",
+            fake_fn=lambda n: torch.empty(n),
+            triton_fn=lambda n: torch.ones(n),
+            triton_device_types="cpu",
+            name="sweep37::made",
+        )(lambda n: torch.zeros(n))
+    assert "sweep37::made" not in [r.name for r in opreg.describe_ops()]
+
+
+def test_an_aot_kernel_given_keywords_says_its_arguments_are_positional():
+    # Sweep 37 B-F7: Python's error named a lambda of AotKernel.__getitem__.
+    kernel = opreg.AotKernel("sweep37_no_such_kernel")
+    with pytest.raises(
+        TypeError, match=r"opreg\.AotKernel 'sweep37_no_such_kernel': arguments are"
+    ):
+        kernel[(1,)](torch.ones(1), n=4)

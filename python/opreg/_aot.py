@@ -15,7 +15,7 @@ import torch
 
 from opreg import _C
 from opreg._public import public
-from opreg._registry import path_argument
+from opreg._registry import check_text, path_argument
 
 Grid = int | Sequence[int] | Callable[[dict[str, object]], Sequence[int]]
 
@@ -34,6 +34,7 @@ class AotKernel:
                 "opreg.AotKernel: 'name' must be a str (the kernel's name in its manifest), got "
                 f"{type(name).__name__} {name!r:.80}"
             )
+        check_text("opreg.AotKernel", "name", name, "; no kernel has one")
         self._kernel = _C.TritonKernel(name)
 
     @property

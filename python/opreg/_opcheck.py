@@ -419,16 +419,18 @@ def _check_torch_opcheck(op, sample, device):
     elif _returns_alias(op):
         tests = tuple(t for t in tests if t != "test_aot_dispatch_dynamic")
         note = f" (test_aot_dispatch_dynamic skipped: {_ALIASED_OUTPUT})"
-        if _aliases_list_elements(op):
+        if _views_list_elements(op):
             tests = tuple(t for t in tests if t != "test_schema")
             note = (
-                f" (test_aot_dispatch_dynamic skipped: {_ALIASED_OUTPUT}; test_schema skipped: "
-                f"{_LIST_ALIAS})"
+                f" (test_aot_dispatch_dynamic skipped: {_ALIASED_OUTPUT}; test_schema: "
+                f"{_LIST_ALIAS}, so opreg checks the writes alone)"
             )
     results = torch.library.opcheck(
         op, sample.args, sample.kwargs, test_utils=tests, raise_exception=False
     )
     failed = {k: v for k, v in results.items() if v != "SUCCESS"}
+    if "test_schema" not in tests and (written := _undeclared_write(op, sample)):
+        failed["test_schema"] = f"Argument {written} is not defined as mutable but was mutated"
     return (not failed, 0.0, "; ".join(f"{k}: {v}" for k, v in failed.items()) + note)
 
 
@@ -824,14 +826,31 @@ def _check_gradients(op, sample, device):
         lambda args: _C.call_fallback(_qualified(op), list(args), sample.kwargs), fallback_inputs
     )
     error = 0.0
-    for kg, fg, t in zip(kernel_grads, fallback_grads, kernel_inputs, strict=True):
+    if all(g is None for g in fallback_grads) and any(g is not None for g in kernel_grads):
+        # A fallback computed outside autograd (numpy) has no gradient to compare the op's
+        # backward with (taken for zeros, a right backward failed, saying only that they differ).
+        why = (
+            "the fallback's outputs are not connected to its inputs (computed outside autograd), "
+            "so the op's backward has no gradient of the fallback's to be compared with"
+        )
+        if gradcheck_note:  # nothing checked the backward
+            raise _Skipped(f"{gradcheck_note}, and {why}")
+        return True, error, f"{why}; gradcheck checked it"
+    for index, (kg, fg, t) in enumerate(
+        zip(kernel_grads, fallback_grads, kernel_inputs, strict=True)
+    ):
         if kg is None and fg is None:
             continue
         kg = torch.zeros_like(t) if kg is None else kg
         fg = torch.zeros_like(t) if fg is None else fg
         error = max(error, _max_error(kg, fg))
         if not torch.allclose(_wide(kg), _wide(fg), rtol=1e-3, atol=1e-4):
-            return False, error, "the op's gradients differ from the fallback's"
+            return (
+                False,
+                error,
+                f"the op's gradients differ from the fallback's: tensor input #{index}'s by up to "
+                f"{error:.3g}",
+            )
     return True, error, gradcheck_note
 
 
@@ -1002,11 +1021,47 @@ _LIST_ALIAS = (
 )
 
 
-def _aliases_list_elements(op) -> bool:
-    return any(
-        a.alias_info is not None and isinstance(a.type, torch.ListType)
-        for a in op._schema.arguments
+def _views_list_elements(op) -> bool:
+    """Whether an output is declared a view of a Tensor(a)[] element: its alias set is none of
+    the arguments' own (a list argument holds its sets on its element type, which Python does
+    not show)."""
+    own = set().union(*(a.alias_info.before_set for a in op._schema.arguments if a.alias_info))
+    lists = any(a.alias_info and isinstance(a.type, torch.ListType) for a in op._schema.arguments)
+    return lists and any(
+        r.alias_info and not r.alias_info.before_set <= own for r in op._schema.returns
     )
+
+
+def _undeclared_write(op, sample: Sample) -> str | None:
+    """The name of an argument the op changed without declaring the write (Tensor(a!)), as
+    PyTorch's schema check tells, on a copy of the sample; None if there is none."""
+    copy = _clone(sample)
+    names = [a.name for a in op._schema.arguments]
+    values = dict(zip(names, copy.args, strict=False)) | copy.kwargs
+    declared = {a.name for a in op._schema.arguments if a.alias_info and a.alias_info.is_write}
+    before = {
+        name: [(t, t.detach().clone()) for t in _tensors(value)]
+        for name, value in values.items()
+        if name not in declared
+    }
+    op(*copy.args, **copy.kwargs)
+    for name, tensors in before.items():
+        if not all(_unchanged(old, now) for now, old in tensors):
+            return name
+    return None
+
+
+def _unchanged(old: torch.Tensor, now: torch.Tensor) -> bool:
+    if old.shape != now.shape or old.layout != now.layout or old.dtype != now.dtype:
+        return False
+    if old.layout != torch.strided or old.is_meta:
+        return True  # no values to compare cheaply
+    if old.stride() != now.stride():
+        return False
+    same = old == now
+    if old.is_floating_point() or old.is_complex():
+        same |= old.isnan() & now.isnan()
+    return bool(same.all())
 
 
 def _check_compile(op, sample, device, backend="aot_eager"):

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 
@@ -148,9 +149,8 @@ def test_opcheck_passes_a_right_view_of_a_tensor_list_element_saying_what_it_ski
     report = opreg.opcheck(op, [([torch.ones(2, 3)],)], checks=["torch_opcheck"])
     (row,) = report.rows
     assert row.passed, row.message
-    assert "test_schema skipped: PyTorch's schema check reads no Tensor(a)[] element" in (
-        row.message
-    )
+    assert "test_schema: PyTorch's schema check reads no Tensor(a)[] element" in row.message
+    assert "so opreg checks the writes alone" in row.message
     wrong = opreg.register_triton_op(
         schema="(Tensor(a)[] xs) -> Tensor(a)",
         fake_fn=lambda xs: torch.empty(3),  # a wrong fake is still caught
@@ -184,3 +184,74 @@ def test_an_aot_kernel_given_keywords_says_its_arguments_are_positional():
         TypeError, match=r"opreg\.AotKernel 'sweep37_no_such_kernel': arguments are"
     ):
         kernel[(1,)](torch.ones(1), n=4)
+
+
+def test_opcheck_still_finds_an_undeclared_write_of_an_op_viewing_a_tensor_list_element():
+    # Sweep 38 A-F1: with PyTorch's schema check left out for such ops (sweep 37 A-F6), an op that
+    # wrote an argument without declaring it passed opcheck; and the check was left out for an op
+    # whose output views a plain argument beside a written list.
+    def first_and_write(xs, y):
+        y.add_(1.0)
+        return xs[0].view(-1)
+
+    op = opreg.register_triton_op(
+        schema="(Tensor(a)[] xs, Tensor y) -> Tensor(a)",
+        fake_fn=lambda xs, y: xs[0].view(-1),
+        triton_fn=None,
+        name="sweep38::writes_y",
+    )(first_and_write)
+    sample = [([torch.randn(3)], torch.randn(3))]
+    (row,) = opreg.opcheck(op, sample, checks=["torch_opcheck"], raise_on_failure=False).rows
+    assert not row.passed
+    assert "test_schema: Argument y is not defined as mutable but was mutated" in row.message
+
+    def write_z(xs, y, z):
+        for x in xs:
+            x.add_(1)
+        z.mul_(2)
+        return y.view(-1)
+
+    beside = opreg.register_triton_op(
+        schema="(Tensor(a!)[] xs, Tensor(b) y, Tensor z) -> Tensor(b)",
+        fake_fn=lambda xs, y, z: y.view(-1),
+        triton_fn=None,
+        name="sweep38::writes_z",
+        mutates_args=("xs",),
+    )(write_z)
+    sample = [([torch.randn(3)], torch.randn(3), torch.randn(3))]
+    (row,) = opreg.opcheck(beside, sample, checks=["torch_opcheck"], raise_on_failure=False).rows
+    assert not row.passed
+    assert "Argument z is not defined as mutable but was mutated" in row.message
+    assert "opreg checks the writes alone" not in row.message  # PyTorch's own check ran
+
+
+def test_an_aot_kernel_name_holding_a_lone_surrogate_is_named():
+    # Sweep 38 A-F3: pybind11's "incompatible constructor arguments" came, for a str.
+    with pytest.raises(ValueError, match=r"opreg\.AotKernel: name 'k\\udc80' holds a lone"):
+        opreg.AotKernel("k\udc80")
+
+
+def test_opcheck_says_a_fallback_outside_autograd_leaves_the_backward_to_gradcheck():
+    # Sweep 38 A-F2: a right backward of a numpy fallback failed the gradients row, "the op's
+    # gradients differ from the fallback's": the fallback's missing gradient was taken for zeros.
+    def numpy_sin(x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(np.sin(x.detach().numpy()))
+
+    op = opreg.custom_op("sweep38::numpy_sin", numpy_sin, mutates_args=())
+    op.register_fake(lambda x: torch.empty_like(x))
+    op.register_autograd(
+        lambda ctx, g: g * ctx.saved_tensors[0].cos(),
+        setup_context=lambda ctx, inputs, output: ctx.save_for_backward(inputs[0]),
+    )
+    (row,) = opreg.opcheck(op, [(torch.randn(4),)], checks=["gradients"]).rows
+    assert row.passed and "the fallback's outputs are not connected to its inputs" in row.message
+    assert "gradcheck checked it" in row.message
+
+    wrong = opreg.custom_op("sweep38::numpy_sin_wrong_backward", numpy_sin, mutates_args=())
+    wrong.register_fake(lambda x: torch.empty_like(x))
+    wrong.register_autograd(
+        lambda ctx, g: g * 2,
+        setup_context=lambda ctx, inputs, output: None,
+    )
+    report = opreg.opcheck(wrong, [(torch.randn(4),)], checks=["gradients"], raise_on_failure=False)
+    assert not report.rows[0].passed and "gradcheck" in report.rows[0].message

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include <pthread.h>
 
@@ -48,13 +49,45 @@ bool interpreter_finalizing();
 // A Python object shared by kernels; its reference is dropped with the GIL held. Once the
 // interpreter is gone it is left: autograd nodes that a failed backward left pending are freed
 // with the engine's thread-local queue after Python finalized, and taking the GIL then segfaults.
+// A thread of C++'s own (no Python thread state) hands the reference to Python's main thread
+// instead (Py_AddPendingCall): a C++ thread that replaced a Python-defined op waited for the GIL
+// forever while the Python thread holding it waited for that thread (sweep 38 B-F1).
 using PyRef = std::shared_ptr<py::object>;
+
+std::mutex& graveyard_mutex() {
+  static auto* mutex = new std::mutex();  // never destroyed: a deleter may run at exit
+  return *mutex;
+}
+std::vector<py::object*>& graveyard() {
+  static auto* objects = new std::vector<py::object*>();
+  return *objects;
+}
+
+int drop_graveyard(void* /*unused*/) {  // Python's main thread, holding the GIL
+  std::vector<py::object*> objects;
+  {
+    const std::lock_guard<std::mutex> lock(graveyard_mutex());
+    objects.swap(graveyard());
+  }
+  for (py::object* pointer : objects) {
+    pointer->dec_ref();
+    pointer->release();
+    delete pointer;
+  }
+  return 0;
+}
 
 PyRef ref(py::object object) {
   if (object.is_none()) return nullptr;
   return PyRef(new py::object(std::move(object)), [](py::object* pointer) {
     if (!Py_IsInitialized() || interpreter_finalizing()) {
       pointer->release();  // the process is exiting: no reference count to keep right
+    } else if (PyGILState_Check() == 0 && PyGILState_GetThisThreadState() == nullptr) {
+      const std::lock_guard<std::mutex> lock(graveyard_mutex());
+      graveyard().push_back(pointer);
+      // A full queue of pending calls leaves it to the next one that gets in.
+      (void)Py_AddPendingCall(drop_graveyard, nullptr);
+      return;
     } else {
       py::gil_scoped_acquire gil;
       pointer->dec_ref();

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <exception>
 #include <stdexcept>
+#include <thread>
 
 namespace {
 
@@ -260,4 +261,22 @@ extern "C" __attribute__((visibility("default"))) int opreg_test_replace_arange(
         .replace()
         .define();
   });
+}
+
+// Replaces `name` (an op of schema (Tensor x) -> Tensor) with x + 4 on a thread of C++'s own and
+// waits for it: through ctypes.PyDLL the caller holds the GIL meanwhile (sweep 38 B-F1: freeing
+// a replaced Python definition waited for the GIL forever).
+extern "C" __attribute__((visibility("default"))) int opreg_test_replace_on_a_thread(
+    const char* name) {
+  int status = 0;
+  std::thread replacer([&] {
+    status = status_of([&] {
+      opreg::op(std::string(name) + "(Tensor x) -> Tensor")
+          .fallback([](const at::Tensor& x) { return x + 4; })
+          .replace()
+          .define();
+    });
+  });
+  replacer.join();
+  return status;
 }

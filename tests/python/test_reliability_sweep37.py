@@ -3,6 +3,7 @@ repository), beside the earlier sweeps' files."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -255,3 +256,30 @@ def test_opcheck_says_a_fallback_outside_autograd_leaves_the_backward_to_gradche
     )
     report = opreg.opcheck(wrong, [(torch.randn(4),)], checks=["gradients"], raise_on_failure=False)
     assert not report.rows[0].passed and "gradcheck" in report.rows[0].message
+
+
+def test_a_cpp_thread_replacing_a_python_op_while_python_waits_for_it_holding_the_gil(
+    test_ops_library,
+):
+    # Sweep 38 B-F1: the C++ thread freed the replaced Python definition, which took the GIL,
+    # held by the Python thread waiting for it (ctypes.PyDLL here, an extension joining a worker
+    # in general): both waited forever.
+    script = textwrap.dedent(
+        """
+        import ctypes, os, torch, opreg
+        opreg.register_triton_op(fake_fn=None, triton_fn=None, name="sweep38::replaced_by_cpp",
+                                 schema="(Tensor x) -> Tensor")(lambda x: x + 100)
+        opreg.load_library(os.environ["OPREG_TEST_OPS"])
+        library = ctypes.PyDLL(os.environ["OPREG_TEST_OPS"])  # calls keep the GIL
+        assert library.opreg_test_replace_on_a_thread(b"sweep38::replaced_by_cpp") == 0
+        print("now", torch.ops.sweep38.replaced_by_cpp(torch.zeros(1)).item())
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OPREG_TEST_OPS": str(test_ops_library)},
+    )
+    assert "now 4.0" in result.stdout, result.stderr[-3000:]

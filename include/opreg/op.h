@@ -169,15 +169,47 @@ constexpr bool same_scalars(c10::guts::typelist::typelist<Expected...>* /*expect
 // A kernel's, fake's or predicate's scalar parameters (bare or in an optional or a list) are the
 // fallback's exactly: std::function would convert the arguments on the way in, an int64_t to an
 // int dropping bits, a double to a float or a bool losing value, and the piece would silently
-// compute with other numbers than the call's. A functor with an overloaded operator() cannot be
-// read (nor a generic lambda's, which std::function calls with the exact types).
-template <class Signature, class Piece>
+// compute with other numbers than the call's; and its return's, which std::function converts on
+// the way out. A functor with an overloaded operator() cannot be read, nor std::bind's (a generic
+// lambda's is called with the exact types).
+template <class T>
+struct unwrapped_reference {
+  using type = T;
+};
+template <class T>
+struct unwrapped_reference<std::reference_wrapper<T>> {
+  using type = std::decay_t<T>;
+};
+
+// The return's scalars too (an int output returned as a double was cut), element by element for
+// a tuple of outputs.
+template <class Expected, class Given>
+constexpr bool same_return_scalars(Expected* /*expected*/, Given* /*given*/) {
+  return same_scalar<Expected, Given>();
+}
+template <class... Expected, class... Given>
+constexpr bool same_return_scalars(std::tuple<Expected...>* /*expected*/,
+                                   std::tuple<Given...>* /*given*/) {
+  if constexpr (sizeof...(Expected) != sizeof...(Given)) {
+    return true;  // std::function refuses the piece, with the compiler's message
+  } else {
+    return (same_scalar<Expected, Given>() && ...);
+  }
+}
+
+// `returns`: the piece's return too (a kernel's or fake's; a predicate returns its bool).
+template <class Signature, class Piece, bool returns = true>
 constexpr bool takes_the_scalars_of() {
-  using Decayed = std::decay_t<Piece>;
+  using Decayed = typename unwrapped_reference<std::decay_t<Piece>>::type;  // std::ref(kernel)
   if constexpr (has_readable_parameters<Decayed>) {
-    using Expected = typename c10::guts::infer_function_traits_t<Signature>::parameter_types;
-    using Given = typename c10::guts::infer_function_traits_t<Decayed>::parameter_types;
-    return same_scalars(static_cast<Expected*>(nullptr), static_cast<Given*>(nullptr));
+    using ExpectedTraits = c10::guts::infer_function_traits_t<Signature>;
+    using GivenTraits = c10::guts::infer_function_traits_t<Decayed>;
+    return same_scalars(static_cast<typename ExpectedTraits::parameter_types*>(nullptr),
+                        static_cast<typename GivenTraits::parameter_types*>(nullptr)) &&
+           (!returns ||
+            same_return_scalars(
+                static_cast<std::decay_t<typename ExpectedTraits::return_type>*>(nullptr),
+                static_cast<std::decay_t<typename GivenTraits::return_type>*>(nullptr)));
   } else {
     return true;
   }
@@ -262,11 +294,12 @@ class Op<Ret(Args...)> {
   template <class Kernel, class Predicate = std::nullptr_t>
   Op&& kernel(Kernel kernel, KernelOptions<Predicate> options = {}) && {
     static_assert(detail::takes_the_scalars_of<Signature, Kernel>(),
-                  "opreg: a kernel's int, float and bool parameters must have the fallback's "
-                  "exact C++ types (int64_t, double, bool): a conversion would change the values");
+                  "opreg: a kernel's int, float and bool parameters and outputs must have the "
+                  "fallback's exact C++ types (int64_t, double, bool): a conversion would change "
+                  "the values");
     std::function<bool(Args...)> accepts;
     if constexpr (!std::is_same_v<Predicate, std::nullptr_t>) {
-      static_assert(detail::takes_the_scalars_of<Signature, Predicate>(),
+      static_assert(detail::takes_the_scalars_of<Signature, Predicate, false>(),
                     "opreg: an accepts() predicate's int, float and bool parameters must have the "
                     "fallback's exact C++ types (int64_t, double, bool): a conversion would change "
                     "the values it decides on");
@@ -289,8 +322,9 @@ class Op<Ret(Args...)> {
   template <class Fake>
   Op&& fake(Fake fake) && {
     static_assert(detail::takes_the_scalars_of<Signature, Fake>(),
-                  "opreg: a fake's int, float and bool parameters must have the fallback's exact "
-                  "C++ types (int64_t, double, bool): a conversion would change the values");
+                  "opreg: a fake's int, float and bool parameters and outputs must have the "
+                  "fallback's exact C++ types (int64_t, double, bool): a conversion would change "
+                  "the values");
     builder_.fake(detail::typed_kernel(Function(std::move(fake))));
     return std::move(*this);
   }

@@ -935,6 +935,12 @@ std::shared_ptr<Definition> build(OpBuilder::State spec,
                       "(opreg::on({\"cuda\"})), or leave them out to follow the accelerated ones");
     const auto& types = kernel.device_types ? *kernel.device_types : device_types;
     for (const auto& raw : types) {
+      // Reports carry it to Python, which reads text only (sweep 38 B-F4: every describe_ops()
+      // failed with UnicodeDecodeError).
+      TORCH_CHECK_VALUE(detail::escaped(raw) == raw, definition->name(), ": kernel '", kernel.name,
+                        "' names device type '", detail::escaped(raw),
+                        "', which holds bytes that are not UTF-8 text or control characters; "
+                        "name a device type like 'cuda'");
       add_kernel(*definition, kernel, normalize_device_type(raw), kernel.device_types.has_value());
     }
   }

@@ -62,6 +62,13 @@ TEST(Errors, WhatUserCodeThrowsNamesTheOpAndThePiece) {
             "opreg_err::throws: fallback threw something that is not a std::exception");
   EXPECT_EQ(error_of([&] { op(at::ones({3})); }),
             "opreg_err::throws: the accepts predicate of kernel:picky threw: accepts threw");
+  // Sweep 38 B-F3: the standard library's bad_* errors passed unnamed ("bad optional access").
+  auto optional =
+      opreg::op("opreg_err::optional_value(Tensor x, int? n) -> Tensor")
+          .fallback([](const at::Tensor& x, std::optional<int64_t> n) { return x * n.value(); })
+          .define();
+  EXPECT_CONTAINS(error_of([&] { optional(at::ones({1}), std::nullopt); }),
+                  "opreg_err::optional_value: fallback threw: bad optional access");
   // Other std::exceptions (Python's errors coming back through the dispatcher, say) pass as is.
   struct Passing : std::exception {
     const char* what() const noexcept override { return "passing"; }
@@ -586,6 +593,19 @@ static_assert(opreg::detail::takes_the_scalars_of<
               std::function<at::Tensor(const std::vector<at::Tensor>&, std::string)>>());
 static_assert(
     !opreg::detail::takes_the_scalars_of<ScaledSignature, bool (*)(const at::Tensor&, int)>());
+// Sweep 38 B-F2, B-F5: the return too (an int output returned as a double was cut), a tuple's
+// element by element; and a kernel given as std::ref(kernel).
+static_assert(!opreg::detail::takes_the_scalars_of<int64_t(const at::Tensor&),
+                                                   std::function<double(const at::Tensor&)>>());
+static_assert(!opreg::detail::takes_the_scalars_of<
+              std::tuple<at::Tensor, double>(const at::Tensor&),
+              std::function<std::tuple<at::Tensor, float>(const at::Tensor&)>>());
+static_assert(opreg::detail::takes_the_scalars_of<
+              std::tuple<at::Tensor, double>(const at::Tensor&),
+              std::function<std::tuple<at::Tensor, double>(at::Tensor)>>());
+using NarrowKernel = at::Tensor (*)(const at::Tensor&, int);
+static_assert(
+    !opreg::detail::takes_the_scalars_of<ScaledSignature, std::reference_wrapper<NarrowKernel>>());
 
 // Sweep 36 B-F6: a kernel name of bytes that are not UTF-8 was accepted, and describe_op's report
 // then could not reach Python.
@@ -616,6 +636,19 @@ TEST(Errors, ABoxedListOfTensorsServesATensorOptionalList) {
   ASSERT_EQ(outputs.size(), 1u);
   EXPECT_EQ(outputs[0].toInt(), 2);
   opreg::undefine("opreg_err::count_given");
+}
+
+// Sweep 38 B-F4: a device type of bytes that are not UTF-8 was accepted, and every describe_ops()
+// from Python then failed to decode it.
+TEST(Errors, ADeviceTypeThatIsNotTextIsRefused) {
+  auto message = error_of([] {
+    opreg::op("opreg_err::device_bytes(Tensor x) -> Tensor")
+        .fallback(identity)
+        .kernel(identity, opreg::on({"\xff\xfe"}).name("k"))
+        .define();
+  });
+  EXPECT_CONTAINS(message, "opreg_err::device_bytes: kernel 'k' names device type '\\xff\\xfe'");
+  EXPECT_FALSE(opreg::is_defined("opreg_err::device_bytes"));
 }
 
 // Sweep 37 B-F2: a kernel of an op without tensor arguments never ran (the dispatcher picks a

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -13,6 +15,7 @@
 #include <type_traits>
 #include <typeinfo>
 #include <utility>
+#include <variant>
 
 #if defined(__GLIBCXX__)
 #include <cxxabi.h>
@@ -88,10 +91,12 @@ inline bool readable_in_python(const c10::Error& error) {
 }
 
 // Runs a piece of the user's C++ code. What it throws as a std::runtime_error or
-// std::logic_error (or what is no std::exception at all: `throw 42`) is said with the op and the
-// piece, as a c10::Error. Everything else passes as it is: c10 errors (made readable in Python
-// first), std::bad_alloc (MemoryError in Python), and Python's errors coming back through the
-// dispatcher from a piece of PyTorch written in Python, which must reach Python as what they are.
+// std::logic_error, as one of the standard library's std::bad_* errors but bad_alloc (an empty
+// optional's value(), a variant's, a cast's), or as no std::exception at all (`throw 42`) is said
+// with the op and the piece, as a c10::Error. Everything else passes as it is: c10 errors (made
+// readable in Python first), std::bad_alloc (MemoryError in Python), and Python's errors coming
+// back through the dispatcher from a piece of PyTorch written in Python, which must reach Python
+// as what they are; so does a std::exception of the user's own, which cannot be told from those.
 // The message is built only on a throw.
 template <class Ret, class Fn>
 Ret run_user_code(const std::string& op, const char* what, std::string_view label, Fn&& fn) {
@@ -103,6 +108,16 @@ Ret run_user_code(const std::string& op, const char* what, std::string_view labe
   } catch (const std::runtime_error& error) {
     TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
   } catch (const std::logic_error& error) {
+    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
+  } catch (const std::bad_optional_access& error) {  // `n.value()` of an `int? n` given None
+    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
+  } catch (const std::bad_variant_access& error) {
+    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
+  } catch (const std::bad_function_call& error) {
+    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
+  } catch (const std::bad_cast& error) {  // std::any_cast's too
+    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
+  } catch (const std::bad_weak_ptr& error) {
     TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
   } catch (const std::exception&) {
     throw;

@@ -184,7 +184,9 @@ std::string describe(FakeSource fake) {
     case FakeSource::kFallbackOnMeta:
       return "fallback on meta";
   }
-  TORCH_INTERNAL_ASSERT(false, "unknown fake source");
+  // A value cast from an int the enumeration does not have: the caller's mistake.
+  TORCH_CHECK_VALUE(false, "opreg::describe: FakeSource ", static_cast<int>(fake),
+                    " is none of the enumeration's values");
 }
 
 std::string describe(AutogradSupport autograd) {
@@ -198,7 +200,9 @@ std::string describe(AutogradSupport autograd) {
     case AutogradSupport::kNone:
       return "none (outputs never require grad)";
   }
-  TORCH_INTERNAL_ASSERT(false, "unknown autograd support");
+  // A value cast from an int the enumeration does not have: the caller's mistake.
+  TORCH_CHECK_VALUE(false, "opreg::describe: AutogradSupport ", static_cast<int>(autograd),
+                    " is none of the enumeration's values");
 }
 
 std::string describe(VmapSupport vmap) {
@@ -212,7 +216,9 @@ std::string describe(VmapSupport vmap) {
     case VmapSupport::kFallback:
       return "fallback (PyTorch batches the fallback's ATen ops)";
   }
-  TORCH_INTERNAL_ASSERT(false, "unknown vmap support");
+  // A value cast from an int the enumeration does not have: the caller's mistake.
+  TORCH_CHECK_VALUE(false, "opreg::describe: VmapSupport ", static_cast<int>(vmap),
+                    " is none of the enumeration's values");
 }
 
 std::string describe(Sharding sharding) {
@@ -226,7 +232,9 @@ std::string describe(Sharding sharding) {
     case Sharding::kPython:
       return "a strategy function (registered from Python)";
   }
-  TORCH_INTERNAL_ASSERT(false, "unknown sharding");
+  // A value cast from an int the enumeration does not have: the caller's mistake.
+  TORCH_CHECK_VALUE(false, "opreg::describe: Sharding ", static_cast<int>(sharding),
+                    " is none of the enumeration's values");
 }
 
 std::string describe(const OpReport& report) {

@@ -638,6 +638,15 @@ TEST(Errors, ABoxedListOfTensorsServesATensorOptionalList) {
   opreg::undefine("opreg_err::count_given");
 }
 
+// Sweep 38 B-F9: an enumeration value out of range met "INTERNAL ASSERT FAILED ... please report a
+// bug to PyTorch".
+TEST(Errors, DescribingAValueNoneOfTheEnumerationsIsRefused) {
+  EXPECT_CONTAINS(error_of([] { opreg::describe(static_cast<opreg::FakeSource>(99)); }),
+                  "opreg::describe: FakeSource 99 is none of the enumeration's values");
+  EXPECT_CONTAINS(error_of([] { opreg::describe(static_cast<opreg::Sharding>(-1)); }),
+                  "opreg::describe: Sharding -1 is none of the enumeration's values");
+}
+
 // Sweep 38 B-F4: a device type of bytes that are not UTF-8 was accepted, and every describe_ops()
 // from Python then failed to decode it.
 TEST(Errors, ADeviceTypeThatIsNotTextIsRefused) {

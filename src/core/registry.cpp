@@ -1078,6 +1078,12 @@ void tensor_lists_as_optional(const Definition& definition, torch::jit::Stack& s
   }
 }
 
+// The arguments as the pieces take them, after check_arguments.
+void normalize_arguments(const Definition& definition, torch::jit::Stack& stack) {
+  if (!definition.optional_tensors.empty()) undefined_as_none(definition, stack);
+  if (!definition.lists_of_optional_tensors.empty()) tensor_lists_as_optional(definition, stack);
+}
+
 void check_arguments(const Definition& definition, const torch::jit::Stack& stack) {
   const auto& arguments = definition.schema().arguments();
   TORCH_CHECK(stack.size() >= arguments.size(), definition.name(), ": called with ", stack.size(),
@@ -1737,8 +1743,7 @@ class Trampoline final : public c10::OperatorKernel {
     const Definition& d = *definition;
     if (!call.pinned()) check_schema_current(*entry_, d, *stack);
     check_arguments(d, *stack);
-    if (!d.optional_tensors.empty()) undefined_as_none(d, *stack);
-    if (!d.lists_of_optional_tensors.empty()) tensor_lists_as_optional(d, *stack);
+    normalize_arguments(d, *stack);
     switch (key_) {
       case c10::DispatchKey::Autograd: {
         const PinDefinition pin(*entry_, definition);
@@ -2329,10 +2334,7 @@ void call_checked_fallback(const std::string& op, const c10::OperatorHandle& han
   // definition it replaces, which the fallback's kernel reads.
   const auto definition = current_definition(op);
   check_arguments(*definition, *stack);
-  if (!definition->optional_tensors.empty()) undefined_as_none(*definition, *stack);
-  if (!definition->lists_of_optional_tensors.empty()) {
-    tensor_lists_as_optional(*definition, *stack);
-  }
+  normalize_arguments(*definition, *stack);
   definition->checked_fallback->callBoxed(
       handle, c10::DispatchKeySet(c10::DispatchKey::CompositeExplicitAutograd), stack);
 }

@@ -4,6 +4,7 @@ repository), beside the earlier sweeps' files."""
 from __future__ import annotations
 
 import itertools
+import os
 import subprocess
 import sys
 import textwrap
@@ -243,8 +244,13 @@ def fork_while_busy(tmp_path, busy_process: str) -> None:
     # (under `python -c` the race was seldom met).
     script = tmp_path / "fork_while_busy.py"
     script.write_text(textwrap.dedent(busy_process) + FORK_SIX_CHILDREN)
+    # CUDA cannot be used in a child forked after the parent used it: these are CPU processes.
     result = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=600
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
     )
     assert "every child went on" in result.stdout, result.stderr[-3000:]
 

@@ -114,8 +114,13 @@ def test_a_fork_while_compiled_code_waits_to_be_dropped_leaves_the_child_droppin
             """
         )
     )
+    # CUDA cannot be used in a child forked after the parent used it (Dynamo reads its RNG state).
     result = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=600
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
     )
     assert "child exit code 0" in result.stdout, result.stdout + result.stderr[-3000:]
 
@@ -147,7 +152,7 @@ def test_opcheck_passes_a_right_view_of_a_tensor_list_element_saying_what_it_ski
     op = opreg.register_triton_op(
         schema="(Tensor(a)[] xs) -> Tensor(a)", fake_fn=first, triton_fn=None, name="sweep37::first"
     )(first)
-    report = opreg.opcheck(op, [([torch.ones(2, 3)],)], checks=["torch_opcheck"])
+    report = opreg.opcheck(op, [([torch.ones(2, 3)],)], checks=["torch_opcheck"], devices=["cpu"])
     (row,) = report.rows
     assert row.passed, row.message
     assert "test_schema: PyTorch's schema check reads no Tensor(a)[] element" in row.message
@@ -159,7 +164,11 @@ def test_opcheck_passes_a_right_view_of_a_tensor_list_element_saying_what_it_ski
         name="sweep37::first_wrong_fake",
     )(first)
     report = opreg.opcheck(
-        wrong, [([torch.ones(2, 3)],)], checks=["torch_opcheck"], raise_on_failure=False
+        wrong,
+        [([torch.ones(2, 3)],)],
+        checks=["torch_opcheck"],
+        devices=["cpu"],
+        raise_on_failure=False,
     )
     assert not report.rows[0].passed
 
@@ -202,7 +211,9 @@ def test_opcheck_still_finds_an_undeclared_write_of_an_op_viewing_a_tensor_list_
         name="sweep38::writes_y",
     )(first_and_write)
     sample = [([torch.randn(3)], torch.randn(3))]
-    (row,) = opreg.opcheck(op, sample, checks=["torch_opcheck"], raise_on_failure=False).rows
+    (row,) = opreg.opcheck(
+        op, sample, checks=["torch_opcheck"], devices=["cpu"], raise_on_failure=False
+    ).rows
     assert not row.passed
     assert "test_schema: Argument y is not defined as mutable but was mutated" in row.message
 
@@ -220,7 +231,9 @@ def test_opcheck_still_finds_an_undeclared_write_of_an_op_viewing_a_tensor_list_
         mutates_args=("xs",),
     )(write_z)
     sample = [([torch.randn(3)], torch.randn(3), torch.randn(3))]
-    (row,) = opreg.opcheck(beside, sample, checks=["torch_opcheck"], raise_on_failure=False).rows
+    (row,) = opreg.opcheck(
+        beside, sample, checks=["torch_opcheck"], devices=["cpu"], raise_on_failure=False
+    ).rows
     assert not row.passed
     assert "Argument z is not defined as mutable but was mutated" in row.message
     assert "opreg checks the writes alone" not in row.message  # PyTorch's own check ran
@@ -244,7 +257,7 @@ def test_opcheck_says_a_fallback_outside_autograd_leaves_the_backward_to_gradche
         lambda ctx, g: g * ctx.saved_tensors[0].cos(),
         setup_context=lambda ctx, inputs, output: ctx.save_for_backward(inputs[0]),
     )
-    (row,) = opreg.opcheck(op, [(torch.randn(4),)], checks=["gradients"]).rows
+    (row,) = opreg.opcheck(op, [(torch.randn(4),)], checks=["gradients"], devices=["cpu"]).rows
     assert row.passed and "the fallback's outputs are not connected to its inputs" in row.message
     assert "gradcheck checked it" in row.message
 
@@ -254,7 +267,9 @@ def test_opcheck_says_a_fallback_outside_autograd_leaves_the_backward_to_gradche
         lambda ctx, g: g * 2,
         setup_context=lambda ctx, inputs, output: None,
     )
-    report = opreg.opcheck(wrong, [(torch.randn(4),)], checks=["gradients"], raise_on_failure=False)
+    report = opreg.opcheck(
+        wrong, [(torch.randn(4),)], checks=["gradients"], devices=["cpu"], raise_on_failure=False
+    )
     assert not report.rows[0].passed and "gradcheck" in report.rows[0].message
 
 

@@ -197,6 +197,11 @@ constexpr bool same_return_scalars(std::tuple<Expected...>* /*expected*/,
   }
 }
 
+template <class E1, class E2, class G1, class G2>  // a std::pair converts to a tuple of two
+constexpr bool same_return_scalars(std::tuple<E1, E2>* /*expected*/, std::pair<G1, G2>* /*given*/) {
+  return same_scalar<E1, G1>() && same_scalar<E2, G2>();
+}
+
 // `returns`: the piece's return too (a kernel's or fake's; a predicate returns its bool).
 template <class Signature, class Piece, bool returns = true>
 constexpr bool takes_the_scalars_of() {

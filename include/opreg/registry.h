@@ -69,6 +69,10 @@ OPREG_API void set_replace_listener(std::function<void()> listener);
 // undefine makes 0, and a failed load's rollback brings the earlier one back. Python's pieces of a
 // definition (a fake) check it, since a definition made from C++ does not pass through Python.
 OPREG_API uint64_t definition_serial(const std::string& name);
+// Whether this thread is dropping the definitions a define, replace or undefine left unreachable
+// (after opreg's locks are released). opreg's Python module then drops Python pieces on Python's
+// main thread when this thread lacks the GIL: the thread that waits for this one may hold it.
+OPREG_API bool dropping_definitions();
 // The file load_library opens for `path`: `path` itself when it holds a '/', else the file of that
 // name in LD_LIBRARY_PATH or the system's library directories, else the file of a library of that
 // name mapped already ("" when there is none).

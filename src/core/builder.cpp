@@ -171,8 +171,14 @@ OpBuilder& OpBuilder::caller(const void* address) {
 // ---- reports, in words ----------------------------------------------------------------------
 
 std::string describe(const DeviceServing& serving) {
-  if (serving.kind == DeviceServing::Kind::kKernel) return "kernel:" + serving.kernel;
-  return "skipped: " + serving.reason;
+  switch (serving.kind) {
+    case DeviceServing::Kind::kKernel:
+      return "kernel:" + serving.kernel;
+    case DeviceServing::Kind::kSkipped:
+      return "skipped: " + serving.reason;
+  }
+  TORCH_CHECK_VALUE(false, "opreg::describe: DeviceServing kind ", static_cast<int>(serving.kind),
+                    " is none of the enumeration's values");
 }
 
 std::string describe(FakeSource fake) {

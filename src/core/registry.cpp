@@ -254,6 +254,21 @@ struct Registry {
 // which holds the registry's lock: see Note [A schema change and Python's callers].
 thread_local bool defining = false;
 
+// The definitions a change left unreachable, dropped when it goes out of scope, after the locks
+// are released, with detail::dropping_definitions() true meanwhile.
+thread_local int t_dropping_definitions = 0;
+struct Garbage {
+  std::vector<DefinitionPtr> definitions;
+  Garbage() = default;
+  Garbage(const Garbage&) = delete;
+  Garbage& operator=(const Garbage&) = delete;
+  ~Garbage() {
+    ++t_dropping_definitions;
+    definitions.clear();
+    --t_dropping_definitions;
+  }
+};
+
 Registry& registry() {
   // Leaked on purpose: ops must stay registered until the process ends, after other statics.
   static Registry* instance = new Registry();
@@ -811,7 +826,7 @@ std::shared_ptr<Definition> build(OpBuilder::State spec,
                              is_identifier(owner.substr(
                                  colons + 2, dot == std::string::npos ? dot : dot - colons - 2)) &&
                              (dot == std::string::npos || dot > colons);
-    TORCH_CHECK_VALUE(well_formed, qualified, ": part_of('", owner,
+    TORCH_CHECK_VALUE(well_formed, qualified, ": part_of('", detail::escaped(owner),
                       "') names no op (expected 'namespace::name')");
     TORCH_CHECK_VALUE(owner != qualified, qualified, ": an op cannot be part of itself");
   }
@@ -1066,14 +1081,29 @@ void undefined_as_none(const Definition& definition, torch::jit::Stack& stack) {
   }
 }
 
-// A Tensor?[] given a List<Tensor> (a boxed C++ call's) reaches the pieces as a List<Tensor?>.
+// A Tensor?[] given a List<Tensor> (a boxed C++ call's) reaches the pieces as a List<Tensor?>,
+// and an undefined element of either as None, as a lone Tensor?'s (a new list: the caller's stays).
 void tensor_lists_as_optional(const Definition& definition, torch::jit::Stack& stack) {
   c10::IValue* first = stack.data() + (stack.size() - definition.schema().arguments().size());
+  auto undefined = [](const c10::IValue& element) {
+    return element.isTensor() && !element.toTensor().defined();
+  };
   for (size_t index : definition.lists_of_optional_tensors) {
     auto& value = first[index];
-    if (!value.isTensorList()) continue;
+    if (!value.isList()) continue;
+    const auto elements = value.toListRef();
+    if (!value.isTensorList() && std::none_of(elements.begin(), elements.end(), undefined)) {
+      continue;
+    }
     c10::List<std::optional<at::Tensor>> optional;
-    for (const auto& tensor : value.toTensorList()) optional.push_back(tensor);
+    optional.reserve(elements.size());
+    for (const auto& element : elements) {
+      if (element.isTensor() && element.toTensor().defined()) {
+        optional.push_back(element.toTensor());
+      } else {
+        optional.push_back(std::nullopt);
+      }
+    }
     value = std::move(optional);
   }
 }
@@ -1895,6 +1925,14 @@ std::vector<at::Tag> tags_of(const OpFlags& flags) {
   return tags;
 }
 
+// Whether publishing `definition` registers its schema anew over the one registered: another
+// text, another fake module or other tags all deregister the old schema.
+bool reregisters_schema(const OpEntry::Registered& registered, const Definition& definition) {
+  return registered.text != definition.schema_text() ||
+         registered.python_module != definition.spec.python_module ||
+         registered.tags != tags_of(definition.spec.flags);
+}
+
 void register_schema(OpEntry& entry, const c10::FunctionSchema& schema,
                      const std::string& python_module, const std::vector<at::Tag>& tags) {
   auto library = std::make_unique<torch::Library>(torch::Library::FRAGMENT, entry.ns, std::nullopt,
@@ -1961,9 +1999,7 @@ DefinitionPtr publish(OpEntry& entry, DefinitionPtr definition,
     }
     entry.schema_generation = generation;
   };
-  const bool registers = !earlier || earlier->text != definition->schema_text() ||
-                         earlier->python_module != definition->spec.python_module ||
-                         earlier->tags != tags;
+  const bool registers = !earlier || reregisters_schema(*earlier, *definition);
   if (registers) {
     if (earlier && earlier->text != definition->schema_text()) {
       entry.schema_changed = true;
@@ -2149,7 +2185,7 @@ std::string register_device_type_now(const std::string& raw_name) {
                     "tensors); name a kernel's device types to have it serve '",
                     normalized, "'");
   auto& reg = registry();
-  std::vector<DefinitionPtr> garbage;  // destroyed after the lock is released
+  Garbage garbage;  // destroyed after the lock is released
   std::lock_guard<std::recursive_mutex> lock(reg.mutex);
   const bool nested = defining;  // a kernel factory that defines runs nested
   defining = true;
@@ -2168,7 +2204,7 @@ std::string register_device_type_now(const std::string& raw_name) {
   // Built first, published after, so an error leaves every op and the registry as they were.
   auto rebuilt = rebuilt_for(reg, types);
   for (auto& [entry, definition] : rebuilt) {
-    auto previous = publish(*entry, definition, &garbage);
+    auto previous = publish(*entry, definition, &garbage.definitions);
     detail::record_loaded_definition(entry->qualified, definition, std::move(previous),
                                      entry->last_change);
   }
@@ -2197,7 +2233,7 @@ std::string register_accelerated_device_type(const std::string& name) {
 
 void detail::unregister_device_type(const std::string& name) {
   auto& reg = registry();
-  std::vector<DefinitionPtr> garbage;  // destroyed after the lock is released
+  Garbage garbage;  // destroyed after the lock is released
   std::lock_guard<std::recursive_mutex> lock(reg.mutex);
   const bool nested = defining;
   defining = true;
@@ -2212,7 +2248,7 @@ void detail::unregister_device_type(const std::string& name) {
   // Removing a type only drops kernels, so a rebuild that fails (a kernel factory that throws
   // now) keeps that op as it is rather than leave the registry half changed.
   for (auto& [entry, definition] : rebuilt_for(reg, types, /*skip_failures=*/true)) {
-    publish(*entry, definition, &garbage);
+    publish(*entry, definition, &garbage.definitions);
   }
   reg.device_types = std::move(types);
 }
@@ -2386,7 +2422,7 @@ std::string origin_of_definition(const std::shared_ptr<const void>& definition) 
 bool restore_definition(const std::string& qualified, const std::shared_ptr<const void>& published,
                         std::shared_ptr<const void> previous, ChangeCount changes) {
   auto& reg = registry();
-  std::vector<DefinitionPtr> garbage;  // destroyed after the lock is released
+  Garbage garbage;  // destroyed after the lock is released
   std::lock_guard<std::recursive_mutex> lock(reg.mutex);
   auto found = reg.ops.find(qualified);
   TORCH_INTERNAL_ASSERT(found != reg.ops.end(), qualified, ": restoring an op never defined");
@@ -2408,14 +2444,15 @@ bool restore_definition(const std::string& qualified, const std::shared_ptr<cons
       // A kernel factory that fails now: the earlier definition as it was beats none.
     }
   }
-  publish(*found->second, restored, &garbage);
+  publish(*found->second, restored, &garbage.definitions);
   found->second->changes = changes.before;  // as if the load had not published: see OpEntry
   return true;
 }
 
 // Note [A schema change and Python's callers]
 // PyTorch's Python argument parser reads an op's registered schema by reference, under the GIL;
-// a replace that changes the schema deregisters the old one, which frees it. From a thread
+// a replace that registers the schema anew (another text, fake module or tags: the same text too)
+// deregisters the old one, which frees it. From a thread
 // without the GIL (C++), such a replace freed the schema under a parser reading it (seen:
 // segfaults, hangs, heap-use-after-free). So a definition that changes a registered schema holds
 // the lock that opreg's Python module sets, taken before the registry's lock (Python threads
@@ -2433,7 +2470,7 @@ bool changes_a_registered_schema(Registry& reg, const std::vector<DefinitionPtr>
     auto found = reg.ops.find(definition->name());
     if (found == reg.ops.end()) return false;
     const auto& registered = found->second->registered;
-    return registered && registered->text != definition->schema_text();
+    return registered && reregisters_schema(*registered, *definition);
   });
 }
 
@@ -2495,7 +2532,7 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
     }
   }
   auto& reg = registry();
-  std::vector<DefinitionPtr> garbage;        // destroyed after the locks are released
+  Garbage garbage;                           // destroyed after the locks are released
   std::shared_ptr<void> schema_change_lock;  // released after the registry's lock
   std::unique_lock<std::recursive_mutex> lock(reg.mutex);
   const bool nested = defining;
@@ -2565,12 +2602,12 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
   try {
     for (const auto& definition : definitions) {
       OpEntry& entry = entry_for(reg, *definition);
-      published.emplace_back(&entry, publish(entry, definition, &garbage));
+      published.emplace_back(&entry, publish(entry, definition, &garbage.definitions));
       changes.push_back(entry.last_change);
     }
   } catch (...) {
     for (auto it = published.rbegin(); it != published.rend(); ++it)
-      publish(*it->first, it->second, &garbage);
+      publish(*it->first, it->second, &garbage.definitions);
     throw;
   }
   std::vector<std::string> qualified;
@@ -2678,6 +2715,8 @@ const std::atomic<uint64_t>* detail::schema_changes_of(const std::string& qualif
   return found == reg.ops.end() ? nullptr : &found->second->schema_generation;
 }
 
+bool detail::dropping_definitions() { return t_dropping_definitions > 0; }
+
 uint64_t detail::definition_serial(const std::string& name) {
   auto& reg = registry();
   std::lock_guard<std::recursive_mutex> lock(reg.mutex);
@@ -2690,7 +2729,7 @@ namespace {
 
 void undefine_now(const std::string& name) {
   auto& reg = registry();
-  std::vector<DefinitionPtr> garbage;  // destroyed after the lock is released
+  Garbage garbage;  // destroyed after the lock is released
   std::lock_guard<std::recursive_mutex> lock(reg.mutex);
   auto found = reg.ops.find(name);
   TORCH_CHECK_VALUE(found != reg.ops.end() && found->second->load() != nullptr,
@@ -2706,7 +2745,7 @@ void undefine_now(const std::string& name) {
                       *owner, "', or define '", *owner, "' again without it");
   }
   // Inside opreg::load_library, a failed load puts the definitions back with the others.
-  auto previous = publish(*found->second, nullptr, &garbage);
+  auto previous = publish(*found->second, nullptr, &garbage.definitions);
   detail::record_loaded_definition(name, nullptr, std::move(previous), found->second->last_change);
   std::vector<std::string> owners{name};  // and the parts of parts
   while (!owners.empty()) {
@@ -2715,7 +2754,7 @@ void undefine_now(const std::string& name) {
     for (auto& [part, entry] : reg.ops) {
       auto definition = entry->load();
       if (definition != nullptr && definition->spec.part_of == owner) {
-        auto previous_part = publish(*entry, nullptr, &garbage);
+        auto previous_part = publish(*entry, nullptr, &garbage.definitions);
         detail::record_loaded_definition(part, nullptr, std::move(previous_part),
                                          entry->last_change);
         owners.push_back(part);

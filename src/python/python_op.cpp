@@ -49,9 +49,13 @@ bool interpreter_finalizing();
 // A Python object shared by kernels; its reference is dropped with the GIL held. Once the
 // interpreter is gone it is left: autograd nodes that a failed backward left pending are freed
 // with the engine's thread-local queue after Python finalized, and taking the GIL then segfaults.
-// A thread of C++'s own (no Python thread state) hands the reference to Python's main thread
-// instead (Py_AddPendingCall): a C++ thread that replaced a Python-defined op waited for the GIL
-// forever while the Python thread holding it waited for that thread (sweep 38 B-F1).
+// A thread of C++'s own (no Python thread state), and any thread without the GIL that drops a
+// replaced definition (detail::dropping_definitions), hands the reference to Python's main thread
+// instead (Py_AddPendingCall): a thread that replaced a Python-defined op from C++ waited for the
+// GIL forever while the Python thread holding it waited for that thread (sweep 38 B-F1: a C++
+// thread; sweep 39 B-F2: a Python thread that had released the GIL, as ctypes.CDLL does). Other
+// threads with a thread state (autograd's, a call's) take the GIL: handing every drop to the main
+// thread would keep memory while it waits in a join.
 using PyRef = std::shared_ptr<py::object>;
 
 std::mutex& graveyard_mutex() {
@@ -82,7 +86,8 @@ PyRef ref(py::object object) {
   return PyRef(new py::object(std::move(object)), [](py::object* pointer) {
     if (!Py_IsInitialized() || interpreter_finalizing()) {
       pointer->release();  // the process is exiting: no reference count to keep right
-    } else if (PyGILState_Check() == 0 && PyGILState_GetThisThreadState() == nullptr) {
+    } else if (PyGILState_Check() == 0 &&
+               (PyGILState_GetThisThreadState() == nullptr || detail::dropping_definitions())) {
       const std::lock_guard<std::mutex> lock(graveyard_mutex());
       graveyard().push_back(pointer);
       // A full queue of pending calls leaves it to the next one that gets in.

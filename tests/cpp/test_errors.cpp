@@ -2,6 +2,9 @@
 // was expected and what came; none crashes the process.
 #include <torch/library.h>
 
+#include <exception>
+#include <typeinfo>
+
 #include "opreg/detail/text.h"
 #include "test_util.h"
 
@@ -69,6 +72,17 @@ TEST(Errors, WhatUserCodeThrowsNamesTheOpAndThePiece) {
           .define();
   EXPECT_CONTAINS(error_of([&] { optional(at::ones({1}), std::nullopt); }),
                   "opreg_err::optional_value: fallback threw: bad optional access");
+  // Sweep 39 B-F5: and the two the fix left out.
+  auto typeid_of_null = opreg::op("opreg_err::typeid_of_null(Tensor x) -> Tensor")
+                            .fallback([](const at::Tensor& x) -> at::Tensor {
+                              if (x.numel() == 1) throw std::bad_typeid();  // typeid(*null)'s
+                              throw std::bad_exception();
+                            })
+                            .define();
+  EXPECT_CONTAINS(error_of([&] { typeid_of_null(at::ones({1})); }),
+                  "opreg_err::typeid_of_null: fallback threw: std::bad_typeid");
+  EXPECT_CONTAINS(error_of([&] { typeid_of_null(at::ones({2})); }),
+                  "opreg_err::typeid_of_null: fallback threw: std::bad_exception");
   // Other std::exceptions (Python's errors coming back through the dispatcher, say) pass as is.
   struct Passing : std::exception {
     const char* what() const noexcept override { return "passing"; }
@@ -310,6 +324,18 @@ TEST(Errors, AListOfADeclaredLengthIsCheckedInItsDefaultAndInACall) {
                   " elements, expected 2 (schema 'opreg_err::pair(Tensor x, int[2] k=1) -> "
                   "Tensor')");
   }
+}
+
+// Sweep 39 B-F6: a NUL in part_of's owner ended the message there ("part_of('b09::ow").
+TEST(Errors, APartOfOwnerHoldingANulIsNamedWhole) {
+  auto message = error_of([] {
+    opreg::op("opreg_err::nul_owner(Tensor x) -> Tensor")
+        .fallback(identity)
+        .part_of(std::string("opreg_err::ow\0ner", 17))
+        .define();
+  });
+  EXPECT_CONTAINS(message, "opreg_err::nul_owner: part_of('opreg_err::ow\\x00ner') names no op");
+  EXPECT_FALSE(opreg::is_defined("opreg_err::nul_owner"));
 }
 
 // Sweep 28 B-F5: two ops each part of the other were defined; each undefine then named the other.
@@ -603,6 +629,13 @@ static_assert(!opreg::detail::takes_the_scalars_of<
 static_assert(opreg::detail::takes_the_scalars_of<
               std::tuple<at::Tensor, double>(const at::Tensor&),
               std::function<std::tuple<at::Tensor, double>(at::Tensor)>>());
+// Sweep 39 B-F3: a std::pair, which converts to a tuple of two.
+static_assert(!opreg::detail::takes_the_scalars_of<
+              std::tuple<at::Tensor, int64_t>(const at::Tensor&),
+              std::function<std::pair<at::Tensor, double>(const at::Tensor&)>>());
+static_assert(opreg::detail::takes_the_scalars_of<
+              std::tuple<at::Tensor, int64_t>(const at::Tensor&),
+              std::function<std::pair<at::Tensor, int64_t>(const at::Tensor&)>>());
 using NarrowKernel = at::Tensor (*)(const at::Tensor&, int);
 static_assert(
     !opreg::detail::takes_the_scalars_of<ScaledSignature, std::reference_wrapper<NarrowKernel>>());
@@ -635,6 +668,17 @@ TEST(Errors, ABoxedListOfTensorsServesATensorOptionalList) {
   const auto outputs = opreg_test::call_boxed("opreg_err::count_given", {tensors});
   ASSERT_EQ(outputs.size(), 1u);
   EXPECT_EQ(outputs[0].toInt(), 2);
+  // Sweep 39 B-F4: an undefined element, of either list, reaches the pieces as None, as a lone
+  // Tensor?'s does (an engaged optional of an undefined tensor came).
+  const c10::List<at::Tensor> with_undefined({at::ones({1}), at::Tensor()});
+  EXPECT_EQ(opreg_test::call_boxed("opreg_err::count_given", {with_undefined})[0].toInt(), 1);
+  c10::List<std::optional<at::Tensor>> optional_with_undefined;
+  optional_with_undefined.push_back(at::Tensor());
+  optional_with_undefined.push_back(std::nullopt);
+  optional_with_undefined.push_back(at::ones({1}));
+  EXPECT_EQ(opreg_test::call_boxed("opreg_err::count_given", {optional_with_undefined})[0].toInt(),
+            1);
+  EXPECT_TRUE(optional_with_undefined.get(0).has_value());  // the caller's list is left as it was
   opreg::undefine("opreg_err::count_given");
 }
 
@@ -645,6 +689,11 @@ TEST(Errors, DescribingAValueNoneOfTheEnumerationsIsRefused) {
                   "opreg::describe: FakeSource 99 is none of the enumeration's values");
   EXPECT_CONTAINS(error_of([] { opreg::describe(static_cast<opreg::Sharding>(-1)); }),
                   "opreg::describe: Sharding -1 is none of the enumeration's values");
+  // Sweep 39 B-F7: a DeviceServing's kind too ("skipped: " came).
+  opreg::DeviceServing serving;
+  serving.kind = static_cast<opreg::DeviceServing::Kind>(4);
+  EXPECT_CONTAINS(error_of([&] { opreg::describe(serving); }),
+                  "opreg::describe: DeviceServing kind 4 is none of the enumeration's values");
 }
 
 // Sweep 38 B-F4: a device type of bytes that are not UTF-8 was accepted, and every describe_ops()

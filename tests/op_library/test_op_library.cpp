@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <opreg/opreg.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <stdexcept>
@@ -225,6 +227,11 @@ int status_of(Action action) {
   }
 }
 
+std::atomic<int> replaces_ended{0};
+std::atomic<bool> stop_replacing{false};
+std::atomic<int64_t> replaces_made{0};
+std::thread toggler;  // joined by opreg_test_stop_replacing
+
 }  // namespace
 
 // opreg::undefine (the Python front has no undefine).
@@ -263,20 +270,61 @@ extern "C" __attribute__((visibility("default"))) int opreg_test_replace_arange(
   });
 }
 
-// Replaces `name` (an op of schema (Tensor x) -> Tensor) with x + 4 on a thread of C++'s own and
-// waits for it: through ctypes.PyDLL the caller holds the GIL meanwhile (sweep 38 B-F1: freeing
-// a replaced Python definition waited for the GIL forever).
+// Replaces `name` (an op of schema (Tensor x) -> Tensor) with x + 4 on the calling thread;
+// opreg_test_wait_for_replace(ms) waits up to `ms` milliseconds for such a replace to end (1: one
+// did) without releasing the GIL through ctypes.PyDLL: a Python thread that released it
+// (ctypes.CDLL) replaced while another held it (sweep 39 B-F2).
+extern "C" __attribute__((visibility("default"))) int opreg_test_replace_here(const char* name) {
+  const int status = status_of([&] {
+    opreg::op(std::string(name) + "(Tensor x) -> Tensor")
+        .fallback([](const at::Tensor& x) { return x + 4; })
+        .replace()
+        .define();
+  });
+  replaces_ended.fetch_add(1);
+  return status;
+}
+
+extern "C" __attribute__((visibility("default"))) int opreg_test_wait_for_replace(int ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (replaces_ended.load() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return replaces_ended.load() > 0 ? 1 : 0;
+}
+
+// The same replace on a thread of C++'s own, waited for: through ctypes.PyDLL the caller holds
+// the GIL meanwhile (sweep 38 B-F1: freeing a replaced Python definition waited for the GIL
+// forever).
 extern "C" __attribute__((visibility("default"))) int opreg_test_replace_on_a_thread(
     const char* name) {
   int status = 0;
-  std::thread replacer([&] {
-    status = status_of([&] {
-      opreg::op(std::string(name) + "(Tensor x) -> Tensor")
-          .fallback([](const at::Tensor& x) { return x + 4; })
-          .replace()
-          .define();
-    });
-  });
+  std::thread replacer([&] { status = opreg_test_replace_here(name); });
   replacer.join();
   return status;
+}
+
+// Replaces `name` (an op of schema (Tensor x) -> Tensor, x * 3) on a thread of C++'s own again and
+// again until opreg_test_stop_replacing (which returns how many times): the same schema text,
+// with the cudagraph_unsafe tag every other time. Registered anew without the GIL, the schema was
+// freed under Python's callers (sweep 39 B-F1).
+extern "C" __attribute__((visibility("default"))) void opreg_test_start_toggling_tags(
+    const char* name) {
+  stop_replacing = false;
+  toggler = std::thread([qualified = std::string(name)] {
+    for (int64_t i = 0; !stop_replacing; ++i) {
+      opreg::op(qualified + "(Tensor x) -> Tensor")
+          .fallback([](const at::Tensor& x) { return x * 3; })
+          .cuda_graph_unsafe(i % 2 == 1)
+          .replace()
+          .define();
+      replaces_made.fetch_add(1);
+    }
+  });
+}
+
+extern "C" __attribute__((visibility("default"))) int64_t opreg_test_stop_replacing() {
+  stop_replacing = true;
+  if (toggler.joinable()) toggler.join();
+  return replaces_made.exchange(0);
 }

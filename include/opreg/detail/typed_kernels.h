@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -118,6 +119,10 @@ Ret run_user_code(const std::string& op, const char* what, std::string_view labe
   } catch (const std::bad_cast& error) {  // std::any_cast's too
     TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
   } catch (const std::bad_weak_ptr& error) {
+    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
+  } catch (const std::bad_typeid& error) {  // typeid(*p) of a null p
+    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
+  } catch (const std::bad_exception& error) {
     TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
   } catch (const std::exception&) {
     throw;

@@ -825,24 +825,21 @@ def _check_gradients(op, sample, device):
     fallback_grads = run(
         lambda args: _C.call_fallback(_qualified(op), list(args), sample.kwargs), fallback_inputs
     )
+    # An input the fallback reaches outside autograd (numpy) has no gradient of the fallback's
+    # to compare the op's with: taken for zeros, a right backward failed, saying only that they
+    # differ. gradcheck checks the op's backward for it against the op's own numbers.
+    unconnected = [
+        index
+        for index, (kg, fg) in enumerate(zip(kernel_grads, fallback_grads, strict=True))
+        if fg is None and kg is not None
+    ]
     error = 0.0
-    if all(g is None for g in fallback_grads) and any(g is not None for g in kernel_grads):
-        # A fallback computed outside autograd (numpy) has no gradient to compare the op's
-        # backward with (taken for zeros, a right backward failed, saying only that they differ).
-        why = (
-            "the fallback's outputs are not connected to its inputs (computed outside autograd), "
-            "so the op's backward has no gradient of the fallback's to be compared with"
-        )
-        if gradcheck_note:  # nothing checked the backward
-            raise _Skipped(f"{gradcheck_note}, and {why}")
-        return True, error, f"{why}; gradcheck checked it"
     for index, (kg, fg, t) in enumerate(
         zip(kernel_grads, fallback_grads, kernel_inputs, strict=True)
     ):
-        if kg is None and fg is None:
+        if (kg is None and fg is None) or index in unconnected:
             continue
         kg = torch.zeros_like(t) if kg is None else kg
-        fg = torch.zeros_like(t) if fg is None else fg
         error = max(error, _max_error(kg, fg))
         if not torch.allclose(_wide(kg), _wide(fg), rtol=1e-3, atol=1e-4):
             return (
@@ -851,7 +848,22 @@ def _check_gradients(op, sample, device):
                 f"the op's gradients differ from the fallback's: tensor input #{index}'s by up to "
                 f"{error:.3g}",
             )
-    return True, error, gradcheck_note
+    if not unconnected:
+        return True, error, gradcheck_note
+    if len(unconnected) == len(kernel_inputs):
+        why = (
+            "the fallback's outputs are not connected to its inputs (computed outside autograd), "
+            "so the op's backward has no gradient of the fallback's to be compared with"
+        )
+    else:
+        why = (
+            f"the fallback's outputs are not connected to tensor input "
+            f"{', '.join(f'#{index}' for index in unconnected)} (computed outside autograd, or "
+            "not used), so the op's gradient for it has none of the fallback's to be compared with"
+        )
+    if gradcheck_note:  # nothing checked the backward there
+        raise _Skipped(f"{gradcheck_note}, and {why}")
+    return True, error, f"{why}; gradcheck checked it"
 
 
 def _batch(value: Any, size: int) -> Any:

@@ -5,14 +5,19 @@ a decomposed op would run the old Triton launches (seen: an old factor), and any
 old fake's shapes. Each Python definition (and each op library loaded) therefore puts a
 fingerprint of its pieces, taken when a cache key is made, into Inductor's config, which both of
 Inductor's cache keys include: the same code gives the same key in every process, and a value that
-cannot be fingerprinted gives one no other process shares."""
+cannot be fingerprinted gives one no other process shares. Taking it never raises: a failure would
+fail every compile of the process (the key is made while pickling Inductor's config)."""
 
 from __future__ import annotations
 
 import dataclasses
+import dis
 import enum
 import functools
 import hashlib
+import importlib.util
+import os
+import secrets
 import sys
 import types
 from collections.abc import Iterable
@@ -31,9 +36,23 @@ _MAX_VALUES = 20000  # beyond, what is left stays unique: a cache key must stay 
 _NAMED_PACKAGES = ("torch", "triton", "opreg", "numpy")
 
 
+_PLAIN = (str, int, float, bool, type(None))  # exactly these: their repr says all they hold
+_ABSENT = object()
+_IMPORT_NAME = dis.opmap["IMPORT_NAME"]
+_PROCESS = secrets.token_hex(8)  # with the pid: an id may be the same in another process
+
+
 def _unique(value: Any) -> str:
     # Only this process can know this value: its key may reuse only this process's entries.
-    return f"<{type(value).__module__}.{type(value).__qualname__} at {id(value):#x}>"
+    where = f"at {id(value):#x} in {os.getpid()}.{_PROCESS}"
+    try:
+        return f"<{type(value).__module__}.{type(value).__qualname__} {where}>"
+    except Exception:
+        return f"<object {where}>"
+
+
+def _encoded(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")  # a name may hold a lone surrogate
 
 
 class _Fingerprint:
@@ -43,13 +62,21 @@ class _Fingerprint:
         self._values = 0
 
     def add(self, value: Any, depth: int = 0) -> None:
-        self._hash.update(self._describe(value, depth).encode())
+        try:
+            described = self._describe(value, depth)
+        except Exception:  # a dataclass's unset field, keys that do not sort, a raising property
+            described = _unique(value)
+        self._hash.update(_encoded(described))
         self._hash.update(b"\0")
 
     def digest(self) -> str:
         return self._hash.hexdigest()
 
+    # Containers are copied first, in C, before they are read: another thread may change one (a
+    # memo a fallback fills) while a key is made, and iterating it would then raise.
     def _describe(self, value: Any, depth: int) -> str:
+        if type(value) is int:
+            return f"int:{value:#x}"  # repr refuses an int of over 4300 digits
         if isinstance(value, bytes):
             return f"bytes:{hashlib.sha256(value).hexdigest()}"
         if value is None or isinstance(value, bool | int | float | complex | str):
@@ -66,20 +93,28 @@ class _Fingerprint:
         if depth >= _MAX_DEPTH or self._values > _MAX_VALUES:
             return _unique(value)
         if isinstance(value, tuple | list):
-            self._nested(f"{type(value).__name__}:{len(value)}", value, depth)
+            items = tuple(value)
+            plain = _plain_text(items)
+            if plain is not None:
+                return f"{type(value).__name__}:{plain}"
+            self._nested(f"{type(value).__name__}:{len(items)}", items, depth)
             return "sequence"
         if isinstance(value, frozenset | set):
             # Each element apart, then sorted: a set's order changes with PYTHONHASHSEED.
-            return f"set:{sorted(self._apart(item, depth + 1) for item in value)}"
+            return f"set:{sorted(self._apart(item, depth + 1) for item in frozenset(value))}"
         if isinstance(value, type):  # a class of the user's: what it holds (Cfg.FACTOR)
             if id(value) in self._seen:
                 return f"class#{self._seen[id(value)]}"
             self._seen[id(value)] = len(self._seen)
-            held = sorted((k, v) for k, v in vars(value).items() if not _is_dunder(k))
+            held = sorted((k, v) for k, v in vars(value).copy().items() if not _is_dunder(k))
             self._nested(f"class:{value.__module__}.{value.__qualname__}", held, depth)
             return "class"
         if isinstance(value, dict):
-            self._nested(f"dict:{len(value)}", [x for pair in value.items() for x in pair], depth)
+            items = tuple(x for pair in dict.copy(value).items() for x in pair)
+            plain = _plain_text(items)
+            if plain is not None:
+                return f"dict:{plain}"
+            self._nested(f"dict:{len(items) // 2}", items, depth)
             return "dict"
         if isinstance(value, types.CodeType):
             self._nested(
@@ -112,12 +147,12 @@ class _Fingerprint:
             if id(value) in self._seen:
                 return f"object#{self._seen[id(value)]}"
             self._seen[id(value)] = len(self._seen)
-            self._nested("object", [type(value), sorted(held.items())], depth)
+            self._nested("object", [type(value), sorted(dict.copy(held).items())], depth)
             return "object"
         return _unique(value)
 
     def _nested(self, head: str, values: Iterable[Any], depth: int) -> None:
-        self._hash.update(head.encode())
+        self._hash.update(_encoded(head))
         for item in values:
             self.add(item, depth + 1)
 
@@ -143,16 +178,33 @@ class _Fingerprint:
             return f"function#{self._seen[id(fn)]}"
         self._seen[id(fn)] = len(self._seen)
         names = _names_used(fn.__code__)
-        cells = [[value, _attributes_read(value, names)] for value in cells]
+        # getattr(cfg, "FACTOR") reads an attribute its code names only as a string.
+        attributes = sorted(set(names).union(_strings(fn.__code__)))
+        cells = [[value, _attributes_read(value, attributes)] for value in cells]
         used_globals = []
         for name in names:
-            if name in fn.__globals__:
-                value = fn.__globals__[name]
-                used_globals += [name, value, _attributes_read(value, names)]
-        self._nested(
-            head, [fn.__code__, fn.__defaults__, fn.__kwdefaults__, cells, used_globals], depth
-        )
+            value = fn.__globals__.get(name, _ABSENT)
+            if value is not _ABSENT:
+                used_globals += [name, value, _attributes_read(value, attributes)]
+        # What it imports when it runs counts like a global it reads.
+        imported = [
+            [name, value, _attributes_read(value, attributes)]
+            for name, value in _imported(fn.__code__, fn.__globals__)
+        ]
+        pieces = [fn.__code__, fn.__defaults__, fn.__kwdefaults__, cells, used_globals, imported]
+        self._nested(head, pieces, depth)
         return "function"
+
+
+def _plain_text(values: tuple[Any, ...]) -> str | None:
+    """Values that are all plain constants as one text, made in C: a table of them that many ops'
+    code reads would otherwise cost each cache key much (seen: 12 s a compile, 3000 ops)."""
+    if not all(type(value) in _PLAIN for value in values):
+        return None
+    try:
+        return repr(values)
+    except ValueError:  # an int of over 4300 digits
+        return None
 
 
 def _is_named(module: str | None) -> bool:
@@ -170,11 +222,12 @@ def _attributes_read(value: Any, names: list[str], levels: int = 3) -> list[Any]
     if not isinstance(value, types.ModuleType) or _is_named(value.__name__) or levels == 0:
         return []
     held = vars(value)
-    return [
-        [name, held[name], _attributes_read(held[name], names, levels - 1)]
-        for name in names
-        if name in held
-    ]
+    read = []
+    for name in names:
+        attribute = held.get(name, _ABSENT)
+        if attribute is not _ABSENT:
+            read.append([name, attribute, _attributes_read(attribute, names, levels - 1)])
+    return read
 
 
 def _filled(cell: types.CellType) -> bool:
@@ -186,11 +239,58 @@ def _filled(cell: types.CellType) -> bool:
 
 
 def _names_used(code: types.CodeType) -> list[str]:
-    names = list(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names += _names_used(const)
-    return sorted(set(names))
+    return sorted({name for inner in _code_objects(code) for name in inner.co_names})
+
+
+def _code_objects(code: types.CodeType) -> list[types.CodeType]:
+    nested = [const for const in code.co_consts if isinstance(const, types.CodeType)]
+    return [code, *(inner for const in nested for inner in _code_objects(const))]
+
+
+def _strings(code: types.CodeType) -> set[str]:
+    codes = _code_objects(code)
+    return {const for inner in codes for const in inner.co_consts if isinstance(const, str)}
+
+
+def _imported(code: types.CodeType, module_globals: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The user's modules (and what they hold) that ``code`` imports when it runs, as they are
+    now in ``sys.modules``: nothing is imported here, since an import runs the user's code."""
+    found = []
+    for inner in _code_objects(code):
+        if _IMPORT_NAME not in inner.co_code[::2]:
+            continue
+        before: list[Any] = [None, None]
+        for instruction in dis.get_instructions(inner):
+            if instruction.opcode == _IMPORT_NAME:
+                level, names = before  # LOAD_CONST level; LOAD_CONST fromlist; IMPORT_NAME
+                found += _import_of(instruction.argval, level, names, module_globals)
+            before = [before[1], instruction.argval]
+    return found
+
+
+def _import_of(
+    name: str, level: Any, names: Any, module_globals: dict[str, Any]
+) -> list[tuple[str, Any]]:
+    try:
+        package = module_globals.get("__package__")
+        full = importlib.util.resolve_name("." * level + name, package) if level else name
+    except (ImportError, TypeError, ValueError):
+        return []
+    if _is_named(full):
+        return []  # named: its code comes with its package's version
+    # One not imported yet (or not importable) is _ABSENT, this process's own: what it will
+    # hold once the code runs is unknown.
+    parts = full.split(".")
+    prefixes = [".".join(parts[: end + 1]) for end in range(len(parts))]
+    found = [(prefix, sys.modules.get(prefix, _ABSENT)) for prefix in prefixes]  # a of a.b.c
+    module = sys.modules.get(full)
+    for held in names if isinstance(names, tuple) and isinstance(module, types.ModuleType) else ():
+        # from a.b import c: what a.b holds as c, or its submodule
+        value = vars(module).get(held, _ABSENT)
+        if value is _ABSENT:
+            value = sys.modules.get(f"{full}.{held}", _ABSENT)
+        found.append((f"{full}.{held}", value))
+    return found
 
 
 def _triton_function(value: Any) -> list[Any] | None:

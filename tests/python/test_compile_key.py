@@ -216,3 +216,179 @@ def test_ops_defined_in_several_threads_at_once_are_all_fingerprinted():
 
 def _twice_annotated(x: torch.Tensor) -> torch.Tensor:
     return x * 2
+
+
+# ---- the thirty-ninth sweep's findings: a fingerprint that raised, and imports it missed -------
+
+_MEMO = {index: float(index) for index in range(2000)}
+_SEEN = set(range(2000))
+
+
+def memoized(x, n):
+    if n not in _MEMO:
+        _MEMO[n] = float(n)
+        _SEEN.add(n)
+    return x * _MEMO[n]
+
+
+def test_a_memo_another_thread_fills_does_not_make_the_fingerprint_raise():
+    # A fallback's memo filled in one thread while another made a cache key failed that compile
+    # ("dictionary changed size during iteration"), and every compile of the process with it.
+    stop = threading.Event()
+
+    def fill() -> None:
+        while not stop.is_set():
+            for n in range(2000, 3000):
+                memoized(1.0, n)
+            for n in range(2000, 3000):
+                del _MEMO[n]
+                _SEEN.discard(n)
+
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    filler = threading.Thread(target=fill)
+    filler.start()
+    try:
+        for _ in range(200):
+            fingerprint(memoized)
+    finally:
+        stop.set()
+        filler.join()
+        sys.setswitchinterval(switch_interval)
+
+
+def test_a_value_that_cannot_be_described_makes_the_key_this_process_own_without_raising():
+    # Each raised while Inductor pickled its config: every compile of the process then failed
+    # under TORCHINDUCTOR_FX_COMPILE_MODE=subprocess, and bypassed the FX graph cache otherwise.
+    import dataclasses
+
+    import torch._inductor.config as inductor_config
+
+    @dataclasses.dataclass
+    class Unset:
+        late: float = dataclasses.field(init=False)
+
+    class Settings:
+        pass
+
+    odd_keys = Settings()
+    odd_keys.__dict__.update({1: 5, "scale": 2.0})
+
+    def helper(x):
+        return x
+
+    helper.__qualname__ = "helper\udc80"
+    unreadable = [2**19937 - 1, Unset(), odd_keys, helper]
+    for value in unreadable:
+        assert fingerprint(reads(value)) == fingerprint(reads(value))
+    assert fingerprint(2**19937 - 1) != fingerprint(2**19937 + 1)
+    assert fingerprint(helper) == fingerprint(helper)  # its odd name is encoded, not given up
+    _compile_key.declare("compile_key::unreadable", [reads(value) for value in unreadable])
+    try:
+        keyed = pickle.loads(pickle.dumps(inductor_config.unsafe_marked_cacheable_functions))
+        assert keyed["opreg definition compile_key::unreadable"] != "not defined"
+    finally:
+        _compile_key.forget("compile_key::unreadable")
+
+
+def test_a_table_of_constants_is_read_whole():
+    # Read as one text (a large one, read by many ops' code, made each cache key slow).
+    table = {f"k{index}": float(index) for index in range(1000)}
+    assert fingerprint(reads(table)) == fingerprint(reads(dict(table)))
+    for changed in ({**table, "k999": 0.0}, {**table, "k999": 999}, {**table, "k1000": None}):
+        assert fingerprint(reads(changed)) != fingerprint(reads(table))
+    assert fingerprint([1, "1", 1.0, True]) != fingerprint([1, 1, 1.0, True])
+    assert fingerprint((2**19937 - 1, 1)) != fingerprint((2**19937 + 1, 1))
+
+
+def reads_by_name(holder):
+    def fn(x):
+        return x * getattr(holder, "FACTOR")  # noqa: B009
+
+    return fn
+
+
+def imports_inside():
+    def fn(x):
+        from compile_key_settings import FACTOR
+
+        def nested(y):
+            import compile_key_settings.inner as inner
+
+            return y * inner.LIMIT
+
+        return nested(x) * FACTOR
+
+    return fn
+
+
+def test_an_attribute_read_by_name_and_a_module_imported_inside_the_code_are_part_of_it(
+    monkeypatch,
+):
+    seven, nine = types.ModuleType("cfg"), types.ModuleType("cfg")
+    seven.FACTOR, nine.FACTOR = 7.0, 9.0
+    assert fingerprint(reads_by_name(seven)) != fingerprint(reads_by_name(nine))
+
+    settings = types.ModuleType("compile_key_settings")
+    settings.__path__ = []
+    inner = types.ModuleType("compile_key_settings.inner")
+    settings.FACTOR, settings.inner, inner.LIMIT = 7.0, inner, 1
+    monkeypatch.setitem(sys.modules, "compile_key_settings", settings)
+    monkeypatch.setitem(sys.modules, "compile_key_settings.inner", inner)
+    before = fingerprint(imports_inside())
+    assert fingerprint(imports_inside()) == before
+    monkeypatch.setattr(settings, "FACTOR", 9.0)
+    factor_changed = fingerprint(imports_inside())
+    monkeypatch.setattr(inner, "LIMIT", 2)
+    assert len({before, factor_changed, fingerprint(imports_inside())}) == 3
+
+
+_COMPILE_WITH_A_LOCAL_IMPORT = """
+import torch, opreg
+from torch._dynamo.utils import counters
+
+def converted(x):
+    from cfgpkg import cfgmod
+    return (x * 2).to(getattr(torch, cfgmod.DT))
+
+def fake(x):
+    from cfgpkg import cfgmod
+    return torch.empty_like(x, dtype=getattr(torch, cfgmod.DT))
+
+@opreg.register_triton_op(fake_fn=fake, triton_fn=None, name="compile_key::local_import")
+def convert(x: torch.Tensor) -> torch.Tensor:
+    return converted(x)
+
+x = torch.arange(4.0)
+compiled = torch.compile(lambda a: convert(a) + 1)(x)
+hits = counters["inductor"]["fxgraph_cache_hit"]
+print(compiled.dtype, torch.equal(compiled, convert(x) + 1), hits)
+"""
+
+
+def test_a_module_the_code_imports_when_it_runs_keys_the_caches_of_other_processes(tmp_path):
+    # Its code compiled for float32 was served to a process whose module said float64.
+    (tmp_path / "cfgpkg").mkdir()
+    (tmp_path / "cfgpkg" / "__init__.py").write_text("")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        PYTHONDONTWRITEBYTECODE="1",
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
+    )
+    seen = []
+    for dtype in ("float32", "float64", "float64"):
+        (tmp_path / "cfgpkg" / "cfgmod.py").write_text(f"DT = {dtype!r}\n")
+        result = subprocess.run(
+            [sys.executable, "-c", _COMPILE_WITH_A_LOCAL_IMPORT],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        seen.append(result.stdout.split()[-3:])
+    assert seen == [
+        ["torch.float32", "True", "0"],
+        ["torch.float64", "True", "0"],
+        ["torch.float64", "True", "1"],  # the same code and module: the cache serves it
+    ]

@@ -61,6 +61,9 @@ namespace detail {
 // and Python's callers] in src/core/registry.cpp.
 using SchemaChangeLock = std::function<std::shared_ptr<void>()>;
 OPREG_API void set_schema_change_lock(SchemaChangeLock lock);
+// Whether this thread would have to take that lock (for opreg's Python module: it does not hold
+// the GIL). Asked, without waiting, by a definition made inside another, which cannot take it.
+OPREG_API void set_schema_change_lock_needed(std::function<bool()> needed);
 // Called after a definition replaced an op's earlier one, from any front (a C++ replace made at
 // run time reaches no Python code otherwise), outside opreg's locks. opreg's Python module sets it
 // to drop torch.compile's code compiled before the replace.

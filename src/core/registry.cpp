@@ -702,17 +702,27 @@ void add_kernel(Definition& definition, const KernelDeclaration& kernel,
 void run_checked_fallback(const Definition& d, const c10::OperatorHandle& op,
                           c10::DispatchKeySet keys, torch::jit::Stack* stack);
 
-// The boxed fallback with the checks of a call around it (Definition::checked_fallback).
+// The boxed fallback with the checks of a call around it (Definition::checked_fallback). A
+// kernel factory may keep KernelContext::fallback past its definition (sweep 40 B-F2: a replace
+// freed the definition under it): a call then holds the definition while it runs, or, once the
+// definition is gone, is refused naming the op. Weak: the definition owns this kernel.
 class CheckedFallback final : public c10::OperatorKernel {
  public:
-  explicit CheckedFallback(const Definition* definition) : definition_(definition) {}
+  CheckedFallback(const std::shared_ptr<const Definition>& definition, std::string op)
+      : definition_(definition), op_(std::move(op)) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                   torch::jit::Stack* stack) {
-    run_checked_fallback(*definition_, op, keys, stack);
+    const auto definition = definition_.lock();
+    TORCH_CHECK(definition != nullptr, op_,
+                ": the fallback of a definition that was replaced or undefined was called (a "
+                "KernelContext::fallback kept past its definition); call the fallback that the "
+                "current definition's kernel factory is given");
+    run_checked_fallback(*definition, op, keys, stack);
   }
 
  private:
-  const Definition* definition_;  // owns this kernel
+  std::weak_ptr<const Definition> definition_;
+  std::string op_;
 };
 
 // Everything validated and built; nothing published.
@@ -917,7 +927,7 @@ std::shared_ptr<Definition> build(OpBuilder::State spec,
   definition->fallback = make_piece(*definition, declared.fallback, "fallback", nullptr);
   definition->checked_fallback =
       std::make_shared<const c10::KernelFunction>(c10::KernelFunction::makeFromBoxedFunctor(
-          std::make_unique<CheckedFallback>(definition.get())));
+          std::make_unique<CheckedFallback>(definition, qualified)));
   if (declared.fake) {
     definition->meta = make_piece(*definition, *declared.fake, "fake", nullptr);
     definition->fake_source = FakeSource::kExplicit;
@@ -2461,8 +2471,8 @@ bool restore_definition(const std::string& qualified, const std::shared_ptr<cons
 // hold the dynamic loader's lock (a library's static initializer, or a thread one waits for),
 // which a Python thread holding the GIL may wait for (an import, ctypes.CDLL); if the GIL does
 // not come in time, the schema changes without it, as before. Not taken: on a thread that
-// opreg::load_library loads a library on, and in a definition made from inside another (the
-// registry's lock is held already).
+// opreg::load_library loads a library on; and in a definition made from inside another (the
+// registry's lock is held already), which is refused instead where the lock would be needed.
 std::mutex schema_change_lock_mutex;
 SchemaChangeLock schema_change_lock;
 bool changes_a_registered_schema(Registry& reg, const std::vector<DefinitionPtr>& definitions) {
@@ -2486,6 +2496,22 @@ std::shared_ptr<void> take_schema_change_lock() {
 void set_schema_change_lock(SchemaChangeLock lock) {
   std::lock_guard<std::mutex> guard(schema_change_lock_mutex);
   schema_change_lock = std::move(lock);
+}
+
+std::function<bool()> schema_change_lock_needed_here;  // guarded by schema_change_lock_mutex
+
+void set_schema_change_lock_needed(std::function<bool()> needed) {
+  std::lock_guard<std::mutex> guard(schema_change_lock_mutex);
+  schema_change_lock_needed_here = std::move(needed);
+}
+
+bool schema_change_lock_needed() {
+  std::function<bool()> needed;
+  {
+    std::lock_guard<std::mutex> guard(schema_change_lock_mutex);
+    needed = schema_change_lock_needed_here;
+  }
+  return needed && needed();
 }
 
 std::function<void()> replace_listener;  // guarded by schema_change_lock_mutex
@@ -2595,6 +2621,16 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
                 ": a device type was registered while this definition waited to change the "
                 "op's schema; nothing was defined: define it again");
     for (const auto& definition : definitions) check_publishable(reg, *definition);
+  } else if (nested && !detail::loading_library() &&
+             detail::changes_a_registered_schema(reg, definitions) &&
+             detail::schema_change_lock_needed()) {
+    // The definition around this one holds the registry's lock, which Python's threads take
+    // holding the GIL: this one cannot wait for the GIL (sweep 40 B-F1: a kernel factory's
+    // replace freed a schema under Python's callers).
+    TORCH_CHECK(false, "opreg: ", definitions.front()->name(),
+                ": a definition made inside another (by a kernel factory) would register an op's "
+                "schema anew on a thread without the GIL, under Python's callers reading it; "
+                "nothing was defined: make this definition outside the other, or holding the GIL");
   }
   // 2. Publish them all, or, if one fails, put back what was published before it.
   std::vector<std::pair<OpEntry*, DefinitionPtr>> published;

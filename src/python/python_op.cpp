@@ -1000,6 +1000,8 @@ void bind_op_builder(py::module& m) {
     if (!Py_IsInitialized() || interpreter_finalizing() || PyGILState_Check()) return nullptr;
     return hold_gil_by_proxy(std::chrono::seconds(1));
   });
+  detail::set_schema_change_lock_needed(
+      [] { return Py_IsInitialized() && !interpreter_finalizing() && PyGILState_Check() == 0; });
 }
 
 }  // namespace opreg::python

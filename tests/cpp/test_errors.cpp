@@ -326,6 +326,35 @@ TEST(Errors, AListOfADeclaredLengthIsCheckedInItsDefaultAndInACall) {
   }
 }
 
+// Sweep 40 B-F2: a kernel factory that kept KernelContext::fallback past a replace of its op
+// called freed memory (the fallback held its definition by a raw pointer).
+TEST(Errors, AFallbackKeptPastItsDefinitionIsRefusedNamingTheOp) {
+  static std::shared_ptr<const c10::KernelFunction> kept;
+  auto plus = [](double value) {
+    return opreg::KernelFactory{[value](const opreg::KernelContext& context) {
+      if (context.fallback != nullptr) kept = context.fallback;
+      return c10::KernelFunction::makeFromUnboxedLambda(
+          [value](const at::Tensor& x) { return x + value; });
+    }};
+  };
+  opreg::OpBuilder builder("opreg_err::kept_fallback(Tensor x) -> Tensor");
+  builder.fallback(plus(1)).kernel(plus(2), "k", std::vector<std::string>{"cpu"});
+  std::move(builder).define();
+  const auto handle =
+      c10::Dispatcher::singleton().findSchemaOrThrow("opreg_err::kept_fallback", "");
+  ASSERT_NE(kept, nullptr);
+  auto call_kept = [&] {
+    return kept->call<at::Tensor, const at::Tensor&>(handle, {}, at::zeros({1})).item<float>();
+  };
+  EXPECT_EQ(call_kept(), 1.0F);
+  opreg::op("opreg_err::kept_fallback(Tensor x) -> Tensor").fallback(identity).replace().define();
+  EXPECT_CONTAINS(error_of(call_kept),
+                  "opreg_err::kept_fallback: the fallback of a definition that was replaced or "
+                  "undefined was called");
+  kept.reset();
+  opreg::undefine("opreg_err::kept_fallback");
+}
+
 // Sweep 39 B-F6: a NUL in part_of's owner ended the message there ("part_of('b09::ow").
 TEST(Errors, APartOfOwnerHoldingANulIsNamedWhole) {
   auto message = error_of([] {

@@ -323,6 +323,32 @@ extern "C" __attribute__((visibility("default"))) void opreg_test_start_toggling
   });
 }
 
+// Defines opreg_test::nesting, whose cpu kernel's factory replaces `name` (an op of schema
+// (Tensor x) -> Tensor) with x * 3 and the cudagraph_unsafe tag `tagged`: a definition made
+// inside another, which cannot wait for the GIL (sweep 40 B-F1).
+extern "C" __attribute__((visibility("default"))) int opreg_test_replace_inside_a_definition(
+    const char* name, int tagged) {
+  return status_of([&] {
+    opreg::OpBuilder nesting("opreg_test::nesting(Tensor x) -> Tensor");
+    auto plus_one = [](const at::Tensor& x) { return x + 1; };
+    nesting.fallback(opreg::KernelFactory{[plus_one](const opreg::KernelContext&) {
+      return c10::KernelFunction::makeFromUnboxedLambda(plus_one);
+    }});
+    nesting.kernel(opreg::KernelFactory{[plus_one, qualified = std::string(name),
+                                         tagged](const opreg::KernelContext&) {
+                     opreg::op(qualified + "(Tensor x) -> Tensor")
+                         .fallback([](const at::Tensor& x) { return x * 3; })
+                         .cuda_graph_unsafe(tagged != 0)
+                         .replace()
+                         .define();
+                     return c10::KernelFunction::makeFromUnboxedLambda(plus_one);
+                   }},
+                   "replacing", std::vector<std::string>{"cpu"});
+    nesting.replace();
+    std::move(nesting).define();
+  });
+}
+
 extern "C" __attribute__((visibility("default"))) int64_t opreg_test_stop_replacing() {
   stop_replacing = true;
   if (toggler.joinable()) toggler.join();

@@ -118,3 +118,37 @@ def test_opcheck_leaves_an_input_the_fallback_reaches_outside_autograd_to_gradch
         wrong, sample, checks=["gradients"], devices=["cpu"], raise_on_failure=False
     )
     assert not report.rows[0].passed and "gradcheck" in report.rows[0].message
+
+
+def test_a_definition_inside_another_that_would_reregister_a_schema_without_the_gil_is_refused(
+    test_ops_library,
+):
+    # Sweep 40 B-F1: a kernel factory's replace (a definition inside another, which holds opreg's
+    # lock and cannot wait for the GIL) registered a schema anew under Python's callers
+    # (segfaults, heap-use-after-free). Refused without the GIL; made with it.
+    result = run_script(
+        """
+        import ctypes, os, torch, opreg
+        opreg.load_library(os.environ["OPREG_TEST_OPS"])
+        releasing = ctypes.CDLL(os.environ["OPREG_TEST_OPS"])
+        holding = ctypes.PyDLL(os.environ["OPREG_TEST_OPS"])
+        # As registered (torch.ops' handle follows a C++ definition at the next load only).
+        registered_tags = lambda name: torch._C._get_operation_overload(name, "")[2]
+        assert releasing.opreg_test_replace_inside_a_definition(b"sweep40::inner", 0) == 0
+        print("unchanged", releasing.opreg_test_replace_inside_a_definition(b"sweep40::inner", 1))
+        print("tagged", torch.Tag.cudagraph_unsafe in registered_tags("sweep40::inner"))
+        print("with the GIL", holding.opreg_test_replace_inside_a_definition(b"sweep40::inner", 1))
+        print("tagged", torch.Tag.cudagraph_unsafe in registered_tags("sweep40::inner"))
+        print("value", torch.ops.sweep40.inner(torch.ones(1)).item())
+        """,
+        test_ops_library,
+    )
+    lines = result.stdout.splitlines()
+    assert lines == [
+        "unchanged 1",
+        "tagged False",
+        "with the GIL 0",
+        "tagged True",
+        "value 3.0",
+    ], result.stdout + result.stderr[-3000:]
+    assert "sweep40::inner: a definition made inside another (by a kernel factory)" in result.stderr

@@ -38,6 +38,8 @@ _NAMED_PACKAGES = ("torch", "triton", "opreg", "numpy")
 
 _PLAIN = (str, int, float, bool, type(None))  # exactly these: their repr says all they hold
 _ABSENT = object()
+# A class's dunders that decide what reading or calling its objects gives (PICK(), OBJ.DT).
+_BEHAVING_DUNDERS = frozenset({"__call__", "__getattr__", "__getattribute__"})
 _IMPORT_NAME = dis.opmap["IMPORT_NAME"]
 _PROCESS = secrets.token_hex(8)  # with the pid: an id may be the same in another process
 
@@ -106,8 +108,14 @@ class _Fingerprint:
             if id(value) in self._seen:
                 return f"class#{self._seen[id(value)]}"
             self._seen[id(value)] = len(self._seen)
-            held = sorted((k, v) for k, v in vars(value).copy().items() if not _is_dunder(k))
-            self._nested(f"class:{value.__module__}.{value.__qualname__}", held, depth)
+            held = sorted(
+                (k, v)
+                for k, v in vars(value).copy().items()
+                if not _is_dunder(k) or k in _BEHAVING_DUNDERS
+            )
+            # What it inherits too (Sub.FACTOR from its base).
+            bases = [base for base in value.__bases__ if base is not object]
+            self._nested(f"class:{value.__module__}.{value.__qualname__}", [held, bases], depth)
             return "class"
         if isinstance(value, dict):
             items = tuple(x for pair in dict.copy(value).items() for x in pair)
@@ -133,7 +141,8 @@ class _Fingerprint:
             return self._function(value, depth)
         if dataclasses.is_dataclass(value):
             fields = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
-            self._nested(f"dataclass:{type(value).__qualname__}", fields, depth)
+            # Its class too: its methods and ClassVars (CFG.dt()).
+            self._nested(f"dataclass:{type(value).__qualname__}", [type(value), fields], depth)
             return "dataclass"
         if isinstance(value, enum.Enum):
             return f"enum:{type(value).__module__}.{type(value).__qualname__}.{value.name}"
@@ -182,15 +191,18 @@ class _Fingerprint:
         attributes = sorted(set(names).union(_strings(fn.__code__)))
         cells = [[value, _attributes_read(value, attributes)] for value in cells]
         used_globals = []
-        for name in names:
+        for name in attributes:  # globals()["FACTOR"] names one only as a string
             value = fn.__globals__.get(name, _ABSENT)
             if value is not _ABSENT:
                 used_globals += [name, value, _attributes_read(value, attributes)]
-        # What it imports when it runs counts like a global it reads.
-        imported = [
-            [name, value, _attributes_read(value, attributes)]
-            for name, value in _imported(fn.__code__, fn.__globals__)
+        # What it imports when it runs counts like a global it reads, and so does a user's module
+        # its code names as a string (importlib.import_module("cfg"), sys.modules["cfg"]).
+        imported = _imported(fn.__code__, fn.__globals__) + [
+            (name, sys.modules[name])
+            for name in attributes
+            if name in sys.modules and not _is_named(name)
         ]
+        imported = [[name, value, _attributes_read(value, attributes)] for name, value in imported]
         pieces = [fn.__code__, fn.__defaults__, fn.__kwdefaults__, cells, used_globals, imported]
         self._nested(head, pieces, depth)
         return "function"
@@ -223,7 +235,7 @@ def _attributes_read(value: Any, names: list[str], levels: int = 3) -> list[Any]
         return []
     held = vars(value)
     read = []
-    for name in names:
+    for name in [*names, "__getattr__"]:  # a module's __getattr__ gives what it lacks (PEP 562)
         attribute = held.get(name, _ABSENT)
         if attribute is not _ABSENT:
             read.append([name, attribute, _attributes_read(attribute, names, levels - 1)])

@@ -5,12 +5,14 @@ Inductor."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import subprocess
 import sys
 import threading
 import types
+import typing
 
 import torch
 
@@ -341,6 +343,71 @@ def test_an_attribute_read_by_name_and_a_module_imported_inside_the_code_are_par
     factor_changed = fingerprint(imports_inside())
     monkeypatch.setattr(inner, "LIMIT", 2)
     assert len({before, factor_changed, fingerprint(imports_inside())}) == 3
+
+
+def reading(read):
+    def fn(x):
+        return read(x)
+
+    return fn
+
+
+def test_what_a_value_gives_through_its_class_or_a_name_in_a_string_is_part_of_it(monkeypatch):
+    # Sweep 40 A-F1: each of these read a config value that the fingerprint did not see, and a
+    # disk-cache hit served code compiled for the earlier value (a float64 output read as float32).
+    @dataclasses.dataclass
+    class Cfg:
+        scale: float = 1.0
+        DT: typing.ClassVar[str] = "float32"
+
+        def dt(self):
+            return self.DT
+
+    cfg = Cfg()
+    prints = {fingerprint(reading(lambda x: cfg.dt()))}
+    monkeypatch.setattr(Cfg, "DT", "float64")  # a ClassVar, read by a method
+    prints.add(fingerprint(reading(lambda x: cfg.dt())))
+
+    class Base:
+        DT = "float32"
+
+    class Sub(Base):
+        pass
+
+    sub = Sub()
+    prints.add(fingerprint(reading(lambda x: sub.DT)))
+    monkeypatch.setattr(Base, "DT", "float64")  # inherited
+    prints.add(fingerprint(reading(lambda x: sub.DT)))
+
+    class Picker:
+        def __call__(self):
+            return "float32"
+
+    pick = Picker()
+    prints.add(fingerprint(reading(lambda x: pick())))
+    monkeypatch.setattr(Picker, "__call__", lambda self: "float64")  # what calling it does
+    prints.add(fingerprint(reading(lambda x: pick())))
+
+    lazy = types.ModuleType("compile_key_lazy")
+    lazy.__getattr__ = lambda name: "float32"
+    monkeypatch.setitem(sys.modules, "compile_key_lazy", lazy)
+    prints.add(fingerprint(reading(lambda x: sys.modules["compile_key_lazy"].DT)))
+    lazy.__getattr__ = lambda name: "float64"  # a module's __getattr__, reached by its name
+    prints.add(fingerprint(reading(lambda x: sys.modules["compile_key_lazy"].DT)))
+    assert len(prints) == 8
+
+
+def by_global_name(x):
+    return globals()["_GLOBAL_DT"]
+
+
+_GLOBAL_DT = "float32"
+
+
+def test_a_global_named_only_as_a_string_is_part_of_it(monkeypatch):
+    before = fingerprint(by_global_name)
+    monkeypatch.setitem(globals(), "_GLOBAL_DT", "float64")
+    assert fingerprint(by_global_name) != before
 
 
 _COMPILE_WITH_A_LOCAL_IMPORT = """

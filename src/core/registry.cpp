@@ -45,6 +45,7 @@
 #include <stdexcept>
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/DispatchKeyExtractor.h>
 #include <ATen/core/op_registration/infer_schema.h>
 #include <ATen/functorch/BatchedTensorImpl.h>
 #include <ATen/functorch/DynamicLayer.h>
@@ -1746,6 +1747,36 @@ void run_checked_fallback(const Definition& d, const c10::OperatorHandle& op,
               /*compare_with_fake=*/true);
 }
 
+// Note [A call dispatched while its schema is registered anew]
+// PyTorch's dispatcher reads a call's dispatch keys from its arguments through the op's schema.
+// While a replace registers the schema anew (another text, tags or fake module: see
+// reregisters_schema) the op has none for a moment, and a call on another thread then reads no
+// keys at all: the dispatcher sends it straight to the fallback's kernel, past autograd and vmap
+// (sweep 39 b19-2: a gradient through the fallback's ops instead of the op's backward). Such a call
+// reaches the fallback's trampoline with keys that lack the backend its tensors have; it waits
+// for the publish to end (publishes hold the registry's lock) and is dispatched again.
+thread_local int dispatches_again = 0;
+
+bool dispatched_without_argument_keys(const Definition& d, c10::DispatchKeySet keys,
+                                      const torch::jit::Stack& stack) {
+  if (keys.highestBackendKey() != c10::BackendComponent::InvalidBit) return false;
+  const auto from_arguments =
+      c10::DispatchKeyExtractor::make(d.schema()).getDispatchKeySetBoxed(&stack);
+  return from_arguments.highestBackendKey() != c10::BackendComponent::InvalidBit;
+}
+
+void dispatch_again(const Definition& d, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  {
+    const std::lock_guard<std::recursive_mutex> publish_ended(registry().mutex);
+  }
+  TORCH_CHECK(dispatches_again < 3, d.name(),
+              ": the dispatcher passed this call none of its tensors' dispatch keys, again after "
+              "the op's schema was registered anew; call it again");
+  ++dispatches_again;
+  const auto done = c10::make_scope_exit([] { --dispatches_again; });
+  op.callBoxed(stack);
+}
+
 // Note [Tensors only in a Tensor[]?]
 // PyTorch's dispatcher computes a call's dispatch keys from its Tensor, Tensor?, Tensor[] and
 // Tensor?[] arguments, not from a Tensor[]? one. Under vmap, when the only batched tensors are in
@@ -1782,6 +1813,12 @@ class Trampoline final : public c10::OperatorKernel {
     if (definition == nullptr) throw_undefined(*entry_);
     const Definition& d = *definition;
     if (!call.pinned()) check_schema_current(*entry_, d, *stack);
+    if (key_ == c10::DispatchKey::CompositeExplicitAutograd && !call.pinned() &&
+        dispatched_without_argument_keys(d, keys, *stack)) {
+      // See Note [A call dispatched while its schema is registered anew].
+      dispatch_again(d, op, stack);
+      return;
+    }
     check_arguments(d, *stack);
     normalize_arguments(d, *stack);
     switch (key_) {

@@ -775,3 +775,24 @@ TEST(Reliability, BuilderMistakesAreRaisedByDefine) {
   EXPECT_FALSE(opreg::is_defined("opreg_rel::null_flag"));
   EXPECT_TRUE(opreg::is_defined("opreg_rel::defined_once"));
 }
+
+// Sweep 39 b19-2: while a replace registers an op's schema anew, a call on another thread reads
+// none of its arguments' dispatch keys and reaches the fallback's kernel past autograd: the
+// fallback's ops were differentiated instead of the op's backward. Such a call is dispatched
+// again; a redispatch with no keys makes the same call.
+TEST(Reliability, ACallThatReadNoDispatchKeysStillTakesTheOpsBackward) {
+  opreg::op("opreg_rel::no_keys(Tensor x) -> Tensor")
+      .fallback([](const at::Tensor& x) { return x * 5; })
+      .backward([](opreg::AutogradContext&, const std::vector<at::Tensor>& grads) {
+        return std::vector<at::Tensor>{grads[0] * 7};
+      })
+      .define();
+  auto handle = opreg_test::find_op("opreg_rel::no_keys");
+  auto x = at::ones({2}).requires_grad_();
+  torch::jit::Stack stack{x};
+  handle.redispatchBoxed(c10::DispatchKeySet(), &stack);
+  const auto y = stack.at(0).toTensor();
+  EXPECT_TRUE(at::equal(y.detach(), at::full({2}, 5.0)));
+  const auto grads = torch::autograd::grad({y.sum()}, {x});
+  EXPECT_TRUE(at::equal(grads[0], at::full({2}, 7.0)));
+}

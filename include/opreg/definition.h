@@ -93,6 +93,18 @@ struct AbiTag {
   size_t context_size = sizeof(KernelContext);
 };
 
+class OpBuilder;
+
+namespace detail {
+// An op that define_all published, with its definition's serial (detail::definition_serial): the
+// Python front records the definition's Python pieces under it.
+struct Published {
+  std::string name;
+  uint64_t serial = 0;
+};
+OPREG_API std::vector<Published> define_all_published(std::vector<OpBuilder> builders, AbiTag abi);
+}  // namespace detail
+
 class OPREG_API OpBuilder {
  public:
   // "ns::name" (the schema then comes from infer_schema) or "ns::name(Tensor x) -> Tensor".
@@ -136,7 +148,8 @@ class OPREG_API OpBuilder {
   struct State;  // src/core/spec.h
 
  private:
-  friend OPREG_API std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi);
+  friend OPREG_API std::vector<detail::Published> detail::define_all_published(
+      std::vector<OpBuilder> builders, AbiTag abi);
   friend struct detail::PythonFront;
   // The fake is a Python function that opreg's Python front registers for FakeTensorMode, from
   // its module "opreg._declaration" (the only one taken); `meta` calls it on meta tensors. Not

@@ -303,12 +303,10 @@ def still_current(qualname: str, serial: int) -> bool:
 
 def companion_owner(name: str) -> str | None:
     """The op whose current definition's vmap calls ``name`` as its vmap_fn companion, or None."""
-    registration = _registrations.get(name)
-    owner = registration.companion_of if registration is not None else None
+    owner = _links(name)[0]
     if owner is None:
         return None
-    owner_registration = _registrations.get(owner)
-    if owner_registration is None or owner_registration.companion != name:
+    if _links(owner)[1] != name:
         return None  # the owner was defined again without vmap_fn: the companion serves nothing
     if not _C.is_defined(owner):
         return None  # undefined (opreg::undefine took the companion along): nothing calls it
@@ -343,8 +341,7 @@ def _check_companions(declarations: Sequence[OpDeclaration]) -> list[OpDeclarati
                 refuse_companion(name, "opreg")
             checked.append(declaration)
             continue
-        registration = _registrations.get(name)
-        made_by_owner = registration is not None and registration.companion_of == owner
+        made_by_owner = _links(name)[0] == owner
         if not made_by_owner and _registered_form(name) is not None:
             raise ValueError(
                 f"opreg: op '{owner}': its vmap_fn is served by a companion op named '{name}', "
@@ -784,16 +781,57 @@ def _define(declarations: Sequence[OpDeclaration]) -> list[torch._ops.OpOverload
     registered_before = {d.qualname: _registered_form(d.qualname) for d in declarations}
     defined_companions = {d.qualname for d in declarations if d.companion_of is not None}
     dropped_companions = [  # of ops defined again without vmap_fn (or with another companion)
-        registration.companion
+        (companion, _C.definition_serial(companion))
         for d in declarations
-        if (registration := _registrations.get(d.qualname)) is not None
-        and registration.companion is not None
-        and registration.companion not in defined_companions
+        if (companion := _links(d.qualname)[1]) is not None and companion not in defined_companions
     ]
-    _C.define_all(builders)
+    published = _C.define_all(builders)
+    # Note [A definition made while another records its pieces]
+    # Recording runs Python code, where a profiler or trace hook, or a finalizer, may define ops
+    # on this thread (the definition lock is reentrant). Such a definition is published at once
+    # and recorded after the one it interrupted, so neither overwrites the other's pieces; each
+    # records only ops that its own definition still holds.
+    waiting = getattr(_defining_here, "waiting", None)
+    if waiting is not None:
+        waiting.append((declarations, published, dropped_companions))
+    else:
+        _defining_here.waiting = waiting = [(declarations, published, dropped_companions)]
+        try:
+            for made in waiting:  # grows while it runs
+                _record(*made)
+        finally:
+            _defining_here.waiting = None
+    if any(registered_before[d.qualname] is not None for d in declarations):
+        _defining_here.forget = True  # done by defining() once the lock is released
+    return [op_overload(declaration.qualname) for declaration in declarations]
+
+
+def _links(name: str) -> tuple[str | None, str | None]:
+    """(the op whose vmap_fn companion ``name`` is, ``name``'s companion) by its current
+    definition, one this thread published and has yet to record included."""
+    now = _C.definition_serial(name)
+    for declarations, published, _ in reversed(getattr(_defining_here, "waiting", None) or []):
+        if published.get(name) == now:
+            owner = next(d.companion_of for d in declarations if d.qualname == name)
+            companion = next((d.qualname for d in declarations if d.companion_of == name), None)
+            return owner, companion
+    registration = _registrations.get(name)
+    if registration is None:
+        return None, None
+    return registration.companion_of, registration.companion
+
+
+def _record(
+    declarations: Sequence[OpDeclaration],
+    published: Mapping[str, int],
+    dropped_companions: Sequence[tuple[str, int]],
+) -> None:
+    """The Python-side pieces of definitions the core published under ``published``."""
     for declaration in declarations:
         qualname = declaration.qualname
-        serial = _C.definition_serial(qualname)
+        serial = published[qualname]
+        if _C.definition_serial(qualname) != serial:
+            continue  # defined again since (from C++, or nested): the later one's pieces stand
         _forget(qualname)
         library = torch.library.Library(qualname.split("::")[0], "FRAGMENT")
         if declaration.fake is not None:
@@ -837,10 +875,9 @@ def _define(declarations: Sequence[OpDeclaration]) -> list[torch._ops.OpOverload
                 f"{error}",
                 stacklevel=2,
             )
-    for companion in dropped_companions:  # it would hold its name and serve nothing
+    for companion, serial in dropped_companions:  # it would hold its name and serve nothing
+        if _C.definition_serial(companion) != serial:
+            continue  # defined again since: no longer the dropped one
         _forget(companion)
         if _C.is_defined(companion):  # C++'s opreg::undefine of its op took it along already
             _C.undefine(companion)
-    if any(registered_before[d.qualname] is not None for d in declarations):
-        _defining_here.forget = True  # done by defining() once the lock is released
-    return [op_overload(declaration.qualname) for declaration in declarations]

@@ -2582,6 +2582,15 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
   if (detail::loading_library() && !recording_load_failures) {
     return define_all_recording_failures(std::move(builders), abi);
   }
+  std::vector<std::string> names;
+  for (auto& published : detail::define_all_published(std::move(builders), abi)) {
+    names.push_back(std::move(published.name));
+  }
+  return names;
+}
+
+std::vector<detail::Published> detail::define_all_published(std::vector<OpBuilder> builders,
+                                                            AbiTag abi) {
   const AbiTag here;
   TORCH_CHECK(abi.major == here.major && abi.minor == here.minor &&
                   abi.factory_size == here.factory_size && abi.context_size == here.context_size,
@@ -2683,7 +2692,7 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
       publish(*it->first, it->second, &garbage.definitions);
     throw;
   }
-  std::vector<std::string> qualified;
+  std::vector<Published> published_ops;
   bool replaced = false;
   for (size_t i = 0; i < definitions.size(); ++i) {
     replaced = replaced || published[i].second != nullptr;
@@ -2694,7 +2703,7 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
     }
     detail::record_loaded_definition(published[i].first->qualified, definitions[i],
                                      published[i].second, changes[i]);
-    qualified.push_back(definitions[i]->name());
+    published_ops.push_back({definitions[i]->name(), definitions[i]->serial});
   }
   if (!nested) {
     lock.unlock();
@@ -2705,7 +2714,7 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
     if (lock.owns_lock()) lock.unlock();
     detail::tell_replace_listener();
   }
-  return qualified;
+  return published_ops;
 }
 
 namespace {

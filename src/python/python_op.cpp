@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -953,7 +954,9 @@ void bind_op_builder(py::module& m) {
           "part_of",
           [](OpBuilder& builder, std::string owner) { builder.part_of(std::move(owner)); },
           py::arg("owner"));
-  // All or none; each builder is used up (its Python object can no longer be defined).
+  // All or none; each builder is used up (its Python object can no longer be defined). Returns
+  // {name: serial} of the definitions published: read afterwards, a serial could be that of a
+  // definition made meanwhile (a C++ thread's replace, a definition nested in this one's records).
   m.def(
       "define_all",
       [](const std::vector<OpBuilder*>& builders) {
@@ -963,7 +966,11 @@ void bind_op_builder(py::module& m) {
         }
         for (auto* builder : builders) owned.push_back(std::move(*builder));
         const FrontDropsCompiledCode front;
-        return define_all(std::move(owned));
+        std::map<std::string, uint64_t> serials;
+        for (auto& published : detail::define_all_published(std::move(owned), AbiTag{})) {
+          serials.emplace(std::move(published.name), published.serial);
+        }
+        return serials;
       },
       py::arg("builders"));
   // For the Python front's own bookkeeping (a vmap_fn companion its op no longer uses).

@@ -3,7 +3,13 @@ with them (reports kept outside the repository), beside the earlier sweeps' file
 
 from __future__ import annotations
 
+import ctypes
+import os
+import sys
+
+import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import opreg
 
@@ -29,3 +35,112 @@ def test_a_call_that_read_no_dispatch_keys_still_takes_the_ops_backward():
     assert x.grad.tolist() == [7.0, 7.0]
     with torch.no_grad():
         assert torch.ops.sweep41.no_keys.default.redispatch(no_keys, x).tolist() == [5.0, 5.0]
+
+
+def _define_within_the_next_definition(define_outer, define_nested) -> int:
+    """Runs define_outer() with a profile hook that calls define_nested() on the same thread at
+    the first torch.library.Library made after define_all, as a finalizer or a trace hook
+    may."""
+    fired = []
+
+    def hook(frame, event, arg):
+        if (
+            not fired
+            and event == "call"
+            and frame.f_code.co_name == "__init__"
+            and frame.f_code.co_filename.endswith(os.path.join("torch", "library.py"))
+        ):
+            fired.append(True)
+            define_nested()
+
+    sys.setprofile(hook)
+    try:
+        define_outer()
+    finally:
+        sys.setprofile(None)
+    return len(fired)
+
+
+def _defined(name: str) -> bool:
+    return name in {report.name for report in opreg.describe_ops()}
+
+
+def _define_plain(name: str, factor: int) -> None:
+    opreg.register_triton_op(
+        fake_fn=lambda x: x.new_empty(x.shape[0] * factor),
+        triton_fn=None,
+        name=name,
+        schema="(Tensor x) -> Tensor",
+        replace=True,
+    )(lambda x: x.repeat(factor))
+
+
+def _define_with_vmap_fn(name: str, factor: int) -> None:
+    opreg.register_vmap_op(
+        fake_fn=lambda x: x.new_empty(x.shape[0] * factor),
+        vmap_fn=lambda x: x.repeat(1, factor) + 1000,
+        fake_vmap_fn=lambda x: x.new_empty(x.shape[0], x.shape[1] * factor),
+        name=name,
+        schema="(Tensor x) -> Tensor",
+        replace=True,
+    )(lambda x: x.repeat(factor))
+
+
+@pytest.mark.parametrize("nested_has_vmap_fn", [True, False])
+def test_a_definition_made_while_another_records_its_pieces_wins_whole(nested_has_vmap_fn):
+    # Sweep 40 A-F2: a profile hook defined the op again (with vmap_fn) while this thread recorded
+    # the Python pieces of an outer definition (without): the outer's records overwrote the
+    # nested one's, and the companion it left was never undefined. The definition made last now
+    # holds every piece, and a later plain definition undefines its companion.
+    name = f"sweep41::nested_{int(nested_has_vmap_fn)}"
+    outer, nested = (
+        (_define_plain, _define_with_vmap_fn)
+        if nested_has_vmap_fn
+        else (_define_with_vmap_fn, _define_plain)
+    )
+    outer(name, 2)
+    assert _define_within_the_next_definition(lambda: outer(name, 3), lambda: nested(name, 5)) == 1
+    op = getattr(torch.ops.sweep41, name.split("::")[1])
+    x = torch.ones(2, 4)
+    assert op(x[0]).shape == (20,)
+    assert op(x[0].to("meta")).shape == (20,)
+    row = x[0]
+    with FakeTensorMode() as mode:
+        assert op(mode.from_tensor(row)).shape == (20,)
+    assert torch.compile(op, backend="aot_eager", fullgraph=True)(x[0]).shape == (20,)
+    batched = torch.vmap(op)(x)
+    assert batched.shape == (2, 20)
+    assert (batched[0, 0].item() == 1001.0) == nested_has_vmap_fn
+    assert _defined(f"{name}_vmap") == nested_has_vmap_fn
+    _define_plain(name, 7)
+    assert not _defined(f"{name}_vmap")
+    assert torch.vmap(op)(x).shape == (2, 28)
+
+
+def test_a_cpp_replace_made_while_a_python_definition_records_keeps_its_own_fake(
+    test_ops_library,
+):
+    # The Python front records a definition's pieces under the serial the core published it with.
+    # It read the serial afterwards, where a C++ thread's replace in between had the Python fake
+    # recorded as the C++ definition's (too narrow a window to hit on purpose). Here the replace
+    # comes from a hook on this thread while the pieces are recorded: the C++ definition keeps
+    # its own fake.
+    name = "sweep41::replaced_while_recording"
+    opreg.load_library(test_ops_library)
+    replacing = ctypes.PyDLL(str(test_ops_library))
+    _define_plain(name, 2)
+    replaced = []
+    assert (
+        _define_within_the_next_definition(
+            lambda: _define_plain(name, 3),
+            lambda: replaced.append(replacing.opreg_test_replace_here(name.encode())),
+        )
+        == 1
+    )
+    assert replaced == [0]
+    row = torch.ones(2)
+    assert torch.ops.sweep41.replaced_while_recording(row).tolist() == [5.0, 5.0]
+    with FakeTensorMode() as mode:
+        assert torch.ops.sweep41.replaced_while_recording(mode.from_tensor(row)).shape == (2,)
+    compiled = torch.compile(torch.ops.sweep41.replaced_while_recording, backend="aot_eager")
+    assert compiled(row).tolist() == [5.0, 5.0]

@@ -65,8 +65,9 @@ OPREG_API const std::vector<std::pair<std::string, std::string>>& op_flag_names(
 
 // What a kernel factory is given when an op is defined: the op's name and schema, the label its
 // trace records use ("kernel:<name>", "fallback", "fake"), and the op's fallback, boxed, with the
-// argument and output checks (null when the fallback itself is being built). A fallback kept
-// past its definition (a replace, an undefine) raises an error naming the op when called.
+// argument and output checks (null when the fallback itself is being built). op, schema and
+// label live as long as the definition: the piece made may keep them. A fallback kept past its
+// definition (a replace, an undefine) raises an error naming the op when called.
 struct KernelContext {
   const std::string& op;
   const c10::FunctionSchema& schema;

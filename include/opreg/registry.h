@@ -76,6 +76,9 @@ OPREG_API uint64_t definition_serial(const std::string& name);
 // (after opreg's locks are released). opreg's Python module then drops Python pieces on Python's
 // main thread when this thread lacks the GIL: the thread that waits for this one may hold it.
 OPREG_API bool dropping_definitions();
+// Whether this thread is inside a definition (define_all, or the rebuild of definitions for a new
+// device type), holding opreg's registry lock: its kernel factories run there.
+OPREG_API bool inside_definition();
 // The file load_library opens for `path`: `path` itself when it holds a '/', else the file of that
 // name in LD_LIBRARY_PATH or the system's library directories, else the file of a library of that
 // name mapped already ("" when there is none).

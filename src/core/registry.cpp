@@ -36,6 +36,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -133,6 +134,9 @@ struct Definition {
   FakeSource fake_source = FakeSource::kFallbackOnMeta;
   std::vector<ServedKernel> kernels;
   std::vector<DeviceServing> serving;  // for reports, skipped device types included
+  // What each piece's KernelContext::label refers to: a piece may keep the context's references,
+  // which must live as long as it does (sweep 41 B-F2: a kernel's label was a temporary).
+  std::deque<std::string> piece_labels;
   c10::KernelFunction autograd;
   c10::KernelFunction vmap;
   std::optional<c10::KernelFunction> randomness;
@@ -644,8 +648,9 @@ Sharding resolve_sharding(const OpBuilder::State& spec, const detail::OpIdentity
   return Sharding::kNone;
 }
 
-c10::KernelFunction make_piece(const Definition& definition, const KernelFactory& factory,
-                               const std::string& label, detail::FallbackPtr fallback) {
+c10::KernelFunction make_piece(Definition& definition, const KernelFactory& factory,
+                               std::string piece_label, detail::FallbackPtr fallback) {
+  const std::string& label = definition.piece_labels.emplace_back(std::move(piece_label));
   TORCH_CHECK_VALUE(static_cast<bool>(factory.make), definition.name(), ": the factory of its ",
                     label, " is empty (KernelFactory::make holds no function)");
   const KernelContext context{definition.name(), definition.schema(), label, std::move(fallback)};
@@ -2798,6 +2803,8 @@ const std::atomic<uint64_t>* detail::schema_changes_of(const std::string& qualif
 }
 
 bool detail::dropping_definitions() { return t_dropping_definitions > 0; }
+
+bool detail::inside_definition() { return defining; }
 
 uint64_t detail::definition_serial(const std::string& name) {
   auto& reg = registry();

@@ -164,9 +164,18 @@ bool interpreter_finalizing() {
 #endif
 }
 
-[[noreturn]] void refuse_at_exit(const std::string& op, const std::string& piece) {
-  TORCH_CHECK(false, op, ": ", piece,
+// Before a Python piece takes the GIL. A thread inside a definition (a kernel factory that calls
+// an op, say) holds opreg's registry lock, which Python's threads take holding the GIL (a
+// definition, describe_ops): waiting there for the GIL deadlocked (sweep 41 B-F1). Such a call is
+// refused; a thread that holds the GIL already runs it.
+void check_python_can_run(const std::string& op, const std::string& piece) {
+  TORCH_CHECK(!interpreter_finalizing(), op, ": ", piece,
               ", written in Python, cannot run: the Python interpreter is exiting");
+  TORCH_CHECK(!detail::inside_definition() || PyGILState_Check() == 1, op, ": ", piece,
+              ", written in Python, was called inside a definition (by a kernel factory) on a "
+              "thread without the GIL: waiting for the GIL there could deadlock with a Python "
+              "thread that waits for the definition; call the op outside the kernel factory, or "
+              "define from a thread that holds the GIL");
 }
 
 // PEP 678's note on a Python exception (Python 3.11 and later; nothing on older ones); once, for
@@ -475,7 +484,7 @@ class PythonKernel final : public c10::OperatorKernel {
   void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const size_t num_args = schema_.arguments().size();
     const std::string device = trace_enabled() ? device_of(*stack, num_args) : "";
-    if (interpreter_finalizing()) refuse_at_exit(op_, words_);
+    check_python_can_run(op_, words_);
     py::gil_scoped_acquire gil;
     InsideOp inside;
     auto arguments = pop_arguments(schema_, stack);
@@ -636,7 +645,7 @@ void add_autograd(OpBuilder& builder, PyRef backward, PyRef setup_context, PyRef
   SetupContext setup = [setup_context, make_context, schema, name](
                            AutogradContext& ctx, const std::vector<c10::IValue>& inputs,
                            const std::vector<c10::IValue>& outputs) {
-    if (interpreter_finalizing()) refuse_at_exit(name, "its setup_context");
+    check_python_can_run(name, "its setup_context");
     py::gil_scoped_acquire gil;
     InsideOp inside;
     // Held by the context before Python sees it: a setup_context that keeps the ctx and raises
@@ -656,7 +665,7 @@ void add_autograd(OpBuilder& builder, PyRef backward, PyRef setup_context, PyRef
   };
   Backward run_backward = [backward, name](AutogradContext& ctx,
                                            const std::vector<at::Tensor>& grads) {
-    if (interpreter_finalizing()) refuse_at_exit(name, "its backward");
+    check_python_can_run(name, "its backward");
     py::gil_scoped_acquire gil;
     InsideOp inside;
     py::object py_ctx =
@@ -770,7 +779,7 @@ void add_vmap_rule(OpBuilder& builder, PyRef rule, SchemaPtr schema) {
   builder.vmap([rule, schema, op = builder.declared_name()](
                    const VmapInfo& info, const std::vector<std::optional<int64_t>>& in_dims,
                    const std::vector<c10::IValue>& args) {
-    if (interpreter_finalizing()) refuse_at_exit(op, "its vmap rule");
+    check_python_can_run(op, "its vmap rule");
     py::gil_scoped_acquire gil;
     InsideOp inside;
     static const char* kRandomness[] = {"error", "same", "different"};

@@ -1,6 +1,7 @@
 // src/triton/aot_launch.cpp: the kernel opreg::triton::aot(AotLaunch{...}) makes (see
 // include/opreg/aot_launch.h): expressions parsed against the schema at define time, evaluated
 // on the dispatcher's stack at call time, then one launch through opreg::triton::Kernel.
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <charconv>
@@ -271,7 +272,8 @@ class Parser {
     fail(parsed.ec == std::errc() && parsed.ptr == last, text, "'" + token + "' is not an integer");
     return value;
   }
-  int64_t integer_literal(Reader& in) const {
+  // `what` ("the divisor of cdiv") is written out as a number: an argument cannot stand there.
+  int64_t integer_literal(Reader& in, const std::string& what) const {
     skip_space(in);
     const size_t begin = in.pos;
     while (in.pos < in.text.size() && (word_char(in.text[in.pos]) || in.text[in.pos] == '-' ||
@@ -280,7 +282,15 @@ class Parser {
     }
     fail(in.pos > begin, in.text,
          "expected an integer after '" + before(in, begin) + "', found " + found(in));
-    return integer(in.text.substr(begin, in.pos - begin), in.text);
+    const std::string token = in.text.substr(begin, in.pos - begin);
+    const bool name = std::isalpha(static_cast<unsigned char>(token[0])) || token[0] == '_';
+    const auto& names = runtime_.arg_names;
+    fail(!name, in.text,
+         what + " must be an integer written out, not '" + token + "'" +
+             (std::find(names.begin(), names.end(), token) != names.end()
+                  ? " (an argument of the op cannot stand there)"
+                  : ""));
+    return integer(token, in.text);
   }
 
   std::unique_ptr<Expr> call(const std::string& function, size_t begin, Reader& in) const {
@@ -293,7 +303,7 @@ class Parser {
       expr->kind = function == "size" ? Expr::Kind::kSize : Expr::Kind::kStride;
       expr->index = tensor_argument(in);
       expect(in, ',');
-      expr->number = integer_literal(in);
+      expr->number = integer_literal(in, "the dimension of " + function + "()");
     } else if (function == "cdiv") {
       expr->kind = Expr::Kind::kCdiv;
       expr->inner = expression(in);
@@ -301,7 +311,7 @@ class Parser {
            "cdiv needs an integer to divide, '" + expr->inner->text + "' is " +
                type_name(expr->inner->type));
       expect(in, ',');
-      expr->number = integer_literal(in);
+      expr->number = integer_literal(in, "the divisor of cdiv");
       fail(expr->number > 0, in.text, "the divisor of cdiv must be a positive integer");
     } else {
       fail(false, in.text,

@@ -796,3 +796,33 @@ TEST(Reliability, ACallThatReadNoDispatchKeysStillTakesTheOpsBackward) {
   const auto grads = torch::autograd::grad({y.sum()}, {x});
   EXPECT_TRUE(at::equal(grads[0], at::full({2}, 7.0)));
 }
+
+// Sweep 41 B-F2: KernelContext::label referred to a temporary of the definition's build, so a
+// kernel that kept it (as it may keep op and schema) read freed memory at its calls.
+TEST(Reliability, AKernelKeepsItsContextsReferencesAsLongAsItLives) {
+  opreg::OpBuilder builder("opreg_rel::keeps_context(Tensor x) -> Tensor");
+  builder.fallback(opreg::KernelFactory{[](const opreg::KernelContext&) {
+    return c10::KernelFunction::makeFromUnboxedLambda([](const at::Tensor& x) { return x * 2; });
+  }});
+  std::vector<std::string> seen;
+  builder.kernel(opreg::KernelFactory{[&seen](const opreg::KernelContext& context) {
+                   const std::string* op = &context.op;
+                   const std::string* label = &context.label;
+                   const c10::FunctionSchema* schema = &context.schema;
+                   return c10::KernelFunction::makeFromUnboxedLambda(
+                       [&seen, op, label, schema](const at::Tensor& x) {
+                         seen = {*op, *label, schema->name()};
+                         return x * 2;
+                       });
+                 }},
+                 "keeps", std::vector<std::string>{"cpu"});
+  std::move(builder).define();
+  for (int i = 0; i < 20; ++i) {  // reuses the memory a temporary of the build had
+    opreg::op("opreg_rel::after_keeps_" + std::to_string(i) + "(Tensor x) -> Tensor")
+        .fallback([](const at::Tensor& x) { return x + 1; })
+        .define();
+  }
+  opreg_test::call_boxed("opreg_rel::keeps_context", {at::ones({2})});
+  EXPECT_EQ(seen, (std::vector<std::string>{"opreg_rel::keeps_context", "kernel:keeps",
+                                            "opreg_rel::keeps_context"}));
+}

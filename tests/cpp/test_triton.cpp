@@ -309,6 +309,13 @@ TEST(Triton, DeclaredLaunchExpressionsAreCheckedAtDefinition) {
                   "aot_kernel grid: cannot read 'x': expected an integer expression, got a tensor");
   EXPECT_CONTAINS(define({"cdiv(f, 4)"}, {"x", "out0", "numel(x)", "2.0"}),
                   "cdiv needs an integer to divide, 'f' is a float");
+  // Sweep 41 B-F3: an int argument there read as "'k' is not an integer".
+  EXPECT_CONTAINS(define({"cdiv(k, k)"}, {"x", "out0", "numel(x)", "2.0"}),
+                  "cannot read 'cdiv(k, k)': the divisor of cdiv must be an integer written out, "
+                  "not 'k' (an argument of the op cannot stand there)");
+  EXPECT_CONTAINS(define({"size(x, k)"}, {"x", "out0", "numel(x)", "2.0"}),
+                  "the dimension of size() must be an integer written out, not 'k' (an "
+                  "argument of the op cannot stand there)");
   EXPECT_FALSE(opreg::is_defined("opreg_aot::checked"));
 }
 

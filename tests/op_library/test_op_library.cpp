@@ -349,6 +349,29 @@ extern "C" __attribute__((visibility("default"))) int opreg_test_replace_inside_
   });
 }
 
+// Defines opreg_test::calling_in_factory, whose cpu kernel's factory calls `name` (an op of
+// schema (Tensor x) -> Tensor): from a thread without the GIL, a Python op's pieces waited for it
+// under opreg's lock, which Python threads take holding it (sweep 41 B-F1).
+extern "C" __attribute__((visibility("default"))) int opreg_test_call_inside_a_definition(
+    const char* name) {
+  return status_of([&] {
+    opreg::OpBuilder calling("opreg_test::calling_in_factory(Tensor x) -> Tensor");
+    auto plus_one = [](const at::Tensor& x) { return x + 1; };
+    calling.fallback(opreg::KernelFactory{[plus_one](const opreg::KernelContext&) {
+      return c10::KernelFunction::makeFromUnboxedLambda(plus_one);
+    }});
+    calling.kernel(opreg::KernelFactory{[plus_one, qualified = std::string(name)](
+                                            const opreg::KernelContext&) {
+                     const opreg::OpHandle<at::Tensor(const at::Tensor&)> python_op(qualified);
+                     python_op(at::ones({2}));
+                     return c10::KernelFunction::makeFromUnboxedLambda(plus_one);
+                   }},
+                   "calling", std::vector<std::string>{"cpu"});
+    calling.replace();
+    std::move(calling).define();
+  });
+}
+
 extern "C" __attribute__((visibility("default"))) int64_t opreg_test_stop_replacing() {
   stop_replacing = true;
   if (toggler.joinable()) toggler.join();

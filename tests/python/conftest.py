@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,15 @@ def aot_bundle(tmp_path_factory) -> Path:
     )
     opreg.load_triton_bundle(out)
     return out
+
+
+def run_with_test_ops(script: str, library, timeout: int = 180) -> subprocess.CompletedProcess:
+    """Runs `script` (dedented) in a fresh interpreter with OPREG_TEST_OPS set to `library`: a
+    probe that could crash or hang fails the test instead of ending the run."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OPREG_TEST_OPS": str(library)},
+    )

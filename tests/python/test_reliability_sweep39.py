@@ -3,32 +3,18 @@ repository), beside the earlier sweeps' files."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import torch
 
 import opreg
-
-
-def run_script(script: str, library, timeout: int = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "OPREG_TEST_OPS": str(library)},
-    )
+from conftest import run_with_test_ops
 
 
 def test_a_cpp_thread_changing_only_an_ops_tags_keeps_python_callers_safe(test_ops_library):
     # Sweep 39 B-F1: a replace keeping the schema's text but changing its tags (or the module of its
     # Python fake) registers the schema anew, yet was not counted a schema change: from a thread
     # without the GIL it freed the schema under Python's callers (INTERNAL ASSERT, segfaults).
-    result = run_script(
+    result = run_with_test_ops(
         """
         import ctypes, os, time, torch, opreg
         opreg.load_library(os.environ["OPREG_TEST_OPS"])
@@ -64,7 +50,7 @@ def test_a_python_thread_that_released_the_gil_replaces_a_python_op_without_wait
     # Sweep 39 B-F2: the sweep 38 fix handed the replaced Python definition to Python's main thread
     # only from a thread without a Python thread state; a Python thread that released the GIL
     # (ctypes.CDLL) waited for it forever while the thread holding it waited for the replace.
-    result = run_script(
+    result = run_with_test_ops(
         """
         import ctypes, os, threading, torch, opreg
         opreg.register_triton_op(fake_fn=None, triton_fn=None, name="sweep39::replaced_by_thread",
@@ -126,7 +112,7 @@ def test_a_definition_inside_another_that_would_reregister_a_schema_without_the_
     # Sweep 40 B-F1: a kernel factory's replace (a definition inside another, which holds opreg's
     # lock and cannot wait for the GIL) registered a schema anew under Python's callers
     # (segfaults, heap-use-after-free). Refused without the GIL; made with it.
-    result = run_script(
+    result = run_with_test_ops(
         """
         import ctypes, os, torch, opreg
         opreg.load_library(os.environ["OPREG_TEST_OPS"])

@@ -12,6 +12,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import opreg
+from conftest import run_with_test_ops
 
 
 def test_a_call_that_read_no_dispatch_keys_still_takes_the_ops_backward():
@@ -144,3 +145,47 @@ def test_a_cpp_replace_made_while_a_python_definition_records_keeps_its_own_fake
         assert torch.ops.sweep41.replaced_while_recording(mode.from_tensor(row)).shape == (2,)
     compiled = torch.compile(torch.ops.sweep41.replaced_while_recording, backend="aot_eager")
     assert compiled(row).tolist() == [5.0, 5.0]
+
+
+def test_a_python_op_called_inside_a_definition_without_the_gil_is_refused(test_ops_library):
+    # Sweep 41 B-F1: a kernel factory (run under opreg's lock) that called a Python op from a thread
+    # without the GIL waited for it, while a Python thread holding it waited for opreg's lock
+    # (describe_ops, a definition): a deadlock. Now refused, naming the op and the piece; with the
+    # GIL held (ctypes.PyDLL) the call runs.
+    result = run_with_test_ops(
+        """
+        import ctypes, os, threading, time, torch, opreg
+        opreg.register_triton_op(fake_fn=None, triton_fn=None, name="sweep41::python_twice",
+                                 schema="(Tensor x) -> Tensor")(lambda x: x * 2)
+        opreg.load_library(os.environ["OPREG_TEST_OPS"])
+        releasing = ctypes.CDLL(os.environ["OPREG_TEST_OPS"])
+        holding = ctypes.PyDLL(os.environ["OPREG_TEST_OPS"])
+        stop = False
+        def describe():
+            while not stop:
+                opreg.describe_ops()
+        describer = threading.Thread(target=describe)
+        describer.start()
+        try:
+            statuses = [releasing.opreg_test_call_inside_a_definition(b"sweep41::python_twice")
+                        for _ in range(20)]
+        finally:
+            stop = True
+            describer.join()
+        print("without the GIL", statuses)
+        print("with the GIL", holding.opreg_test_call_inside_a_definition(b"sweep41::python_twice"))
+        print("defined", torch.ops.opreg_test.calling_in_factory(torch.ones(1)).tolist())
+        """,
+        test_ops_library,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "without the GIL [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]" in (
+        result.stdout
+    )
+    assert "with the GIL 0" in result.stdout
+    assert "defined [2.0]" in result.stdout
+    assert (
+        "sweep41::python_twice: the fallback, written in Python, was called inside a definition "
+        "(by a kernel factory) on a thread without the GIL" in result.stderr
+    )

@@ -10,6 +10,7 @@ fail every compile of the process (the key is made while pickling Inductor's con
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import dis
 import enum
@@ -41,6 +42,14 @@ _ABSENT = object()
 # A class's dunders that decide what reading or calling its objects gives (PICK(), OBJ.DT).
 _BEHAVING_DUNDERS = frozenset({"__call__", "__getattr__", "__getattribute__"})
 _IMPORT_NAME = dis.opmap["IMPORT_NAME"]
+_BUILTIN_CALLABLES = (
+    types.BuiltinFunctionType,
+    types.WrapperDescriptorType,
+    types.MethodDescriptorType,
+    types.MethodWrapperType,
+    types.ClassMethodDescriptorType,
+)
+_TUPLE_GETTER = type(collections.namedtuple("_Pair", "first").first)
 _PROCESS = secrets.token_hex(8)  # with the pid: an id may be the same in another process
 
 
@@ -62,6 +71,10 @@ class _Fingerprint:
         self._hash = hashlib.sha256()
         self._seen: dict[int, int] = {}
         self._values = 0
+        # The names the functions being described read (co_names and constant strings): what
+        # their code may read of a user's module reached through any value (a default argument,
+        # an object's attribute, a dict).
+        self._reading: list[list[str]] = []
 
     def add(self, value: Any, depth: int = 0) -> None:
         try:
@@ -85,8 +98,8 @@ class _Fingerprint:
             return f"{type(value).__name__}:{value!r}"
         if isinstance(value, torch.dtype | torch.device | torch.layout | torch.memory_format):
             return f"{type(value).__name__}:{value}"
-        if isinstance(value, types.ModuleType):
-            return f"module:{value.__name__}"  # what code reads of it: see _function
+        if isinstance(value, types.ModuleType) and _is_named(value.__name__):
+            return f"module:{value.__name__}"  # its code comes with its package's version
         if isinstance(value, type) and _is_named(value.__module__):
             return f"type:{value.__module__}.{value.__qualname__}"
         if isinstance(value, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
@@ -94,12 +107,25 @@ class _Fingerprint:
         self._values += 1
         if depth >= _MAX_DEPTH or self._values > _MAX_VALUES:
             return _unique(value)
+        if isinstance(value, types.ModuleType):  # a user's: what code reads of it
+            if id(value) in self._seen:
+                return f"module#{self._seen[id(value)]}"
+            self._seen[id(value)] = len(self._seen)
+            names = sorted({name for names in self._reading for name in names})
+            held = vars(value)
+            # A module's __getattr__ gives what it lacks (PEP 562).
+            read = [[name, held[name]] for name in [*names, "__getattr__"] if name in held]
+            self._nested(f"module:{value.__name__}", read, depth)
+            return "module"
+        # A subclass of a container (a NamedTuple, a dict of the user's): its class too, whose
+        # methods and attributes code reads beside the items.
+        subclass = [] if type(value) in (tuple, list, dict) else [type(value)]
         if isinstance(value, tuple | list):
             items = tuple(value)
             plain = _plain_text(items)
-            if plain is not None:
+            if plain is not None and not subclass:
                 return f"{type(value).__name__}:{plain}"
-            self._nested(f"{type(value).__name__}:{len(items)}", items, depth)
+            self._nested(f"{type(value).__name__}:{len(items)}", [*subclass, *items], depth)
             return "sequence"
         if isinstance(value, frozenset | set):
             # Each element apart, then sorted: a set's order changes with PYTHONHASHSEED.
@@ -113,16 +139,19 @@ class _Fingerprint:
                 for k, v in vars(value).copy().items()
                 if not _is_dunder(k) or k in _BEHAVING_DUNDERS
             )
-            # What it inherits too (Sub.FACTOR from its base).
+            # What it inherits too (Sub.FACTOR from its base), and what its metaclass gives.
             bases = [base for base in value.__bases__ if base is not object]
-            self._nested(f"class:{value.__module__}.{value.__qualname__}", [held, bases], depth)
+            metaclass = [] if type(value) is type else [type(value)]
+            self._nested(
+                f"class:{value.__module__}.{value.__qualname__}", [held, bases, metaclass], depth
+            )
             return "class"
         if isinstance(value, dict):
             items = tuple(x for pair in dict.copy(value).items() for x in pair)
             plain = _plain_text(items)
-            if plain is not None:
+            if plain is not None and not subclass:
                 return f"dict:{plain}"
-            self._nested(f"dict:{len(items) // 2}", items, depth)
+            self._nested(f"dict:{len(items) // 2}", [*subclass, *items], depth)
             return "dict"
         if isinstance(value, types.CodeType):
             self._nested(
@@ -132,8 +161,32 @@ class _Fingerprint:
             )
             return "code"
         if isinstance(value, functools.partial):
-            self._nested("partial", [value.func, value.args, value.keywords], depth)
+            # Its arguments are what its function reads (partial(lambda c: c.DT, cfg)).
+            inner = value.func
+            self._reading.append(
+                _names_read(inner) if isinstance(inner, types.FunctionType) else []
+            )
+            try:
+                self._nested("partial", [inner, value.args, value.keywords], depth)
+            finally:
+                self._reading.pop()
             return "partial"
+        if isinstance(value, classmethod | staticmethod):
+            self._nested(type(value).__name__, [value.__func__], depth)
+            return "wrapped"
+        if isinstance(value, property):
+            self._nested("property", [value.fget, value.fset, value.fdel], depth)
+            return "property"
+        if isinstance(value, _BUILTIN_CALLABLES):  # C code: object.__new__, str.__repr__, len
+            owner = getattr(value, "__objclass__", None) or getattr(value, "__self__", None)
+            if owner is None or isinstance(owner, type | types.ModuleType):
+                module = getattr(owner, "__module__", None) or getattr(owner, "__name__", "")
+                if owner is None or isinstance(owner, types.ModuleType) or _is_named(module):
+                    return f"builtin:{module}.{value.__qualname__}"
+            self._nested(f"builtin:{value.__qualname__}", [owner], depth)  # bound: its object
+            return "builtin"
+        if type(value) is _TUPLE_GETTER:  # a NamedTuple's field
+            return f"field:{value.__reduce__()[1]!r}"
         if isinstance(value, types.MethodType):
             self._nested("method", [value.__func__, value.__self__], depth)
             return "method"
@@ -145,7 +198,12 @@ class _Fingerprint:
             self._nested(f"dataclass:{type(value).__qualname__}", [type(value), fields], depth)
             return "dataclass"
         if isinstance(value, enum.Enum):
-            return f"enum:{type(value).__module__}.{type(value).__qualname__}.{value.name}"
+            head = f"enum:{type(value).__module__}.{type(value).__qualname__}.{value.name}"
+            if _is_named(type(value).__module__):
+                return head
+            # A user's: its value and its class's methods (MEMBER.value, MEMBER.dt()).
+            self._nested(head, [value.value, type(value)], depth)
+            return "enum"
         wrapped = _triton_function(value)
         if wrapped is not None:
             self._nested(f"triton:{type(value).__qualname__}", wrapped, depth)
@@ -168,6 +226,7 @@ class _Fingerprint:
     def _apart(self, value: Any, depth: int) -> str:
         part = _Fingerprint()
         part._values = self._values
+        part._reading = self._reading
         part.add(value, depth)
         self._values = part._values
         return part.digest()
@@ -186,15 +245,12 @@ class _Fingerprint:
         if id(fn) in self._seen:
             return f"function#{self._seen[id(fn)]}"
         self._seen[id(fn)] = len(self._seen)
-        names = _names_used(fn.__code__)
-        # getattr(cfg, "FACTOR") reads an attribute its code names only as a string.
-        attributes = sorted(set(names).union(_strings(fn.__code__)))
-        cells = [[value, _attributes_read(value, attributes)] for value in cells]
+        attributes = _names_read(fn)
         used_globals = []
         for name in attributes:  # globals()["FACTOR"] names one only as a string
             value = fn.__globals__.get(name, _ABSENT)
             if value is not _ABSENT:
-                used_globals += [name, value, _attributes_read(value, attributes)]
+                used_globals += [name, value]
         # What it imports when it runs counts like a global it reads, and so does a user's module
         # its code names as a string (importlib.import_module("cfg"), sys.modules["cfg"]).
         imported = _imported(fn.__code__, fn.__globals__) + [
@@ -202,9 +258,12 @@ class _Fingerprint:
             for name in attributes
             if name in sys.modules and not _is_named(name)
         ]
-        imported = [[name, value, _attributes_read(value, attributes)] for name, value in imported]
         pieces = [fn.__code__, fn.__defaults__, fn.__kwdefaults__, cells, used_globals, imported]
-        self._nested(head, pieces, depth)
+        self._reading.append(attributes)
+        try:
+            self._nested(head, pieces, depth)
+        finally:
+            self._reading.pop()
         return "function"
 
 
@@ -228,26 +287,18 @@ def _is_dunder(name: str) -> bool:
     return name.startswith("__") and name.endswith("__")
 
 
-def _attributes_read(value: Any, names: list[str], levels: int = 3) -> list[Any]:
-    """What code that reads ``value.<name>`` (a name among those it uses) gets from a module of
-    the user's (cfg.FACTOR, pkg.sub.FACTOR)."""
-    if not isinstance(value, types.ModuleType) or _is_named(value.__name__) or levels == 0:
-        return []
-    held = vars(value)
-    read = []
-    for name in [*names, "__getattr__"]:  # a module's __getattr__ gives what it lacks (PEP 562)
-        attribute = held.get(name, _ABSENT)
-        if attribute is not _ABSENT:
-            read.append([name, attribute, _attributes_read(attribute, names, levels - 1)])
-    return read
-
-
 def _filled(cell: types.CellType) -> bool:
     try:
         cell.cell_contents  # noqa: B018
     except ValueError:
         return False
     return True
+
+
+def _names_read(fn: types.FunctionType) -> list[str]:
+    """The names ``fn`` reads: globals and attributes, and constant strings (getattr(cfg,
+    "FACTOR") reads an attribute its code names only as a string)."""
+    return sorted(set(_names_used(fn.__code__)).union(_strings(fn.__code__)))
 
 
 def _names_used(code: types.CodeType) -> list[str]:

@@ -6,6 +6,8 @@ Inductor."""
 from __future__ import annotations
 
 import dataclasses
+import enum
+import functools
 import os
 import pickle
 import subprocess
@@ -459,3 +461,109 @@ def test_a_module_the_code_imports_when_it_runs_keys_the_caches_of_other_process
         ["torch.float64", "True", "0"],
         ["torch.float64", "True", "1"],  # the same code and module: the cache serves it
     ]
+
+
+_HELD_MODULE = types.ModuleType("compile_key_held")
+_HELD_MODULE.DT = "float32"
+
+
+class _Mode(enum.Enum):
+    FAST = "float32"
+
+    def dt(self):
+        return _HELD_MODULE.DT
+
+
+class _Settings(typing.NamedTuple):
+    size: int = 1
+    DT = "float32"
+
+    def dt(self):
+        return self.DT
+
+
+class _Table(dict):
+    DT = "float32"
+
+
+class _Lazy(type):
+    def __getattr__(cls, name):
+        return _HELD_MODULE.DT
+
+
+class _LazyConfig(metaclass=_Lazy):
+    pass
+
+
+def _with_module(c=_HELD_MODULE):
+    return c.DT
+
+
+class _Holder:
+    pass
+
+
+_HOLDER = _Holder()
+_HOLDER.cfg = _HELD_MODULE
+
+
+def test_a_value_reached_through_a_holder_is_part_of_it(monkeypatch):
+    # Sweep 41 A-F1: a user's module held by a default argument, an object, a dict, a list or a
+    # partial; an enum member's value and methods; a NamedTuple's or a dict subclass's class; a
+    # metaclass's __getattr__. The fingerprint saw only their names, and another process's
+    # disk-cache hit ran code compiled for float32 on float64 values.
+    readers = {
+        "default": lambda x: _with_module(),
+        "object": lambda x: _HOLDER.cfg.DT,
+        "dict": lambda x: {"cfg": _HELD_MODULE}["cfg"].DT,
+        "list": lambda x: [_HELD_MODULE][0].DT,
+        "partial": lambda x: functools.partial(lambda c: c.DT, _HELD_MODULE)(),
+        "enum method": lambda x: _Mode.FAST.dt(),
+        "namedtuple": lambda x: _Settings().dt(),
+        "dict subclass": lambda x: _Table().DT,
+        "metaclass": lambda x: _LazyConfig.DT,
+    }
+    partial = functools.partial(lambda c: c.DT, _HELD_MODULE)
+    readers["partial"] = lambda x: partial()
+    before = {name: fingerprint(reading(read)) for name, read in readers.items()}
+    assert before == {name: fingerprint(reading(read)) for name, read in readers.items()}
+    monkeypatch.setattr(_HELD_MODULE, "DT", "float64")
+    monkeypatch.setattr(_Settings, "DT", "float64")
+    monkeypatch.setattr(_Table, "DT", "float64")
+    after = {name: fingerprint(reading(read)) for name, read in readers.items()}
+    assert [name for name in readers if before[name] == after[name]] == []
+
+
+_FINGERPRINT_OF_AN_ENUM_AND_A_NAMEDTUPLE = """
+import enum, sys, typing
+sys.path.insert(0, {folder!r})
+from opreg import _compile_key
+
+class Mode(enum.Enum):
+    FAST = "float32"
+    def dt(self):
+        return self.value
+
+class Settings(typing.NamedTuple):
+    size: int = 1
+    def dt(self):
+        return "float32"
+
+def read(x):
+    return Mode.FAST.dt(), Settings().dt(), Mode.FAST.value
+print(_compile_key.fingerprint([read]))
+"""
+
+
+def test_an_enum_and_a_namedtuple_give_every_process_the_same_fingerprint(tmp_path):
+    # What the fingerprint reads of them (their classes' machinery: object.__new__, a field's
+    # getter, classmethods) is described, not made this process's own: other processes share the
+    # caches.
+    script = _FINGERPRINT_OF_AN_ENUM_AND_A_NAMEDTUPLE.format(folder=str(tmp_path))
+    prints = {
+        subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, check=True
+        ).stdout
+        for _ in range(2)
+    }
+    assert len(prints) == 1 and len(next(iter(prints)).strip()) == 64

@@ -879,5 +879,8 @@ def _record(
         if _C.definition_serial(companion) != serial:
             continue  # defined again since: no longer the dropped one
         _forget(companion)
-        if _C.is_defined(companion):  # C++'s opreg::undefine of its op took it along already
+        try:
             _C.undefine(companion)
+        except ValueError:  # undefined already: opreg::undefine of its op took it along
+            if _C.is_defined(companion):
+                raise

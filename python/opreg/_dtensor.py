@@ -62,7 +62,11 @@ def _register(qualname: str) -> None:
     overload = op_overload(qualname)
     serial = _C.definition_serial(qualname)
     registered = _registered.get(id(overload))
-    if registered is None and _C.describe_op(qualname).sharding == _C.Sharding.NONE:
+    try:
+        sharding = _C.describe_op(qualname).sharding
+    except ValueError:
+        return  # undefined meanwhile (by a C++ thread, say): it is registered when defined again
+    if registered is None and sharding == _C.Sharding.NONE:
         return  # DTensor refuses the call, naming the op (or opreg's strategy says why, below)
     if registered is not None and registered[1] == serial:
         return

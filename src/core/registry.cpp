@@ -2114,6 +2114,9 @@ void check_publishable(Registry& reg, const Definition& definition) {
                       current ? current->origin : "",
                       "); pass replace=True (.replace() in C++) to replace it");
     const auto& only = definition.spec.replace_only;
+    TORCH_CHECK_VALUE(!only || current || *only == 0, qualified,
+                      ": the op was undefined while this definition was made, and it replaces only "
+                      "the op's earlier definition; define the op again");
     TORCH_CHECK_VALUE(!only || (current ? current->serial : 0) == *only, qualified,
                       ": an op of this name was defined (by ", current ? current->origin : "",
                       ") while this definition was made, and it replaces only the op's earlier "

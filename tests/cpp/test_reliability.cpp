@@ -826,3 +826,20 @@ TEST(Reliability, AKernelKeepsItsContextsReferencesAsLongAsItLives) {
   EXPECT_EQ(seen, (std::vector<std::string>{"opreg_rel::keeps_context", "kernel:keeps",
                                             "opreg_rel::keeps_context"}));
 }
+
+// Sweep 41 A-F3: a definition that replaces only the op's earlier one, made while the op was
+// undefined, was refused as if another definition had been made meanwhile, naming no one.
+TEST(Reliability, ReplacingOnlyAnOpUndefinedMeanwhileSaysItWasUndefined) {
+  opreg::op("opreg_rel::undefined_meanwhile(Tensor x) -> Tensor")
+      .fallback([](const at::Tensor& x) { return x * 2; })
+      .define();
+  const uint64_t serial = opreg::detail::definition_serial("opreg_rel::undefined_meanwhile");
+  opreg::undefine("opreg_rel::undefined_meanwhile");
+  opreg::OpBuilder again("opreg_rel::undefined_meanwhile(Tensor x) -> Tensor");
+  again.fallback(opreg::detail::typed_kernel(std::function<at::Tensor(const at::Tensor&)>(twice)));
+  again.replace_only(serial);
+  EXPECT_CONTAINS(error_of([&] { std::move(again).define(); }),
+                  "opreg_rel::undefined_meanwhile: the op was undefined while this definition "
+                  "was made, and it replaces only the op's earlier definition");
+  EXPECT_FALSE(opreg::is_defined("opreg_rel::undefined_meanwhile"));
+}

@@ -189,3 +189,36 @@ def test_a_python_op_called_inside_a_definition_without_the_gil_is_refused(test_
         "sweep41::python_twice: the fallback, written in Python, was called inside a definition "
         "(by a kernel factory) on a thread without the GIL" in result.stderr
     )
+
+
+def test_a_definition_racing_an_undefine_of_its_op_ends_whole(test_ops_library):
+    # Sweep 41 A-F2: a C++ undefine of the op between the core's publish and the Python front's
+    # records (here from a hook, at each of the calls into C the definition makes) made the
+    # definition raise about its companion's undefine, or DTensor's registration, after it took
+    # effect. It returns, and the op ends defined or undefined, never with a companion left.
+    import torch.distributed.tensor
+
+    opreg.load_library(test_ops_library)
+    undefining = ctypes.CDLL(str(test_ops_library))
+    name = "sweep41::undefined_while_defined"
+    outcomes = set()
+    for target in range(1, 200, 3):
+        _define_with_vmap_fn(name, 2)
+        returns = [0]
+
+        def hook(frame, event, arg, target=target, returns=returns):
+            if event == "c_return" and "opreg" in frame.f_code.co_filename:
+                returns[0] += 1
+                if returns[0] == target:
+                    undefining.opreg_test_undefine(name.encode())
+
+        sys.setprofile(hook)
+        try:
+            _define_plain(name, 5)
+        finally:
+            sys.setprofile(None)
+        assert not _defined(f"{name}_vmap")
+        if _defined(name):
+            assert torch.ops.sweep41.undefined_while_defined(torch.ones(2)).tolist() == [1.0] * 10
+        outcomes.add(_defined(name))
+    assert outcomes == {True, False}

@@ -98,6 +98,9 @@ struct Definition {
   detail::IdentityPtr identity;
   std::string origin;
   std::vector<size_t> required_tensors;  // arguments that must be defined tensors
+  // Tensor[] and Tensor[]? arguments: a C++ caller's list may hold an undefined tensor, which the
+  // pieces met as PyTorch's internal assert (sweep 42 B-F2).
+  std::vector<size_t> tensor_lists;
   // Arguments other than Tensor: a boxed call's hand-made stack may hold another kind there, which
   // the pieces' unboxing would meet with an internal assert, or an enum beyond its values.
   std::vector<std::pair<size_t, const c10::Type*>> checked_values;
@@ -876,6 +879,7 @@ std::shared_ptr<Definition> build(OpBuilder::State spec,
       definition->checked_values.emplace_back(i, argument.real_type().get());
     }
     if (argument.type()->isSubtypeOf(*c10::OptionalType::create(c10::ListType::ofTensors()))) {
+      definition->tensor_lists.push_back(i);
       definition->optional_tensor_lists.push_back(i);
     }
     if (argument.N()) definition->fixed_lengths.emplace_back(i, *argument.N());
@@ -1143,6 +1147,17 @@ void check_arguments(const Definition& definition, const torch::jit::Stack& stac
         false, definition.name(), ": argument '", arguments[index].name(),
         "' must be a Tensor, got ", value.isNone() || value.isTensor() ? "None" : value.tagKind(),
         " (declare it 'Tensor? ", arguments[index].name(), "' in the schema to accept None)");
+  }
+  for (size_t index : definition.tensor_lists) {
+    const auto& value = first[index];
+    if (!value.isTensorList()) continue;  // None, or another kind: checked below
+    const auto list = value.toTensorList();
+    for (size_t element = 0; element < list.size(); ++element) {
+      TORCH_CHECK_TYPE(list.get(element).defined(), definition.name(), ": argument '",
+                       arguments[index].name(), "' holds None (an undefined tensor) at index ",
+                       element, ", expected a Tensor (declare it 'Tensor?[] ",
+                       arguments[index].name(), "' in the schema to accept None)");
+    }
   }
   for (size_t index : definition.optional_tensors) {
     const auto& value = first[index];

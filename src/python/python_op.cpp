@@ -166,16 +166,16 @@ bool interpreter_finalizing() {
 
 // Before a Python piece takes the GIL. A thread inside a definition (a kernel factory that calls
 // an op, say) holds opreg's registry lock, which Python's threads take holding the GIL (a
-// definition, describe_ops): waiting there for the GIL deadlocked (sweep 41 B-F1). Such a call is
-// refused; a thread that holds the GIL already runs it.
+// definition, describe_ops): waiting there for the GIL deadlocked (sweep 41 B-F1), and so did
+// a thread that held it, since Python code lets it go now and then (sweep 42 B-F1). Such a call
+// is refused.
 void check_python_can_run(const std::string& op, const std::string& piece) {
   TORCH_CHECK(!interpreter_finalizing(), op, ": ", piece,
               ", written in Python, cannot run: the Python interpreter is exiting");
-  TORCH_CHECK(!detail::inside_definition() || PyGILState_Check() == 1, op, ": ", piece,
-              ", written in Python, was called inside a definition (by a kernel factory) on a "
-              "thread without the GIL: waiting for the GIL there could deadlock with a Python "
-              "thread that waits for the definition; call the op outside the kernel factory, or "
-              "define from a thread that holds the GIL");
+  TORCH_CHECK(!detail::inside_definition(), op, ": ", piece,
+              ", written in Python, was called inside a definition (by a kernel factory), which "
+              "holds opreg's lock: Python code there could deadlock with a Python thread that "
+              "waits for that lock; call the op outside the kernel factory");
 }
 
 // PEP 678's note on a Python exception (Python 3.11 and later; nothing on older ones); once, for

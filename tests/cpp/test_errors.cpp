@@ -711,6 +711,25 @@ TEST(Errors, ABoxedListOfTensorsServesATensorOptionalList) {
   opreg::undefine("opreg_err::count_given");
 }
 
+// Sweep 42 B-F2: an undefined tensor in a Tensor[] passed opreg's checks and met PyTorch's
+// internal assert in the fallback ("Found type undefined input tensor!").
+TEST(Errors, AnUndefinedTensorInATensorListNamesTheArgumentAndTheIndex) {
+  auto op = opreg::op("opreg_err::stacked(Tensor[] xs, Tensor[]? ys=None) -> Tensor")
+                .fallback([](at::TensorList xs, const std::optional<at::TensorList>&) {
+                  return at::stack(xs);
+                })
+                .define();
+  const std::vector<at::Tensor> with_undefined{at::ones({2}), at::Tensor()};
+  EXPECT_CONTAINS(error_of([&] { op(with_undefined, std::nullopt); }),
+                  "opreg_err::stacked: argument 'xs' holds None (an undefined tensor) at index 1, "
+                  "expected a Tensor (declare it 'Tensor?[] xs' in the schema to accept None)");
+  EXPECT_CONTAINS(
+      error_of([&] { op(std::vector<at::Tensor>{at::ones({2})}, at::TensorList(with_undefined)); }),
+      "opreg_err::stacked: argument 'ys' holds None (an undefined tensor) at index 1");
+  EXPECT_TRUE(
+      at::equal(op(std::vector<at::Tensor>{at::ones({2})}, std::nullopt), at::ones({1, 2})));
+}
+
 // Sweep 38 B-F9: an enumeration value out of range met "INTERNAL ASSERT FAILED ... please report a
 // bug to PyTorch".
 TEST(Errors, DescribingAValueNoneOfTheEnumerationsIsRefused) {

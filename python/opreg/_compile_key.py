@@ -75,6 +75,7 @@ class _Fingerprint:
         # their code may read of a user's module reached through any value (a default argument,
         # an object's attribute, a dict).
         self._reading: list[list[str]] = []
+        self._module_names: dict[int, set[str]] = {}  # the names each module was read for
 
     def add(self, value: Any, depth: int = 0) -> None:
         try:
@@ -108,13 +109,15 @@ class _Fingerprint:
         if depth >= _MAX_DEPTH or self._values > _MAX_VALUES:
             return _unique(value)
         if isinstance(value, types.ModuleType):  # a user's: what code reads of it
-            if id(value) in self._seen:
-                return f"module#{self._seen[id(value)]}"
-            self._seen[id(value)] = len(self._seen)
-            names = sorted({name for names in self._reading for name in names})
+            # Met again through another function, it is read for that one's names too.
+            described = self._module_names.setdefault(id(value), set())
+            names = {name for names in self._reading for name in names} | {"__getattr__"}
+            if not names - described:
+                return f"module:{value.__name__}#"
             held = vars(value)
             # A module's __getattr__ gives what it lacks (PEP 562).
-            read = [[name, held[name]] for name in [*names, "__getattr__"] if name in held]
+            read = [[name, held[name]] for name in sorted(names - described) if name in held]
+            described |= names
             self._nested(f"module:{value.__name__}", read, depth)
             return "module"
         # A subclass of a container (a NamedTuple, a dict of the user's): its class too, whose
@@ -227,6 +230,7 @@ class _Fingerprint:
         part = _Fingerprint()
         part._values = self._values
         part._reading = self._reading
+        part._module_names = self._module_names
         part.add(value, depth)
         self._values = part._values
         return part.digest()

@@ -567,3 +567,22 @@ def test_an_enum_and_a_namedtuple_give_every_process_the_same_fingerprint(tmp_pa
         for _ in range(2)
     }
     assert len(prints) == 1 and len(next(iter(prints)).strip()) == 64
+
+
+def _reads_other():
+    return _HELD_MODULE.OTHER
+
+
+def _reads_dt():
+    return _HELD_MODULE.DT
+
+
+def test_a_module_two_functions_read_is_read_for_the_names_of_both(monkeypatch):
+    # Sweep 42 A-F1: a module met again through a second function was named only, so what that
+    # function read of it (OTHER, beside DT that _reads_dt, described first, reads) was not part
+    # of the fingerprint.
+    monkeypatch.setattr(_HELD_MODULE, "OTHER", "float32", raising=False)
+    both = reading(lambda x: (_reads_other(), _reads_dt()))
+    before = fingerprint(both)
+    monkeypatch.setattr(_HELD_MODULE, "OTHER", "float64")
+    assert fingerprint(both) != before

@@ -788,19 +788,25 @@ def _define(declarations: Sequence[OpDeclaration]) -> list[torch._ops.OpOverload
     published = _C.define_all(builders)
     # Note [A definition made while another records its pieces]
     # Recording runs Python code, where a profiler or trace hook, or a finalizer, may define ops
-    # on this thread (the definition lock is reentrant). Such a definition is published at once
-    # and recorded after the one it interrupted, so neither overwrites the other's pieces; each
-    # records only ops that its own definition still holds.
-    waiting = getattr(_defining_here, "waiting", None)
-    if waiting is not None:
-        waiting.append((declarations, published, dropped_companions))
-    else:
-        _defining_here.waiting = waiting = [(declarations, published, dropped_companions)]
-        try:
-            for made in waiting:  # grows while it runs
-                _record(*made)
-        finally:
-            _defining_here.waiting = None
+    # on this thread (the definition lock is reentrant). Such a definition records its pieces at
+    # once (inside the hook, which may guard itself against running again), and each records only
+    # ops that its own definition still holds. One whose pieces the interrupted record then wrote
+    # over is recorded again, once, when the outermost definition ends: a hook that defines
+    # whenever Python code runs would otherwise never let it end.
+    recording = _defining_here.__dict__.setdefault("recording", [])
+    outermost = not recording
+    if outermost:
+        _defining_here.overwritten = {}
+        _defining_here.latest = {}
+    made = (declarations, published, dropped_companions)
+    recording.append(made)
+    try:
+        _record(*made)
+    finally:
+        recording.pop()
+        overwritten = _defining_here.__dict__.pop("overwritten", None) if outermost else None
+    for again in (overwritten or {}).values():
+        _record(*again)
     if any(registered_before[d.qualname] is not None for d in declarations):
         _defining_here.forget = True  # done by defining() once the lock is released
     return [op_overload(declaration.qualname) for declaration in declarations]
@@ -810,7 +816,7 @@ def _links(name: str) -> tuple[str | None, str | None]:
     """(the op whose vmap_fn companion ``name`` is, ``name``'s companion) by its current
     definition, one this thread published and has yet to record included."""
     now = _C.definition_serial(name)
-    for declarations, published, _ in reversed(getattr(_defining_here, "waiting", None) or []):
+    for declarations, published, _ in reversed(getattr(_defining_here, "recording", None) or []):
         if published.get(name) == now:
             owner = next(d.companion_of for d in declarations if d.qualname == name)
             companion = next((d.qualname for d in declarations if d.companion_of == name), None)
@@ -827,54 +833,21 @@ def _record(
     dropped_companions: Sequence[tuple[str, int]],
 ) -> None:
     """The Python-side pieces of definitions the core published under ``published``."""
+    latest = _defining_here.__dict__.setdefault("latest", {})  # op -> the group last recorded
     for declaration in declarations:
         qualname = declaration.qualname
         serial = published[qualname]
         if _C.definition_serial(qualname) != serial:
             continue  # defined again since (from C++, or nested): the later one's pieces stand
-        _forget(qualname)
-        library = torch.library.Library(qualname.split("::")[0], "FRAGMENT")
-        if declaration.fake is not None:
-            _torch_library.register_fake(library, qualname, _checked_fake(declaration, serial))
-        else:  # Note [An op's rule for FakeTensorMode]
-            _fake_mode_rule(qualname, serial, library)
-
-        if declaration.decompose_with is not None:
-            triton_fn, device_types = declaration.decompose_with
-            _torch_library.register_torch_dispatch(
-                library,
-                qualname,
-                functional_tensor_mode(),
-                decomposition(
-                    triton_fn,
-                    declaration.fallback,
-                    device_types,
-                    current=lambda qualname=qualname, serial=serial: still_current(
-                        qualname, serial
-                    ),
-                ),
-            )
-        _torch_library.claim(qualname)
-        companion = next((d.qualname for d in declarations if d.companion_of == qualname), None)
-        _registrations[qualname] = _Registration(
-            qualname,
-            [library],
-            declaration.kernel_status,
-            declaration.jit_kernels,
-            companion_of=declaration.companion_of,
-            companion=companion,
-            serial=serial,
-        )
-        strategy = declaration.sharding if callable(declaration.sharding) else None
-        _dtensor.declare(qualname, strategy)
-        try:
-            _compile_key.declare(qualname, [declaration.compiled_pieces()])
-        except Exception as error:  # the op is defined: a cache key's gap must not undo that
-            warnings.warn(
-                f"opreg: op '{qualname}': torch.compile's caches do not see this definition: "
-                f"{error}",
-                stacklevel=2,
-            )
+        made = (declarations, published, dropped_companions)
+        latest[qualname] = made
+        _record_one(declaration, declarations, serial)
+        # One made meanwhile on this thread (its pieces were written over): recorded again.
+        later = latest[qualname]
+        overwritten = getattr(_defining_here, "overwritten", None)
+        current = later[1][qualname] == _C.definition_serial(qualname)
+        if later is not made and overwritten is not None and current:
+            overwritten[id(later)] = later
     for companion, serial in dropped_companions:  # it would hold its name and serve nothing
         if _C.definition_serial(companion) != serial:
             continue  # defined again since: no longer the dropped one
@@ -884,3 +857,50 @@ def _record(
         except ValueError:  # undefined already: opreg::undefine of its op took it along
             if _C.is_defined(companion):
                 raise
+
+
+def _record_one(
+    declaration: OpDeclaration, declarations: Sequence[OpDeclaration], serial: int
+) -> None:
+    """One op's Python-side pieces, for its definition of ``serial``."""
+    qualname = declaration.qualname
+    _forget(qualname)
+    library = torch.library.Library(qualname.split("::")[0], "FRAGMENT")
+    if declaration.fake is not None:
+        _torch_library.register_fake(library, qualname, _checked_fake(declaration, serial))
+    else:  # Note [An op's rule for FakeTensorMode]
+        _fake_mode_rule(qualname, serial, library)
+
+    if declaration.decompose_with is not None:
+        triton_fn, device_types = declaration.decompose_with
+        _torch_library.register_torch_dispatch(
+            library,
+            qualname,
+            functional_tensor_mode(),
+            decomposition(
+                triton_fn,
+                declaration.fallback,
+                device_types,
+                current=lambda qualname=qualname, serial=serial: still_current(qualname, serial),
+            ),
+        )
+    _torch_library.claim(qualname)
+    companion = next((d.qualname for d in declarations if d.companion_of == qualname), None)
+    _registrations[qualname] = _Registration(
+        qualname,
+        [library],
+        declaration.kernel_status,
+        declaration.jit_kernels,
+        companion_of=declaration.companion_of,
+        companion=companion,
+        serial=serial,
+    )
+    strategy = declaration.sharding if callable(declaration.sharding) else None
+    _dtensor.declare(qualname, strategy)
+    try:
+        _compile_key.declare(qualname, [declaration.compiled_pieces()])
+    except Exception as error:  # the op is defined: a cache key's gap must not undo that
+        warnings.warn(
+            f"opreg: op '{qualname}': torch.compile's caches do not see this definition: {error}",
+            stacklevel=2,
+        )

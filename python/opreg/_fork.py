@@ -32,7 +32,3 @@ def unlocked_in_forked_child(lock: Any) -> Any:
 
 def new_rlock() -> threading.RLock:
     return unlocked_in_forked_child(threading.RLock())
-
-
-def new_lock() -> threading.Lock:
-    return unlocked_in_forked_child(threading.Lock())

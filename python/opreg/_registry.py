@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from opreg import _C, _compile_key, _dtensor
-from opreg._fork import new_lock
+from opreg._fork import new_rlock
 from opreg._public import public
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -207,7 +207,7 @@ def forget_compiled_code_later() -> None:
 DEFERRED_RESET = "opreg: forget compiled code when no compiled code runs"
 _WAIT_FOR_OTHERS_S = 1.0
 _WORKER_GIVES_UP_S = 600.0
-_reset_lock = new_lock()
+_reset_lock = new_rlock()
 _reset_requests = 0
 _reset_worker: threading.Thread | None = None
 

@@ -21,11 +21,11 @@ from typing import Any
 import torch
 from torch._library import custom_ops, simple_registry
 
-from opreg._fork import new_lock
+from opreg._fork import new_rlock
 
 # OPDEFS holds its entries weakly: these keep them.
 _entries: dict[str, TorchLibraryEntry] = {}
-_lock = new_lock()
+_lock = new_rlock()  # reentrant: a trace hook or finalizer may define an op while it is held
 
 
 class TorchLibraryEntry(custom_ops.CustomOpDef):
@@ -201,9 +201,8 @@ def reinstate(qualname: str) -> None:
     """opreg's rules of ``qualname`` that a user's rule held back, where that rule is gone."""
     with _lock:
         for key in [key for key in _displaced if key[0] == qualname]:
-            if not _rule_of(key):
-                library, fn = _displaced.pop(key)
-                _register_own(library, key, fn)
+            if not _rule_of(key) and (displaced := _displaced.pop(key, None)) is not None:
+                _register_own(displaced[0], key, displaced[1])
 
 
 def forget(qualname: str) -> None:
@@ -211,4 +210,4 @@ def forget(qualname: str) -> None:
     with _lock:
         for records in (_own_rules, _displaced):
             for key in [key for key in records if key[0] == qualname]:
-                del records[key]
+                records.pop(key, None)  # a definition nested in this loop may have dropped it

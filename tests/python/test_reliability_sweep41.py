@@ -223,3 +223,41 @@ def test_a_definition_racing_an_undefine_of_its_op_ends_whole(test_ops_library):
             assert torch.ops.sweep41.undefined_while_defined(torch.ones(2)).tolist() == [1.0] * 10
         outcomes.add(_defined(name))
     assert outcomes == {True, False}
+
+
+def test_a_trace_hook_that_defines_whenever_it_fires_lets_a_definition_end(test_ops_library):
+    # Sweep 42 A-F2: a trace hook (guarded against running again) that defines an op every 50th
+    # line made a definition never return: pieces recorded outside the hook fired it again, and a
+    # definition made inside torch.library's bookkeeping waited for opreg's own lock there.
+    result = run_with_test_ops(
+        """
+        import sys, torch, opreg
+        def define(name, factor):
+            opreg.register_triton_op(fake_fn=lambda x: torch.empty_like(x), triton_fn=None,
+                                     name=name, replace=True,
+                                     schema="(Tensor x) -> Tensor")(lambda x: x * factor)
+        define("sweep41::shared", 0)
+        lines, busy, nested = [0], [False], [0]
+        def trace(frame, event, arg):
+            if event == "line":
+                lines[0] += 1
+                if lines[0] % 50 == 0 and not busy[0]:
+                    busy[0] = True
+                    try:
+                        nested[0] += 1
+                        define("sweep41::shared", nested[0])
+                    finally:
+                        busy[0] = False
+            return trace
+        sys.settrace(trace)
+        define("sweep41::outer", 1)
+        sys.settrace(None)
+        shared = torch.ops.sweep41.shared(torch.ones(1)).item()
+        outer = torch.ops.sweep41.outer(torch.ones(1)).item()
+        print("returned", nested[0] > 0, shared == nested[0], outer)
+        """,
+        test_ops_library,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "returned True True 1.0" in result.stdout

@@ -14,7 +14,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -798,15 +798,17 @@ def _define(declarations: Sequence[OpDeclaration]) -> list[torch._ops.OpOverload
     if outermost:
         _defining_here.overwritten = {}
         _defining_here.latest = {}
-    made = (declarations, published, dropped_companions)
+    made = _Made(declarations, published, dropped_companions)
     recording.append(made)
     try:
-        _record(*made)
+        _record(made)
+        if outermost:  # once: ones written over meanwhile stay so (Guarantees: not covered)
+            for again in list(_defining_here.overwritten.values()):
+                _record(again)
     finally:
         recording.pop()
-        overwritten = _defining_here.__dict__.pop("overwritten", None) if outermost else None
-    for again in (overwritten or {}).values():
-        _record(*again)
+        if outermost:  # the groups hold Python pieces: none outlives its definition here
+            del _defining_here.overwritten, _defining_here.latest
     if any(registered_before[d.qualname] is not None for d in declarations):
         _defining_here.forget = True  # done by defining() once the lock is released
     return [op_overload(declaration.qualname) for declaration in declarations]
@@ -816,10 +818,12 @@ def _links(name: str) -> tuple[str | None, str | None]:
     """(the op whose vmap_fn companion ``name`` is, ``name``'s companion) by its current
     definition, one this thread published and has yet to record included."""
     now = _C.definition_serial(name)
-    for declarations, published, _ in reversed(getattr(_defining_here, "recording", None) or []):
-        if published.get(name) == now:
-            owner = next(d.companion_of for d in declarations if d.qualname == name)
-            companion = next((d.qualname for d in declarations if d.companion_of == name), None)
+    for made in reversed(getattr(_defining_here, "recording", None) or []):
+        if made.published.get(name) == now:
+            owner = next(d.companion_of for d in made.declarations if d.qualname == name)
+            companion = next(
+                (d.qualname for d in made.declarations if d.companion_of == name), None
+            )
             return owner, companion
     registration = _registrations.get(name)
     if registration is None:
@@ -827,28 +831,29 @@ def _links(name: str) -> tuple[str | None, str | None]:
     return registration.companion_of, registration.companion
 
 
-def _record(
-    declarations: Sequence[OpDeclaration],
-    published: Mapping[str, int],
-    dropped_companions: Sequence[tuple[str, int]],
-) -> None:
-    """The Python-side pieces of definitions the core published under ``published``."""
-    latest = _defining_here.__dict__.setdefault("latest", {})  # op -> the group last recorded
-    for declaration in declarations:
+class _Made(NamedTuple):
+    """One definition from Python, as the core published it, until its pieces are recorded."""
+
+    declarations: Sequence[OpDeclaration]
+    published: Mapping[str, int]  # op -> the serial the core published it with
+    dropped_companions: Sequence[tuple[str, int]]
+
+
+def _record(made: _Made) -> None:
+    """The Python-side pieces of the definitions the core published under ``made.published``."""
+    latest = _defining_here.latest  # op -> the group whose pieces it holds now
+    for declaration in made.declarations:
         qualname = declaration.qualname
-        serial = published[qualname]
+        serial = made.published[qualname]
         if _C.definition_serial(qualname) != serial:
             continue  # defined again since (from C++, or nested): the later one's pieces stand
-        made = (declarations, published, dropped_companions)
         latest[qualname] = made
-        _record_one(declaration, declarations, serial)
+        _record_one(declaration, made.declarations, serial)
         # One made meanwhile on this thread (its pieces were written over): recorded again.
         later = latest[qualname]
-        overwritten = getattr(_defining_here, "overwritten", None)
-        current = later[1][qualname] == _C.definition_serial(qualname)
-        if later is not made and overwritten is not None and current:
-            overwritten[id(later)] = later
-    for companion, serial in dropped_companions:  # it would hold its name and serve nothing
+        if later is not made and later.published[qualname] == _C.definition_serial(qualname):
+            _defining_here.overwritten[id(later)] = later
+    for companion, serial in made.dropped_companions:  # it would hold its name and serve nothing
         if _C.definition_serial(companion) != serial:
             continue  # defined again since: no longer the dropped one
         _forget(companion)

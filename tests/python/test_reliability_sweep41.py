@@ -261,3 +261,34 @@ def test_a_trace_hook_that_defines_whenever_it_fires_lets_a_definition_end(test_
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "returned True True 1.0" in result.stdout
+
+
+def test_a_replaced_definitions_python_pieces_are_freed_without_another_definition(
+    test_ops_library,
+):
+    # The record of the last definition made on a thread kept its declarations (its fallback and
+    # fake) until the thread's next definition: past a C++ replace of its op, after which the
+    # op's first call on a fake tensor drops its Python pieces.
+    import gc
+    import weakref
+
+    class Held:
+        pass
+
+    held = Held()
+    alive = weakref.ref(held)
+    name = "sweep41::freed_when_replaced"
+    opreg.load_library(test_ops_library)
+    opreg.register_triton_op(
+        fake_fn=lambda x, held=held: torch.empty_like(x),
+        triton_fn=None,
+        name=name,
+        schema="(Tensor x) -> Tensor",
+        replace=True,
+    )(lambda x, held=held: x + 1)
+    del held
+    assert ctypes.PyDLL(str(test_ops_library)).opreg_test_replace_here(name.encode()) == 0
+    with FakeTensorMode() as mode:
+        assert torch.ops.sweep41.freed_when_replaced(mode.from_tensor(torch.ones(2))).shape == (2,)
+    gc.collect()
+    assert alive() is None

@@ -94,6 +94,26 @@ def _out_dims(out_dims: int | Sequence[int | None], count: int) -> tuple[int | N
     return tuple(out_dims)
 
 
+def _check_vmap_fn_batch(
+    qualname: str, outputs: Sequence[Any], out_dims: Sequence[int | None], batch_size: int
+) -> None:
+    """vmap_fn's outputs hold the batch where vmap_out_dims says: the op's vmap checks say so
+    too, but of "the vmap rule", which a vmap_fn's user never wrote (sweep 43 A-F3)."""
+    for index, (output, dim) in enumerate(zip(outputs, out_dims, strict=False)):
+        if (
+            not isinstance(output, torch.Tensor)
+            or dim is None
+            or not -output.dim() <= dim < output.dim()
+        ):
+            continue  # the op's checks say what is wrong with it
+        if output.shape[dim] != batch_size:
+            raise RuntimeError(
+                f"{qualname}: its vmap_fn returned output {index} with {output.shape[dim]} "
+                f"entries along dim {dim} (its vmap_out_dims), expected the batch size "
+                f"{batch_size}: vmap_fn computes every example of the batch at once"
+            )
+
+
 def explicit_rule(qualname: str, vmap: Callable[..., Any], shape: RuleShape) -> Callable[..., Any]:
     """torch.library.register_vmap's signature: vmap(info, in_dims, *args, **kwargs) ->
     (output, out_dims), with in_dims for the positional arguments and keyword-only ones passed by
@@ -365,7 +385,9 @@ def vmap_fn_companion(
                 raise RuntimeError(replaced_while_called) from error
             raise
         check_pinned()
-        return outputs, _out_dims(vmap_out_dims, len(outputs))
+        out_dims = _out_dims(vmap_out_dims, len(outputs))
+        _check_vmap_fn_batch(qualname, outputs, out_dims, batch_size)
+        return outputs, out_dims
 
     # The op and its companion are two definitions: a call that started with this rule and
     # would reach another definition's companion (a replace raced it) refuses, not mixes them.

@@ -708,6 +708,8 @@ void add_kernel(Definition& definition, const KernelDeclaration& kernel,
   definition.serving.push_back({device_type, DeviceServing::Kind::kKernel, kernel.name, ""});
 }
 
+void check_arguments(const Definition& definition, const torch::jit::Stack& stack);
+void normalize_arguments(const Definition& definition, torch::jit::Stack& stack);
 void run_checked_fallback(const Definition& d, const c10::OperatorHandle& op,
                           c10::DispatchKeySet keys, torch::jit::Stack* stack);
 
@@ -726,6 +728,9 @@ class CheckedFallback final : public c10::OperatorKernel {
                 ": the fallback of a definition that was replaced or undefined was called (a "
                 "KernelContext::fallback kept past its definition); call the fallback that the "
                 "current definition's kernel factory is given");
+    // A kernel's stack as a dispatched call's: too few values read before it (sweep 43 B-F1).
+    check_arguments(*definition, *stack);
+    normalize_arguments(*definition, *stack);
     run_checked_fallback(*definition, op, keys, stack);
   }
 
@@ -1746,14 +1751,10 @@ void run_checked(const Definition& d, const c10::KernelFunction& function, const
   const size_t base = stack->size() - d.schema().arguments().size();
   std::optional<torch::jit::Stack> meta;
   if (compare_with_fake && detail::debug_checks()) meta = meta_arguments(d, *stack);
-  try {
-    function.callBoxed(op, keys, stack);
-  } catch (c10::Error& error) {
-    // ATen's own messages ("The size of tensor a ...") do not say which op's code raised them;
-    // opreg's do.
-    if (!detail::names_op(error, d.name())) error.add_context("in " + impl + " of " + d.name());
-    throw;
-  }
+  // ATen's own messages ("The size of tensor a ...") do not say which op's code raised them;
+  // opreg's do. A piece a KernelFactory built boxed throws what it throws (sweep 43 B-F4): said
+  // with the op and the piece as a typed piece's throw is.
+  detail::run_user_code_named<void>(d.name(), impl, [&] { function.callBoxed(op, keys, stack); });
   check_outputs(d, *stack, base, inputs, impl, device);
   if (meta) compare_with_fake_outputs(d, op, std::move(*meta), *stack, base, impl);
 }
@@ -2439,8 +2440,6 @@ void call_checked_fallback(const std::string& op, const c10::OperatorHandle& han
   // Held for the call, as a dispatched call holds its definition: a replace racing it frees the
   // definition it replaces, which the fallback's kernel reads.
   const auto definition = current_definition(op);
-  check_arguments(*definition, *stack);
-  normalize_arguments(*definition, *stack);
   definition->checked_fallback->callBoxed(
       handle, c10::DispatchKeySet(c10::DispatchKey::CompositeExplicitAutograd), stack);
 }

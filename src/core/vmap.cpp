@@ -194,7 +194,12 @@ class VmapKernel final : public c10::OperatorKernel {
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                   torch::jit::Stack* stack) {
     auto layer = functorch::maybeCurrentDynamicLayer();
-    TORCH_INTERNAL_ASSERT(layer.has_value(), op_->name, ": vmap kernel without a vmap layer");
+    // Reached outside torch.vmap by a BatchedTensor kept from inside one (PyTorch's own batch
+    // rules say the same of such a tensor).
+    TORCH_CHECK(layer.has_value(), op_->name,
+                ": called with a tensor batched by torch.vmap outside any vmap; it escaped from "
+                "the function being vmapped (returned through a side channel, a global or a "
+                "closure): use only the tensors vmap returns");
     const int64_t level = layer->layerId();
     const auto randomness = randomness_of(*layer);
     TORCH_CHECK(!random_ || randomness != Randomness::kError, op_->name,

@@ -843,3 +843,82 @@ TEST(Reliability, ReplacingOnlyAnOpUndefinedMeanwhileSaysItWasUndefined) {
                   "was made, and it replaces only the op's earlier definition");
   EXPECT_FALSE(opreg::is_defined("opreg_rel::undefined_meanwhile"));
 }
+
+using BoxedPiece =
+    std::function<void(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack*)>;
+
+// A KernelFactory of a boxed piece, which `make(context)` gives.
+opreg::KernelFactory boxed_factory(std::function<BoxedPiece(const opreg::KernelContext&)> make) {
+  struct Boxed final : c10::OperatorKernel {
+    explicit Boxed(BoxedPiece piece) : piece(std::move(piece)) {}
+    void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                    torch::jit::Stack* stack) {
+      piece(op, keys, stack);
+    }
+    BoxedPiece piece;
+  };
+  return opreg::KernelFactory{[make = std::move(make)](const opreg::KernelContext& context) {
+    return c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<Boxed>(make(context)));
+  }};
+}
+
+// Sweep 43 B-F1/B-F2: KernelContext::fallback took the kernel's stack unchecked: too few values
+// read before it (a segfault; AddressSanitizer: heap-buffer-overflow), an undefined tensor reached
+// ATen's internal assert. It checks the stack as a dispatched call's arguments.
+TEST(Reliability, AKernelsCallOfItsFallbackIsCheckedAsACall) {
+  opreg::OpBuilder builder("opreg_rel::kernel_calls_fallback(Tensor x, int mode) -> Tensor");
+  builder.fallback(
+      opreg::detail::typed_kernel(std::function<at::Tensor(const at::Tensor&, int64_t)>(
+          [](const at::Tensor& x, int64_t) { return x * 2; })));
+  builder.kernel(boxed_factory([](const opreg::KernelContext& context) -> BoxedPiece {
+                   return [fallback = context.fallback](const c10::OperatorHandle& op,
+                                                        c10::DispatchKeySet keys,
+                                                        torch::jit::Stack* stack) {
+                     const int64_t mode = stack->back().toInt();
+                     const at::Tensor x = (*stack)[stack->size() - 2].toTensor();
+                     stack->clear();
+                     if (mode == 1) stack->push_back(x);
+                     if (mode == 2) *stack = {at::Tensor(), c10::IValue(int64_t{0})};
+                     if (mode == 3) *stack = {x, c10::IValue(int64_t{0})};
+                     fallback->callBoxed(op, keys, stack);
+                   };
+                 }),
+                 "calls_fallback", std::vector<std::string>{"cpu"});
+  std::move(builder).define();
+  const auto call = [](int64_t mode) {
+    return opreg_test::call_boxed("opreg_rel::kernel_calls_fallback", {at::ones({2}), mode});
+  };
+  EXPECT_CONTAINS(error_of([&] { call(0); }),
+                  "opreg_rel::kernel_calls_fallback: called with 0 arguments, expected 2");
+  EXPECT_CONTAINS(error_of([&] { call(1); }),
+                  "opreg_rel::kernel_calls_fallback: called with 1 arguments, expected 2");
+  EXPECT_CONTAINS(error_of([&] { call(2); }),
+                  "opreg_rel::kernel_calls_fallback: argument 'x' must be a Tensor, got None");
+  EXPECT_TRUE(at::equal(call(3)[0].toTensor(), at::full({2}, 2.0)));
+}
+
+// Sweep 43 B-F4/B-F5: what a piece a KernelFactory built boxed threw passed as it was: `throw 42`
+// as "Caught an unknown exception!", a runtime_error naming no op, one not UTF-8 as Python's
+// UnicodeDecodeError. It is said with the op and the piece, as a typed piece's throw is.
+TEST(Reliability, ABoxedPiecesThrowIsSaidWithTheOpAndThePiece) {
+  opreg::OpBuilder builder("opreg_rel::boxed_throws(Tensor x, int what) -> Tensor");
+  builder.fallback(boxed_factory([](const opreg::KernelContext&) -> BoxedPiece {
+    return [](const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
+      const int64_t what = stack->back().toInt();
+      if (what == 0) throw 42;
+      if (what == 1) throw std::out_of_range("past the end");
+      throw std::runtime_error("\xff\xfe not UTF-8");
+    };
+  }));
+  std::move(builder).define();
+  const auto call = [](int64_t what) {
+    return opreg_test::call_boxed("opreg_rel::boxed_throws", {at::ones({2}), what});
+  };
+  EXPECT_CONTAINS(error_of([&] { call(0); }),
+                  "opreg_rel::boxed_throws: the fallback threw something that is not a "
+                  "std::exception");
+  EXPECT_CONTAINS(error_of([&] { call(1); }),
+                  "opreg_rel::boxed_throws: the fallback threw: past the end");
+  EXPECT_CONTAINS(error_of([&] { call(2); }),
+                  "opreg_rel::boxed_throws: the fallback threw: \\xff\\xfe not UTF-8");
+}

@@ -654,7 +654,7 @@ def test_a_vmap_fn_returning_the_wrong_batch_size_raises():
     def short_vmap_fn(x: torch.Tensor) -> torch.Tensor:
         return x * 1
 
-    with pytest.raises(RuntimeError, match="rel::short_vmap_fn: the vmap rule returned output 0"):
+    with pytest.raises(RuntimeError, match="rel::short_vmap_fn: its vmap_fn returned output 0"):
         vmap(short_vmap_fn)(torch.ones(5, 2))
 
 

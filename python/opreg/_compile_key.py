@@ -10,6 +10,7 @@ fail every compile of the process (the key is made while pickling Inductor's con
 
 from __future__ import annotations
 
+import builtins
 import collections
 import dataclasses
 import dis
@@ -50,6 +51,16 @@ _BUILTIN_CALLABLES = (
     types.ClassMethodDescriptorType,
 )
 _TUPLE_GETTER = type(collections.namedtuple("_Pair", "first").first)
+# Functions that read of an object the names given them as strings (getattr(cfg, "DT")).
+_ATTRIBUTE_READERS = (getattr, hasattr)
+# What the interpreter itself put in builtins (exit, help, __spec__): the same in every process.
+_INTERPRETERS_OWN = {
+    name: value
+    for name, value in vars(builtins).items()
+    if type(value).__module__ in ("_sitebuiltins", "_frozen_importlib")
+}
+# Code naming one of these reads the environment (os.environ["DT"], os.getenv("DT")).
+_ENVIRONMENT_NAMES = frozenset({"environ", "getenv"})
 _PROCESS = secrets.token_hex(8)  # with the pid: an id may be the same in another process
 
 
@@ -97,6 +108,12 @@ class _Fingerprint:
             return f"bytes:{hashlib.sha256(value).hexdigest()}"
         if value is None or isinstance(value, bool | int | float | complex | str):
             return f"{type(value).__name__}:{value!r}"
+        if value is Ellipsis or value is NotImplemented:
+            return repr(value)
+        if value is os.environ or value is os.getenv:
+            # The variables the code names: its other variables differ between processes.
+            names = sorted({name for names in self._reading for name in names})
+            return f"environ:{[(name, os.environ[name]) for name in names if name in os.environ]}"
         if isinstance(value, torch.dtype | torch.device | torch.layout | torch.memory_format):
             return f"{type(value).__name__}:{value}"
         if isinstance(value, types.ModuleType) and _is_named(value.__name__):
@@ -123,6 +140,8 @@ class _Fingerprint:
         # A subclass of a container (a NamedTuple, a dict of the user's): its class too, whose
         # methods and attributes code reads beside the items.
         subclass = [] if type(value) in (tuple, list, dict) else [type(value)]
+        if subclass and getattr(value, "__dict__", None):  # and what its object holds
+            subclass.append(sorted(vars(value).copy().items()))
         if isinstance(value, tuple | list):
             items = tuple(value)
             plain = _plain_text(items)
@@ -154,6 +173,8 @@ class _Fingerprint:
             plain = _plain_text(items)
             if plain is not None and not subclass:
                 return f"dict:{plain}"
+            if isinstance(value, collections.defaultdict):  # what it gives for a key it lacks
+                subclass.append(value.default_factory)
             self._nested(f"dict:{len(items) // 2}", [*subclass, *items], depth)
             return "dict"
         if isinstance(value, types.CodeType):
@@ -164,11 +185,19 @@ class _Fingerprint:
             )
             return "code"
         if isinstance(value, functools.partial):
-            # Its arguments are what its function reads (partial(lambda c: c.DT, cfg)).
+            # Its arguments are what its function reads (partial(lambda c: c.DT, cfg)), and the
+            # strings among them names it may read of them (partial(getattr, cfg, "DT")).
             inner = value.func
-            self._reading.append(
-                _names_read(inner) if isinstance(inner, types.FunctionType) else []
-            )
+            given = [*value.args, *value.keywords.values()]
+            names = {item for item in given if isinstance(item, str)}
+            if isinstance(inner, types.FunctionType) and not _is_named(inner.__module__):
+                names.update(_names_read(inner))
+            elif not any(inner is reader for reader in _ATTRIBUTE_READERS) and any(
+                isinstance(item, types.ModuleType) and not _is_named(item.__name__)
+                for item in given
+            ):
+                return _unique(value)  # what other code reads of a user's module is unknown
+            self._reading.append(sorted(names))
             try:
                 self._nested("partial", [inner, value.args, value.keywords], depth)
             finally:
@@ -181,12 +210,14 @@ class _Fingerprint:
             self._nested("property", [value.fget, value.fset, value.fdel], depth)
             return "property"
         if isinstance(value, _BUILTIN_CALLABLES):  # C code: object.__new__, str.__repr__, len
-            owner = getattr(value, "__objclass__", None) or getattr(value, "__self__", None)
+            # The object a method is bound to (cfg.__getattribute__), else the class of one that
+            # is not (str.__repr__).
+            owner = getattr(value, "__self__", None) or getattr(value, "__objclass__", None)
             if owner is None or isinstance(owner, type | types.ModuleType):
                 module = getattr(owner, "__module__", None) or getattr(owner, "__name__", "")
-                if owner is None or isinstance(owner, types.ModuleType) or _is_named(module):
+                if owner is None or _is_named(module):
                     return f"builtin:{module}.{value.__qualname__}"
-            self._nested(f"builtin:{value.__qualname__}", [owner], depth)  # bound: its object
+            self._nested(f"builtin:{value.__qualname__}", [owner], depth)  # what it reads of it
             return "builtin"
         if type(value) is _TUPLE_GETTER:  # a NamedTuple's field
             return f"field:{value.__reduce__()[1]!r}"
@@ -253,8 +284,15 @@ class _Fingerprint:
         used_globals = []
         for name in attributes:  # globals()["FACTOR"] names one only as a string
             value = fn.__globals__.get(name, _ABSENT)
+            if value is _ABSENT:
+                # What it finds there otherwise: its builtins (exec's own __builtins__ too).
+                value = fn.__builtins__.get(name, _ABSENT)
+                if value is not _ABSENT and value is _INTERPRETERS_OWN.get(name):
+                    value = f"<builtins.{name}>"
             if value is not _ABSENT:
                 used_globals += [name, value]
+        if _ENVIRONMENT_NAMES.intersection(attributes):
+            used_globals.append(os.environ)  # reached through os, which is only named
         # What it imports when it runs counts like a global it reads, and so does a user's module
         # its code names as a string (importlib.import_module("cfg"), sys.modules["cfg"]).
         imported = _imported(fn.__code__, fn.__globals__) + [
@@ -407,7 +445,7 @@ class _SharedEntries(dict):
         with _lock:
             now = [
                 (key, current_fingerprint(key[len(_PREFIX) :]) if value == _PENDING else value)
-                for key, value in self.items()
+                for key, value in list(self.items())
             ]
         return dict, (now,)
 
@@ -433,19 +471,21 @@ def _sync_locked() -> None:
     current = getattr(config, name, None)
     if not isinstance(current, dict):
         return  # a PyTorch without it has no AOTAutograd cache either
-    for key in [key for key in _shared if key.startswith(_PREFIX)]:
+    # Copies, made in C, are iterated: a definition made meanwhile (a profile hook's, allowed by
+    # the reentrant lock) changes these dicts.
+    for key in [key for key in list(_shared) if key.startswith(_PREFIX)]:
         if key[len(_PREFIX) :] not in _declared:
-            del _shared[key]
-    _shared.update({_PREFIX + subject: _PENDING for subject in _declared})
+            _shared.pop(key, None)
+    _shared.update({_PREFIX + subject: _PENDING for subject in list(_declared)})
     entry = getattr(config, "_config", {}).get(name)
     if entry is not None and entry.default is not _shared:
-        _shared.update({k: v for k, v in entry.default.items() if k not in _shared})
+        _shared.update({k: v for k, v in dict.copy(entry.default).items() if k not in _shared})
         entry.default = _shared  # what contexts that never set it read (a new thread's)
     if current is not _shared:
         # This thread's own copy (torch reads the config while compiling; a user may set it):
         # its entries join the shared ones. Set, not filled: the config keeps a snapshot of
         # its values that only a set refreshes.
-        _shared.update({k: v for k, v in current.items() if not k.startswith(_PREFIX)})
+        _shared.update({k: v for k, v in dict.copy(current).items() if not k.startswith(_PREFIX)})
         setattr(config, name, _shared)
 
 

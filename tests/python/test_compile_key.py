@@ -5,6 +5,7 @@ Inductor."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import functools
@@ -15,7 +16,9 @@ import sys
 import threading
 import types
 import typing
+import warnings
 
+import pytest
 import torch
 
 import opreg
@@ -445,22 +448,39 @@ def test_a_module_the_code_imports_when_it_runs_keys_the_caches_of_other_process
         PYTHONDONTWRITEBYTECODE="1",
         TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
     )
-    seen = []
-    for dtype in ("float32", "float64", "float64"):
+
+    def write_module(run, dtype):
         (tmp_path / "cfgpkg" / "cfgmod.py").write_text(f"DT = {dtype!r}\n")
+        return env
+
+    assert _compiled_in_three_processes(_COMPILE_WITH_A_LOCAL_IMPORT, [], write_module) == (
+        _EACH_DTYPE_COMPILED_THEN_SERVED
+    )
+
+
+def _compiled_in_three_processes(script, args, environment):
+    """Runs script for float32, float64 and float64 again, each in a process of its own whose
+    environment ``environment(run, dtype)`` gives: what each printed last (the compiled dtype,
+    whether it equals the eager result, Inductor's disk-cache hits)."""
+    seen = []
+    for run, dtype in enumerate(("float32", "float64", "float64")):
         result = subprocess.run(
-            [sys.executable, "-c", _COMPILE_WITH_A_LOCAL_IMPORT],
+            [sys.executable, "-c", script, *args],
             capture_output=True,
             text=True,
-            env=env,
+            env=environment(run, dtype),
         )
         assert result.returncode == 0, result.stderr[-2000:]
         seen.append(result.stdout.split()[-3:])
-    assert seen == [
-        ["torch.float32", "True", "0"],
-        ["torch.float64", "True", "0"],
-        ["torch.float64", "True", "1"],  # the same code and module: the cache serves it
-    ]
+    return seen
+
+
+# The same code and config the third time: the cache serves it.
+_EACH_DTYPE_COMPILED_THEN_SERVED = [
+    ["torch.float32", "True", "0"],
+    ["torch.float64", "True", "0"],
+    ["torch.float64", "True", "1"],
+]
 
 
 _HELD_MODULE = types.ModuleType("compile_key_held")
@@ -586,3 +606,150 @@ def test_a_module_two_functions_read_is_read_for_the_names_of_both(monkeypatch):
     before = fingerprint(both)
     monkeypatch.setattr(_HELD_MODULE, "OTHER", "float64")
     assert fingerprint(both) != before
+
+
+# ---- the forty-third sweep's findings: config read through builtins, a partial, the environment
+
+_COMPILE_READING_A_DTYPE = """
+import builtins, functools, os, sys, types
+import torch, opreg
+from torch._dynamo.utils import counters
+
+mode = sys.argv[1]
+cfg = types.ModuleType("compile_key_cfg")
+sys.modules["compile_key_cfg"] = cfg
+if mode == "builtins":
+    builtins.COMPILE_KEY_DT = os.environ["COMPILE_KEY_DT"]
+
+    def dt():
+        return COMPILE_KEY_DT
+elif mode == "partial":
+    cfg.DT = os.environ["COMPILE_KEY_DT"]
+    read = functools.partial(getattr, cfg, "DT")
+
+    def dt():
+        return read()
+else:
+    def dt():
+        return os.environ["COMPILE_KEY_DT"]
+
+def fake(x):
+    return torch.empty_like(x, dtype=getattr(torch, dt()))
+
+@opreg.register_triton_op(fake_fn=fake, triton_fn=None, name="compile_key::read_dtype")
+def convert(x: torch.Tensor) -> torch.Tensor:
+    return (x * 2).to(getattr(torch, dt()))
+
+x = torch.arange(4.0)
+compiled = torch.compile(lambda a: convert(a) + 1)(x)
+hits = counters["inductor"]["fxgraph_cache_hit"]
+print(compiled.dtype, torch.equal(compiled, convert(x) + 1), hits)
+"""
+
+
+@pytest.mark.parametrize("mode", ["builtins", "partial", "environ"])
+def test_a_dtype_read_through_builtins_a_partial_or_the_environment_keys_other_processes(
+    tmp_path, mode
+):
+    # Sweep 43 A-F1: a name found in builtins, a module given to partial(getattr, cfg, "DT") and
+    # os.environ were not read: a disk-cache hit ran code compiled for float32 on float64 values.
+    # A variable the code does not read leaves the key shared.
+
+    def environment(run, dtype):
+        return dict(
+            os.environ,
+            COMPILE_KEY_DT=dtype,
+            COMPILE_KEY_UNREAD=str(run),
+            TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
+        )
+
+    assert _compiled_in_three_processes(_COMPILE_READING_A_DTYPE, [mode], environment) == (
+        _EACH_DTYPE_COMPILED_THEN_SERVED
+    )
+
+
+def test_a_partial_of_other_c_code_given_a_users_module_makes_the_key_this_process_own():
+    # What vars reads of the module is unknown: two modules alike are not taken for each other.
+    one, other = types.ModuleType("cfg"), types.ModuleType("cfg")
+    one.DT = other.DT = "float32"
+    assert fingerprint(functools.partial(vars, one)) != fingerprint(functools.partial(vars, other))
+
+
+def test_what_a_defaultdict_gives_for_a_missing_key_is_part_of_it():
+    # Sweep 43 A033: its default_factory was not read.
+    table = collections.defaultdict(lambda: "float32")
+    read = reading(lambda x: table["DT"])
+    before = fingerprint(read)
+    table.default_factory = lambda: "float64"
+    assert fingerprint(read) != before
+
+
+def test_a_c_method_bound_to_a_users_module_reads_it():
+    # Sweep 43 A (left by its fix): cfg.__getattribute__ was described by its name alone.
+    cfg = types.ModuleType("compile_key_bound_cfg")
+    cfg.DT = "float32"
+    read_config = cfg.__getattribute__
+    read = reading(lambda x: read_config("DT"))
+    before = fingerprint(read)
+    cfg.DT = "float64"
+    assert fingerprint(read) != before
+
+
+def test_what_an_object_of_a_users_container_class_holds_is_part_of_it():
+    # Sweep 43 A (left by its fix): a dict or list subclass was described by its class and items,
+    # not by the attributes its object holds.
+    class Table(dict):
+        pass
+
+    class Row(list):
+        pass
+
+    table, row = Table(), Row()
+    table.dtype = row.dtype = "float32"
+    read_table = reading(lambda x: table.dtype)
+    read_row = reading(lambda x: row.dtype)
+    before = fingerprint(read_table), fingerprint(read_row)
+    table.dtype = row.dtype = "float64"
+    assert fingerprint(read_table) != before[0]
+    assert fingerprint(read_row) != before[1]
+
+
+def test_code_made_by_exec_with_builtins_of_its_own_reads_them():
+    # Sweep 43 A033: a name found in exec's own __builtins__ was not read.
+    namespace = {"__builtins__": {"DT": "float32"}}
+    exec("def read(x):\n    return DT\n", namespace)
+    before = fingerprint(namespace["read"])
+    namespace["__builtins__"]["DT"] = "float64"
+    assert fingerprint(namespace["read"]) != before
+
+
+def test_an_op_defined_while_another_definition_syncs_its_key_leaves_no_warning():
+    # Sweep 43 A-F2: a profile hook defining an op while a definition synced its key changed the
+    # dicts that definition iterated, which then warned that the caches did not see it.
+    import torch._inductor.config as inductor_config
+
+    opreg.custom_op("compile_key_hook::first", mutates_args=())(_twice_annotated)
+    fired = []
+
+    def define_inside(frame, event, arg):
+        if (
+            not fired
+            and event == "c_call"
+            and getattr(arg, "__name__", None) == "startswith"
+            and frame.f_code.co_filename.endswith("_compile_key.py")
+        ):
+            fired.append(True)
+            sys.setprofile(None)
+            opreg.custom_op("compile_key_hook::inner", mutates_args=())(_twice_annotated)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sys.setprofile(define_inside)
+        try:
+            opreg.custom_op("compile_key_hook::outer", mutates_args=())(_twice_annotated)
+        finally:
+            sys.setprofile(None)
+    assert fired
+    assert [str(warning.message) for warning in caught] == []
+    keyed = set(inductor_config.unsafe_marked_cacheable_functions)
+    assert {f"opreg definition compile_key_hook::{name}" for name in ("outer", "inner")} <= keyed

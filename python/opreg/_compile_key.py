@@ -21,6 +21,7 @@ import importlib.util
 import os
 import secrets
 import sys
+import sysconfig
 import types
 from collections.abc import Iterable
 from typing import Any
@@ -40,8 +41,14 @@ _NAMED_PACKAGES = ("torch", "triton", "opreg", "numpy")
 
 _PLAIN = (str, int, float, bool, type(None))  # exactly these: their repr says all they hold
 _ABSENT = object()
-# A class's dunders that decide what reading or calling its objects gives (PICK(), OBJ.DT).
+# A class's dunders that decide what reading or calling its objects gives (PICK(), OBJ.DT), and
+# what its dunder methods are (CFG["DT"], str(CFG), len(CFG), a descriptor's __get__).
 _BEHAVING_DUNDERS = frozenset({"__call__", "__getattr__", "__getattribute__"})
+_METHODS = (types.FunctionType, classmethod, staticmethod, property, functools.partial)
+# Code naming one of these may read a module's attribute by a name it computes.
+_COMPUTED_NAME_READERS = frozenset({"getattr", "vars", "__dict__", "__getattribute__"})
+# sys's tables of the import system: what the code reads of them is described elsewhere.
+_IMPORT_TABLES = frozenset({"modules", "path", "meta_path", "path_hooks", "path_importer_cache"})
 _IMPORT_NAME = dis.opmap["IMPORT_NAME"]
 _BUILTIN_CALLABLES = (
     types.BuiltinFunctionType,
@@ -60,7 +67,12 @@ _INTERPRETERS_OWN = {
     if type(value).__module__ in ("_sitebuiltins", "_frozen_importlib")
 }
 # Code naming one of these reads the environment (os.environ["DT"], os.getenv("DT")).
-_ENVIRONMENT_NAMES = frozenset({"environ", "getenv"})
+_ENVIRONMENT_NAMES = frozenset({"environ", "environb", "getenv", "getenvb"})
+_STANDARD_LIBRARY_DIRS = (
+    os.path.realpath(sysconfig.get_paths()["stdlib"]),
+    os.path.realpath(sysconfig.get_paths()["purelib"]),
+)
+_STANDARD_LIBRARY_MODULES: dict[tuple[str, int], bool] = {}  # (name, id(module)): whether it is
 _PROCESS = secrets.token_hex(8)  # with the pid: an id may be the same in another process
 
 
@@ -106,18 +118,23 @@ class _Fingerprint:
             return f"int:{value:#x}"  # repr refuses an int of over 4300 digits
         if isinstance(value, bytes):
             return f"bytes:{hashlib.sha256(value).hexdigest()}"
-        if value is None or isinstance(value, bool | int | float | complex | str):
+        if value is None or type(value) in (bool, float, complex, str):
             return f"{type(value).__name__}:{value!r}"
+        if isinstance(value, int | float | complex | str) and not isinstance(value, enum.Enum):
+            return self._subclass_of_plain(value, depth)
         if value is Ellipsis or value is NotImplemented:
             return repr(value)
-        if value is os.environ or value is os.getenv:
+        if any(value is reader for reader in (os.environ, os.environb, os.getenv, os.getenvb)):
             # The variables the code names: its other variables differ between processes.
             names = sorted({name for names in self._reading for name in names})
             return f"environ:{[(name, os.environ[name]) for name in names if name in os.environ]}"
         if isinstance(value, torch.dtype | torch.device | torch.layout | torch.memory_format):
             return f"{type(value).__name__}:{value}"
         if isinstance(value, types.ModuleType) and _is_named(value.__name__):
-            return f"module:{value.__name__}"  # its code comes with its package's version
+            # Its code comes with its package's version; what it holds for the process (sys.argv)
+            # does not.
+            state = _process_state(value, {name for names in self._reading for name in names})
+            return f"module:{value.__name__}:{state}"
         if isinstance(value, type) and _is_named(value.__module__):
             return f"type:{value.__module__}.{value.__qualname__}"
         if isinstance(value, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
@@ -129,9 +146,13 @@ class _Fingerprint:
             # Met again through another function, it is read for that one's names too.
             described = self._module_names.setdefault(id(value), set())
             names = {name for names in self._reading for name in names} | {"__getattr__"}
+            held = vars(value)
+            if not _COMPUTED_NAME_READERS.isdisjoint(names):
+                # getattr(cfg, "D" + "T") reads a name its code does not hold: its plain values
+                # are read all.
+                names |= {n for n, v in held.copy().items() if _plain_text(_flat(v)) is not None}
             if not names - described:
                 return f"module:{value.__name__}#"
-            held = vars(value)
             # A module's __getattr__ gives what it lacks (PEP 562).
             read = [[name, held[name]] for name in sorted(names - described) if name in held]
             described |= names
@@ -159,7 +180,7 @@ class _Fingerprint:
             held = sorted(
                 (k, v)
                 for k, v in vars(value).copy().items()
-                if not _is_dunder(k) or k in _BEHAVING_DUNDERS
+                if not _is_dunder(k) or k in _BEHAVING_DUNDERS or isinstance(v, _METHODS)
             )
             # What it inherits too (Sub.FACTOR from its base), and what its metaclass gives.
             bases = [base for base in value.__bases__ if base is not object]
@@ -252,6 +273,17 @@ class _Fingerprint:
             return "object"
         return _unique(value)
 
+    def _subclass_of_plain(self, value: Any, depth: int) -> str:
+        """A str, int, float or complex of a subclass: its value, its class (whose methods code
+        calls: S("q").lower()) and what its object holds."""
+        base = next(kind for kind in (int, float, complex, str) if isinstance(value, kind))
+        text = format(int.__int__(value), "#x") if base is int else base.__repr__(value)
+        if _is_named(type(value).__module__):
+            return f"{type(value).__module__}.{type(value).__qualname__}:{text}"
+        held = getattr(value, "__dict__", None) or {}
+        self._nested(f"{base.__name__}:{text}", [type(value), sorted(held.items())], depth)
+        return "subclass"
+
     def _nested(self, head: str, values: Iterable[Any], depth: int) -> None:
         self._hash.update(_encoded(head))
         for item in values:
@@ -322,7 +354,49 @@ def _plain_text(values: tuple[Any, ...]) -> str | None:
 
 def _is_named(module: str | None) -> bool:
     package = (module or "").partition(".")[0]
-    return package in _NAMED_PACKAGES or package in sys.stdlib_module_names
+    if package in _NAMED_PACKAGES:
+        return True
+    return package in sys.stdlib_module_names and _from_the_standard_library(package)
+
+
+def _from_the_standard_library(package: str) -> bool:
+    """Whether the module loaded under a standard library's name is the standard library's, not a
+    user's of that name (a profile.py beside the script): its code is not in the version."""
+    loaded = sys.modules.get(package)
+    if loaded is None:
+        return False
+    key = (package, id(loaded))
+    known = _STANDARD_LIBRARY_MODULES.get(key)
+    if known is None:
+        file = getattr(loaded, "__file__", None)  # none for the interpreter's own (sys)
+        known = file is None or _under(os.path.realpath(file), _STANDARD_LIBRARY_DIRS)
+        _STANDARD_LIBRARY_MODULES[key] = known
+    return known
+
+
+def _under(path: str, folders: tuple[str, str]) -> bool:
+    stdlib, site = folders
+    return path.startswith(stdlib + os.sep) and not path.startswith(site + os.sep)
+
+
+def _process_state(module: types.ModuleType, names: set[str]) -> list[tuple[str, Any]]:
+    """What a standard-library module holds for this process as plain data (sys.argv) among
+    ``names``: another process may hold other values under the same code."""
+    if module.__name__.partition(".")[0] not in sys.stdlib_module_names:
+        return []
+    held = vars(module)
+    return [
+        (name, held[name])
+        for name in sorted(names - _IMPORT_TABLES)
+        if name in held and _plain_text(_flat(held[name])) is not None
+    ]
+
+
+def _flat(value: Any) -> tuple[Any, ...]:
+    """A plain value, or a list or tuple of them, as a tuple (anything else as one non-plain)."""
+    if type(value) in (list, tuple):
+        return tuple(value)
+    return (value,) if type(value) in _PLAIN else (_ABSENT,)
 
 
 def _is_dunder(name: str) -> bool:
@@ -353,8 +427,11 @@ def _code_objects(code: types.CodeType) -> list[types.CodeType]:
 
 
 def _strings(code: types.CodeType) -> set[str]:
-    codes = _code_objects(code)
-    return {const for inner in codes for const in inner.co_consts if isinstance(const, str)}
+    """Its constant strings, and its bytes as names (os.environb[b"DT"] is os.environ["DT"])."""
+    constants = [const for inner in _code_objects(code) for const in inner.co_consts]
+    return {const for const in constants if isinstance(const, str)} | {
+        os.fsdecode(const) for const in constants if isinstance(const, bytes)
+    }
 
 
 def _imported(code: types.CodeType, module_globals: dict[str, Any]) -> list[tuple[str, Any]]:

@@ -9,6 +9,7 @@ import collections
 import dataclasses
 import enum
 import functools
+import importlib
 import os
 import pickle
 import subprocess
@@ -753,3 +754,76 @@ def test_an_op_defined_while_another_definition_syncs_its_key_leaves_no_warning(
     assert [str(warning.message) for warning in caught] == []
     keyed = set(inductor_config.unsafe_marked_cacheable_functions)
     assert {f"opreg definition compile_key_hook::{name}" for name in ("outer", "inner")} <= keyed
+
+
+class _Table:
+    dtype = "float32"
+
+    def __getitem__(self, key):
+        return _Table.dtype
+
+
+class _Defaulting(dict):
+    def __missing__(self, key):
+        return "float32"
+
+
+class _Named(str):
+    def lower(self):
+        return "float32"
+
+
+def _computed_name_module():
+    module = types.ModuleType("compile_key_computed")
+    module.DT = "float32"
+    return module
+
+
+@pytest.mark.parametrize(
+    "how", ["getitem", "missing", "str_subclass", "computed_name", "argv", "environb"]
+)
+def test_what_other_ways_of_reading_a_config_give_is_part_of_the_key(how, monkeypatch):
+    # Sweep 44 A-F1..A-F3: a class's dunder methods other than __call__ and __getattr__, a str
+    # subclass's methods, an attribute read by a name the code computes, sys.argv and
+    # os.environb were not read: other processes shared a key for other dtypes.
+    monkeypatch.setenv("COMPILE_KEY_DT", "float32")
+    monkeypatch.setattr(sys, "argv", [sys.argv[0], "float32"])
+    table, defaulting, named = _Table(), _Defaulting(), _Named("q")
+    module = _computed_name_module()
+    reads = {
+        "getitem": lambda x: table["DT"],
+        "missing": lambda x: defaulting["DT"],
+        "str_subclass": lambda x: named.lower(),
+        "computed_name": lambda x: getattr(module, "".join(["D", "T"])),
+        "argv": lambda x: sys.argv[1],
+        "environb": lambda x: os.environb[b"COMPILE_KEY_DT"],
+    }
+    read = reading(reads[how])
+    before = fingerprint(read)
+    assert fingerprint(read) == before
+    change = {
+        "getitem": (_Table, "__getitem__", lambda self, key: "float64"),
+        "missing": (_Defaulting, "__missing__", lambda self, key: "float64"),
+        "str_subclass": (_Named, "lower", lambda self: "float64"),
+        "computed_name": (module, "DT", "float64"),
+        "argv": (sys, "argv", [sys.argv[0], "float64"]),
+        "environb": (os.environ, "COMPILE_KEY_DT", "float64"),
+    }[how]
+    if how == "environb":
+        monkeypatch.setenv(*change[1:])
+    else:
+        monkeypatch.setattr(*change)
+    assert fingerprint(read) != before
+
+
+def test_a_users_module_named_as_a_standard_librarys_is_read_as_the_users(tmp_path, monkeypatch):
+    # Sweep 44 A-F4: a user's profile.py was taken for the standard library's, whose code comes
+    # with Python's version: its globals were not read.
+    (tmp_path / "profile.py").write_text("DT = 'float32'\n\ndef dt():\n    return DT\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "profile", raising=False)
+    module = importlib.import_module("profile")
+    assert module.__file__ == str(tmp_path / "profile.py")
+    before = fingerprint(module.dt)
+    module.DT = "float64"
+    assert fingerprint(module.dt) != before

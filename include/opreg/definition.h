@@ -157,6 +157,8 @@ class OPREG_API OpBuilder {
   // public: from C++ it never took effect, and the op said it had a fake while its fallback
   // served meta calls (sweep 32 B-F3, sweep 33 B-F5).
   OpBuilder& python_fake(std::string python_module, KernelFactory meta);
+  // How messages name the fallback: a vmap_fn companion's is the user's vmap_fn.
+  OpBuilder& fallback_words(std::string words);
   std::unique_ptr<State> state_;
 };
 

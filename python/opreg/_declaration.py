@@ -101,6 +101,7 @@ class OpDeclaration:
     schema: str  # "ns::name(Tensor x) -> Tensor"
     fallback: Callable[..., Any]
     fallback_label: str = ""  # the trace's name for the fallback (default: "fallback")
+    fallback_words: str = ""  # how messages name it (default: "the fallback")
     fake: Callable[..., Any] | None = None  # registered from Python (torch.library.register_fake)
     kernels: list[KernelDeclaration] = field(default_factory=list)
     dtypes: Mapping[str, Sequence[torch.dtype]] = field(default_factory=dict)
@@ -145,7 +146,7 @@ class OpDeclaration:
         for argument in self.dtypes:
             check_text(f"opreg: op '{self.qualname}'", "dtypes= argument name", argument)
         builder = _C.OpBuilder(self.schema)
-        builder.fallback(self.fallback, self.fallback_label)
+        builder.fallback(self.fallback, self.fallback_label, self.fallback_words)
         if self.fake is not None:
             builder.python_fake(__name__, _meta_fake(self))
         for kernel in self.kernels:

@@ -100,12 +100,13 @@ def _check_vmap_fn_batch(
     """vmap_fn's outputs hold the batch where vmap_out_dims says: the op's vmap checks say so
     too, but of "the vmap rule", which a vmap_fn's user never wrote (sweep 43 A-F3)."""
     for index, (output, dim) in enumerate(zip(outputs, out_dims, strict=False)):
-        if (
-            not isinstance(output, torch.Tensor)
-            or dim is None
-            or not -output.dim() <= dim < output.dim()
-        ):
+        if not isinstance(output, torch.Tensor) or not isinstance(dim, int):
             continue  # the op's checks say what is wrong with it
+        if not -output.dim() <= dim < output.dim():
+            raise RuntimeError(
+                f"{qualname}: its vmap_out_dims gives dim {dim} for output {index}, which its "
+                f"vmap_fn returned with {output.dim()} dims"
+            )
         if output.shape[dim] != batch_size:
             raise RuntimeError(
                 f"{qualname}: its vmap_fn returned output {index} with {output.shape[dim]} "
@@ -412,6 +413,7 @@ def vmap_fn_companion(
         schema=companion_name + signature,
         fallback=vmap_fn,
         fallback_label="vmap_fn",
+        fallback_words=f"the vmap_fn of {qualname}",
         fake=fake_vmap_fn,
         vmap=rule,
         replace=replace,

@@ -86,6 +86,11 @@ OpBuilder& OpBuilder::python_fake(std::string python_module, KernelFactory meta)
   return *this;
 }
 
+OpBuilder& OpBuilder::fallback_words(std::string words) {
+  live(state_).fallback_words = std::move(words);
+  return *this;
+}
+
 OpBuilder& OpBuilder::kernel(KernelFactory factory, std::string name,
                              std::optional<std::vector<std::string>> devices) {
   live(state_).kernels.push_back({std::move(name), std::move(devices), std::move(factory)});

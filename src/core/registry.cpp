@@ -657,8 +657,16 @@ c10::KernelFunction make_piece(Definition& definition, const KernelFactory& fact
   TORCH_CHECK_VALUE(static_cast<bool>(factory.make), definition.name(), ": the factory of its ",
                     label, " is empty (KernelFactory::make holds no function)");
   const KernelContext context{definition.name(), definition.schema(), label, std::move(fallback)};
-  auto piece = detail::run_user_code<c10::KernelFunction>(
-      definition.name(), "the factory of its ", label, [&] { return factory.make(context); });
+  c10::KernelFunction piece;
+  try {
+    piece = detail::run_user_code<c10::KernelFunction>(
+        definition.name(), "the factory of its ", label, [&] { return factory.make(context); });
+  } catch (c10::Error& error) {  // sweep 44 B-F3: a TORCH_CHECK of the factory named no one
+    if (!detail::names_op(error, definition.name())) {
+      error.add_context("in the factory of the " + label + " of " + definition.name());
+    }
+    throw;
+  }
   TORCH_CHECK_VALUE(piece.isValid(), definition.name(), ": the factory of its ", label,
                     " made an empty c10::KernelFunction, which nothing could call");
   return piece;
@@ -1759,12 +1767,17 @@ void run_checked(const Definition& d, const c10::KernelFunction& function, const
   if (meta) compare_with_fake_outputs(d, op, std::move(*meta), *stack, base, impl);
 }
 
+const std::string& fallback_words(const Definition& d) {
+  static const std::string kFallback = "the fallback";
+  return d.spec.fallback_words.empty() ? kFallback : d.spec.fallback_words;
+}
+
 void run_checked_fallback(const Definition& d, const c10::OperatorHandle& op,
                           c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const CallInputs inputs = inputs_of(d, *stack);
   // Compared too: the fallback under autograd (an input requiring grad) and under vmap are the
   // calls of a training step.
-  run_checked(d, d.fallback, "the fallback", op, keys, stack, inputs, devices_of(inputs),
+  run_checked(d, d.fallback, fallback_words(d), op, keys, stack, inputs, devices_of(inputs),
               /*compare_with_fake=*/true);
 }
 
@@ -1891,7 +1904,7 @@ class Trampoline final : public c10::OperatorKernel {
       device_guard.reset_device(*devices.device);
     }
     if (served == nullptr) {
-      run_checked(d, d.fallback, kFallback, op, keys, stack, inputs, devices,
+      run_checked(d, d.fallback, fallback_words(d), op, keys, stack, inputs, devices,
                   /*compare_with_fake=*/true);
     } else {
       run_checked(d, served->function, served->label, op, keys, stack, inputs, devices,
@@ -1900,7 +1913,6 @@ class Trampoline final : public c10::OperatorKernel {
   }
 
  private:
-  inline static const std::string kFallback = "the fallback";
   inline static const std::string kFake = "the fake";
 
   // A call with a meta tensor among real ones is served at Meta, as torch.library serves it: it

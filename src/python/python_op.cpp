@@ -36,6 +36,9 @@ struct PythonFront {
   static void python_fake(OpBuilder& builder, std::string python_module, KernelFactory meta) {
     builder.python_fake(std::move(python_module), std::move(meta));
   }
+  static void fallback_words(OpBuilder& builder, std::string words) {
+    builder.fallback_words(std::move(words));
+  }
 };
 
 }  // namespace opreg::detail
@@ -878,11 +881,13 @@ void bind_op_builder(py::module& m) {
       .def("declared_name", &OpBuilder::declared_name)
       .def(
           "fallback",
-          [](OpBuilder& builder, const py::object& fn, const std::string& label) {
+          [](OpBuilder& builder, const py::object& fn, const std::string& label,
+             std::string words) {
             require_callable(builder, "the fallback", fn);
             builder.fallback(python_kernel(fn, py::none(), py::none(), label));
+            if (!words.empty()) detail::PythonFront::fallback_words(builder, std::move(words));
           },
-          py::arg("fn"), py::arg("label") = "")
+          py::arg("fn"), py::arg("label") = "", py::arg("words") = "")
       .def(
           "python_fake",
           [](OpBuilder& builder, std::string module, const py::object& meta) {

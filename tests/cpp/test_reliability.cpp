@@ -922,3 +922,34 @@ TEST(Reliability, ABoxedPiecesThrowIsSaidWithTheOpAndThePiece) {
   EXPECT_CONTAINS(error_of([&] { call(2); }),
                   "opreg_rel::boxed_throws: the fallback threw: \\xff\\xfe not UTF-8");
 }
+
+// Sweep 44 B-F2: a std::exception of the user's own passes as it is, but one whose message is not
+// UTF-8 reached Python as a UnicodeDecodeError naming nothing.
+TEST(Reliability, AUsersOwnExceptionWhoseMessageIsNotUtf8IsSaidWithTheOp) {
+  struct OwnError : std::exception {
+    const char* what() const noexcept override { return "\xff own"; }
+  };
+  opreg::OpBuilder builder("opreg_rel::own_exception(Tensor x) -> Tensor");
+  builder.fallback(boxed_factory([](const opreg::KernelContext&) -> BoxedPiece {
+    return [](const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack*) {
+      throw OwnError();
+    };
+  }));
+  std::move(builder).define();
+  EXPECT_CONTAINS(
+      error_of([] { opreg_test::call_boxed("opreg_rel::own_exception", {at::ones({2})}); }),
+      "opreg_rel::own_exception: the fallback threw: \\xff own");
+}
+
+// Sweep 44 B-F3: a kernel factory's own c10 error (a TORCH_CHECK in it) named neither the op nor
+// the piece whose factory raised it.
+TEST(Reliability, AFactorysOwnErrorNamesTheOpAndThePiece) {
+  opreg::OpBuilder builder("opreg_rel::factory_checks(Tensor x) -> Tensor");
+  builder.fallback(opreg::KernelFactory{[](const opreg::KernelContext&) -> c10::KernelFunction {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "not made here");
+  }});
+  const std::string error = error_of([&] { std::move(builder).define(); });
+  EXPECT_CONTAINS(error, "not made here");
+  EXPECT_CONTAINS(error, "in the factory of the fallback of opreg_rel::factory_checks");
+  EXPECT_FALSE(opreg::is_defined("opreg_rel::factory_checks"));
+}

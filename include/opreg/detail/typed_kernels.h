@@ -97,7 +97,8 @@ inline bool readable_in_python(const c10::Error& error) {
 // with the op and the piece, as a c10::Error. Everything else passes as it is: c10 errors (made
 // readable in Python first), std::bad_alloc (MemoryError in Python), and Python's errors coming
 // back through the dispatcher from a piece of PyTorch written in Python, which must reach Python
-// as what they are; so does a std::exception of the user's own, which cannot be told from those.
+// as what they are; so does a std::exception of the user's own, which cannot be told from those
+// (but for one whose message is not UTF-8).
 // The message is built only on a throw.
 template <class Ret, class Fn>
 Ret run_user_code(const std::string& op, const char* what, std::string_view label, Fn&& fn) {
@@ -124,7 +125,11 @@ Ret run_user_code(const std::string& op, const char* what, std::string_view labe
     TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
   } catch (const std::bad_exception& error) {
     TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
-  } catch (const std::exception&) {
+  } catch (const std::exception& error) {
+    // Passes as it is, but for a message Python could not read (sweep 44 B-F2: a
+    // UnicodeDecodeError in its place, naming nothing).
+    const std::string readable = valid_utf8(error.what());
+    TORCH_CHECK(readable == error.what(), op, ": ", what, label, " threw: ", readable);
     throw;
 #if defined(__GLIBCXX__)
   } catch (const abi::__forced_unwind&) {

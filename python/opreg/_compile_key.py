@@ -47,6 +47,8 @@ _BEHAVING_DUNDERS = frozenset({"__call__", "__getattr__", "__getattribute__"})
 _METHODS = (types.FunctionType, classmethod, staticmethod, property, functools.partial)
 # Code naming one of these may read a module's attribute by a name it computes.
 _COMPUTED_NAME_READERS = frozenset({"getattr", "vars", "__dict__", "__getattribute__"})
+# What a library keeps in a class for itself (abc's registry of subclasses), not the user's.
+_CLASS_BOOKKEEPING = frozenset({"_abc_impl"})
 # sys's tables of the import system: what the code reads of them is described elsewhere.
 _IMPORT_TABLES = frozenset({"modules", "path", "meta_path", "path_hooks", "path_importer_cache"})
 _IMPORT_NAME = dis.opmap["IMPORT_NAME"]
@@ -180,7 +182,9 @@ class _Fingerprint:
             held = sorted(
                 (k, v)
                 for k, v in vars(value).copy().items()
-                if not _is_dunder(k) or k in _BEHAVING_DUNDERS or isinstance(v, _METHODS)
+                if (not _is_dunder(k) and k not in _CLASS_BOOKKEEPING)
+                or k in _BEHAVING_DUNDERS
+                or isinstance(v, _METHODS)
             )
             # What it inherits too (Sub.FACTOR from its base), and what its metaclass gives.
             bases = [base for base in value.__bases__ if base is not object]
@@ -271,7 +275,8 @@ class _Fingerprint:
             self._seen[id(value)] = len(self._seen)
             self._nested("object", [type(value), sorted(dict.copy(held).items())], depth)
             return "object"
-        return _unique(value)
+        named = _held_by_its_module(value)
+        return f"instance:{named}" if named is not None else _unique(value)
 
     def _subclass_of_plain(self, value: Any, depth: int) -> str:
         """A str, int, float or complex of a subclass: its value, its class (whose methods code
@@ -377,6 +382,19 @@ def _from_the_standard_library(package: str) -> bool:
 def _under(path: str, folders: tuple[str, str]) -> bool:
     stdlib, site = folders
     return path.startswith(stdlib + os.sep) and not path.startswith(site + os.sep)
+
+
+def _held_by_its_module(value: Any) -> str | None:
+    """The name a named module holds an object of its own under (dataclasses'
+    _HAS_DEFAULT_FACTORY, in the __init__ it makes): the same object in every process."""
+    module_name = type(value).__module__
+    module = sys.modules.get(module_name)
+    if module is None or not _is_named(module_name):
+        return None
+    return next(
+        (f"{module_name}.{name}" for name, held in vars(module).copy().items() if held is value),
+        None,
+    )
 
 
 def _process_state(module: types.ModuleType, names: set[str]) -> list[tuple[str, Any]]:

@@ -756,11 +756,11 @@ def test_an_op_defined_while_another_definition_syncs_its_key_leaves_no_warning(
     assert {f"opreg definition compile_key_hook::{name}" for name in ("outer", "inner")} <= keyed
 
 
-class _Table:
+class _Indexed:
     dtype = "float32"
 
     def __getitem__(self, key):
-        return _Table.dtype
+        return _Indexed.dtype
 
 
 class _Defaulting(dict):
@@ -788,7 +788,7 @@ def test_what_other_ways_of_reading_a_config_give_is_part_of_the_key(how, monkey
     # os.environb were not read: other processes shared a key for other dtypes.
     monkeypatch.setenv("COMPILE_KEY_DT", "float32")
     monkeypatch.setattr(sys, "argv", [sys.argv[0], "float32"])
-    table, defaulting, named = _Table(), _Defaulting(), _Named("q")
+    table, defaulting, named = _Indexed(), _Defaulting(), _Named("q")
     module = _computed_name_module()
     reads = {
         "getitem": lambda x: table["DT"],
@@ -802,7 +802,7 @@ def test_what_other_ways_of_reading_a_config_give_is_part_of_the_key(how, monkey
     before = fingerprint(read)
     assert fingerprint(read) == before
     change = {
-        "getitem": (_Table, "__getitem__", lambda self, key: "float64"),
+        "getitem": (_Indexed, "__getitem__", lambda self, key: "float64"),
         "missing": (_Defaulting, "__missing__", lambda self, key: "float64"),
         "str_subclass": (_Named, "lower", lambda self: "float64"),
         "computed_name": (module, "DT", "float64"),
@@ -827,3 +827,59 @@ def test_a_users_module_named_as_a_standard_librarys_is_read_as_the_users(tmp_pa
     before = fingerprint(module.dt)
     module.DT = "float64"
     assert fingerprint(module.dt) != before
+
+
+_FINGERPRINTS_OF_CONFIGS = """
+import abc, collections, dataclasses, enum, sys, typing
+from opreg import _compile_key
+
+@dataclasses.dataclass
+class Config:
+    dtype: str = "float32"
+    sizes: list = dataclasses.field(default_factory=list)
+
+class Base(abc.ABC):
+    @abc.abstractmethod
+    def dtype(self): ...
+
+class Chosen(Base):
+    def dtype(self):
+        return "float32"
+
+class Mode(enum.Enum):
+    FAST = "float32"
+
+class Pair(typing.NamedTuple):
+    dtype: str = "float32"
+
+class Table(dict):
+    def __missing__(self, key):
+        return "float32"
+
+class Named(str):
+    def lower(self):
+        return "float32"
+
+config, chosen, pair, table, named = Config(), Chosen(), Pair(), Table(), Named("q")
+reads = [lambda x: config.dtype, lambda x: chosen.dtype(), lambda x: Mode.FAST.value,
+         lambda x: pair.dtype, lambda x: table["dtype"], lambda x: named.lower(),
+         lambda x: sys.argv[0]]
+print(" ".join(_compile_key.fingerprint((read,)) for read in reads))
+"""
+
+
+def test_configs_of_every_kind_give_one_key_in_every_process():
+    # The key must stay shared where nothing differs: a dataclass's __init__ (read since sweep 44,
+    # with the other dunder methods) holds dataclasses' own _HAS_DEFAULT_FACTORY, which made the
+    # key of every op reading a dataclass this process's own; an ABC's registry did too.
+    keys = [
+        subprocess.run(
+            [sys.executable, "-c", _FINGERPRINTS_OF_CONFIGS],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        for _ in range(2)
+    ]
+    assert len(keys[0]) == 7
+    assert keys[0] == keys[1]

@@ -47,6 +47,8 @@ _BEHAVING_DUNDERS = frozenset({"__call__", "__getattr__", "__getattribute__"})
 _METHODS = (types.FunctionType, classmethod, staticmethod, property, functools.partial)
 # Code naming one of these may read a module's attribute by a name it computes.
 _COMPUTED_NAME_READERS = frozenset({"getattr", "vars", "__dict__", "__getattribute__"})
+# ... or one of its own globals.
+_COMPUTED_GLOBAL_READERS = _COMPUTED_NAME_READERS | {"globals", "eval", "exec", "modules"}
 # What a library keeps in a class for itself (abc's registry of subclasses), not the user's.
 _CLASS_BOOKKEEPING = frozenset({"_abc_impl"})
 # sys's tables of the import system: what the code reads of them is described elsewhere.
@@ -118,11 +120,13 @@ class _Fingerprint:
     def _describe(self, value: Any, depth: int) -> str:
         if type(value) is int:
             return f"int:{value:#x}"  # repr refuses an int of over 4300 digits
-        if isinstance(value, bytes):
+        if type(value) is bytes:
             return f"bytes:{hashlib.sha256(value).hexdigest()}"
         if value is None or type(value) in (bool, float, complex, str):
             return f"{type(value).__name__}:{value!r}"
-        if isinstance(value, int | float | complex | str) and not isinstance(value, enum.Enum):
+        if isinstance(value, int | float | complex | str | bytes) and not isinstance(
+            value, enum.Enum
+        ):
             return self._subclass_of_plain(value, depth)
         if value is Ellipsis or value is NotImplemented:
             return repr(value)
@@ -162,7 +166,7 @@ class _Fingerprint:
             return "module"
         # A subclass of a container (a NamedTuple, a dict of the user's): its class too, whose
         # methods and attributes code reads beside the items.
-        subclass = [] if type(value) in (tuple, list, dict) else [type(value)]
+        subclass = [] if type(value) in (tuple, list, dict, set, frozenset) else [type(value)]
         if subclass and getattr(value, "__dict__", None):  # and what its object holds
             subclass.append(sorted(vars(value).copy().items()))
         if isinstance(value, tuple | list):
@@ -174,7 +178,11 @@ class _Fingerprint:
             return "sequence"
         if isinstance(value, frozenset | set):
             # Each element apart, then sorted: a set's order changes with PYTHONHASHSEED.
-            return f"set:{sorted(self._apart(item, depth + 1) for item in frozenset(value))}"
+            text = f"set:{sorted(self._apart(item, depth + 1) for item in frozenset(value))}"
+            if not subclass:
+                return text
+            self._nested(text, subclass, depth)
+            return "set"
         if isinstance(value, type):  # a class of the user's: what it holds (Cfg.FACTOR)
             if id(value) in self._seen:
                 return f"class#{self._seen[id(value)]}"
@@ -224,16 +232,21 @@ class _Fingerprint:
                 return _unique(value)  # what other code reads of a user's module is unknown
             self._reading.append(sorted(names))
             try:
-                self._nested("partial", [inner, value.args, value.keywords], depth)
+                pieces = [inner, value.args, value.keywords, *_own_class(value)]
+                self._nested("partial", pieces, depth)
             finally:
                 self._reading.pop()
             return "partial"
         if isinstance(value, classmethod | staticmethod):
-            self._nested(type(value).__name__, [value.__func__], depth)
+            self._nested(type(value).__name__, [value.__func__, *_own_class(value)], depth)
             return "wrapped"
         if isinstance(value, property):
-            self._nested("property", [value.fget, value.fset, value.fdel], depth)
+            pieces = [value.fget, value.fset, value.fdel, *_own_class(value)]
+            self._nested("property", pieces, depth)
             return "property"
+        if isinstance(value, types.MemberDescriptorType | types.GetSetDescriptorType):
+            # A __slots__ entry: where its class keeps the value its objects hold.
+            return f"member:{value.__objclass__.__qualname__}.{value.__name__}"
         if isinstance(value, _BUILTIN_CALLABLES):  # C code: object.__new__, str.__repr__, len
             # The object a method is bound to (cfg.__getattribute__), else the class of one that
             # is not (str.__repr__).
@@ -279,10 +292,15 @@ class _Fingerprint:
         return f"instance:{named}" if named is not None else _unique(value)
 
     def _subclass_of_plain(self, value: Any, depth: int) -> str:
-        """A str, int, float or complex of a subclass: its value, its class (whose methods code
-        calls: S("q").lower()) and what its object holds."""
-        base = next(kind for kind in (int, float, complex, str) if isinstance(value, kind))
-        text = format(int.__int__(value), "#x") if base is int else base.__repr__(value)
+        """A str, bytes, int, float or complex of a subclass: its value, its class (whose methods
+        code calls: S("q").lower()) and what its object holds."""
+        base = next(kind for kind in (int, float, complex, str, bytes) if isinstance(value, kind))
+        if base is int:
+            text = format(int.__int__(value), "#x")
+        elif base is bytes:
+            text = hashlib.sha256(value).hexdigest()
+        else:
+            text = base.__repr__(value)
         if _is_named(type(value).__module__):
             return f"{type(value).__module__}.{type(value).__qualname__}:{text}"
         held = getattr(value, "__dict__", None) or {}
@@ -330,6 +348,13 @@ class _Fingerprint:
                 used_globals += [name, value]
         if _ENVIRONMENT_NAMES.intersection(attributes):
             used_globals.append(os.environ)  # reached through os, which is only named
+        if not _COMPUTED_GLOBAL_READERS.isdisjoint(attributes):
+            # globals()["D" + "T"], eval(name): a name its code does not hold; its plain ones.
+            used_globals += sorted(
+                (name, value)
+                for name, value in fn.__globals__.copy().items()
+                if name not in attributes and _plain_text(_flat(value)) is not None
+            )
         # What it imports when it runs counts like a global it reads, and so does a user's module
         # its code names as a string (importlib.import_module("cfg"), sys.modules["cfg"]).
         imported = _imported(fn.__code__, fn.__globals__) + [
@@ -337,7 +362,16 @@ class _Fingerprint:
             for name in attributes
             if name in sys.modules and not _is_named(name)
         ]
-        pieces = [fn.__code__, fn.__defaults__, fn.__kwdefaults__, cells, used_globals, imported]
+        own = sorted(vars(fn).copy().items())  # fn.DT, and what functools.wraps kept
+        pieces = [
+            fn.__code__,
+            fn.__defaults__,
+            fn.__kwdefaults__,
+            cells,
+            used_globals,
+            imported,
+            own,
+        ]
         self._reading.append(attributes)
         try:
             self._nested(head, pieces, depth)
@@ -382,6 +416,15 @@ def _from_the_standard_library(package: str) -> bool:
 def _under(path: str, folders: tuple[str, str]) -> bool:
     stdlib, site = folders
     return path.startswith(stdlib + os.sep) and not path.startswith(site + os.sep)
+
+
+def _own_class(value: Any) -> list[Any]:
+    """A subclass of the user's (of functools.partial, property): its class, whose methods
+    decide what calling or reading it gives, and what its object holds."""
+    kind = type(value)
+    if _is_named(kind.__module__):
+        return []
+    return [kind, sorted(getattr(value, "__dict__", {}).copy().items())]
 
 
 def _held_by_its_module(value: Any) -> str | None:

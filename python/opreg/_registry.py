@@ -306,7 +306,24 @@ def _reset_code_caches(reset_code_caches: Any) -> None:
 
 
 def _reset_for_all_requests(reset_code_caches: Any) -> None:
-    """The worker's loop: resets until a reset served every request made."""
+    """The worker's loop, which always lets a later request start another worker: one that
+    ended by an exception (from a gc callback's code run on its thread, say) and kept its place
+    would have left every later replace's compiled code in place (sweep 45 A-F4)."""
+    global _reset_worker
+    try:
+        _serve_reset_requests(reset_code_caches)
+    except BaseException as error:
+        with _reset_lock:
+            _reset_worker = None
+        warnings.warn(
+            "opreg: code torch.compile compiled before a replace (or a library load) could not "
+            f"be dropped, and may run the earlier definition: {type(error).__name__}: {error}",
+            stacklevel=1,
+        )
+
+
+def _serve_reset_requests(reset_code_caches: Any) -> None:
+    """Resets until a reset served every request made."""
     global _reset_worker
     while True:
         with _reset_lock:

@@ -408,6 +408,7 @@ def vmap_fn_companion(
         pinned.append(_C.definition_serial(companion_name))
 
     rule.pin = pin
+    rule.opreg_piece = "the vmap_fn"  # what errors' notes call it
 
     declaration = OpDeclaration(
         schema=companion_name + signature,

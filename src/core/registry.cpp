@@ -44,6 +44,7 @@
 #include <set>
 #include <sstream>
 #include <stdexcept>
+#include <tuple>
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/DispatchKeyExtractor.h>
@@ -228,24 +229,36 @@ class PinDefinition {
 };
 
 // Held by a trampoline for the whole call: the definition it read stays alive until it returns.
+// The call below autograd of an autograd call takes the definition pinned for it, and only that
+// call: one its pieces make anew (a fallback calling its op after replacing or undefining it)
+// reads the current definition (sweep 45 B-N10: it ran the pinned one on the new schema's stack).
+// A call at the Autograd key is always made anew.
 class CallInFlight {
  public:
-  explicit CallInFlight(const OpEntry& entry) : entry_(entry) {
+  CallInFlight(const OpEntry& entry, bool below_autograd) : entry_(entry) {
     entry_.calls_in_flight.fetch_add(1);  // before reading the definition: see store()
-    const PinnedDefinition& pinned = pinned_definition;
-    pinned_ = pinned.entry == &entry_;
-    definition_ = pinned_ ? pinned.definition : entry_.current.load();
+    PinnedDefinition& pinned = pinned_definition;
+    if (below_autograd && pinned.entry == &entry_) {
+      definition_ = pinned.definition;
+      pin_ = &pinned;
+      pinned = {};
+    } else {
+      definition_ = entry_.current.load();
+    }
   }
-  ~CallInFlight() { entry_.calls_in_flight.fetch_sub(1); }
+  ~CallInFlight() {
+    if (pin_ != nullptr) *pin_ = {&entry_, definition_};
+    entry_.calls_in_flight.fetch_sub(1);
+  }
   CallInFlight(const CallInFlight&) = delete;
   CallInFlight& operator=(const CallInFlight&) = delete;
   const Definition* definition() const { return definition_; }
   // The call below autograd of an autograd call: its stack was made for the pinned definition.
-  bool pinned() const { return pinned_; }
+  bool pinned() const { return pin_ != nullptr; }
 
  private:
   const OpEntry& entry_;
-  bool pinned_;
+  PinnedDefinition* pin_ = nullptr;  // the pin this call took, given back when it returns
   const Definition* definition_;
 };
 
@@ -1480,38 +1493,78 @@ const at::Tensor& memory_holder(const at::Tensor& tensor) {
 
 // Two outputs on one memory, where the schema declares no alias: eager code that writes one
 // sees the other change, while torch.compile, which trusts the schema, makes them apart.
+struct OutputMemory {
+  Memory memory;
+  c10::Device device;
+  size_t index;  // the output's
+};
+
+// Whether any two share memory, found in order of address: comparing each pair of a Tensor[] of
+// many took quadratic time (sweep 45 B-N28: 96 s for 256k tensors).
+bool any_shared(std::vector<const OutputMemory*> outputs) {
+  std::sort(outputs.begin(), outputs.end(), [](const OutputMemory* a, const OutputMemory* b) {
+    return std::make_tuple(a->memory.storage, a->memory.tensor) <
+           std::make_tuple(b->memory.storage, b->memory.tensor);
+  });
+  for (size_t i = 1; i < outputs.size(); ++i) {
+    if (outputs[i]->memory.shared_with(outputs[i - 1]->memory, false)) return true;
+  }
+  outputs.erase(
+      std::remove_if(outputs.begin(), outputs.end(),
+                     [](const OutputMemory* output) { return output->memory.begin == 0; }),
+      outputs.end());
+  std::sort(outputs.begin(), outputs.end(), [](const OutputMemory* a, const OutputMemory* b) {
+    return std::make_tuple(a->device.type(), a->device.index(), a->memory.begin) <
+           std::make_tuple(b->device.type(), b->device.index(), b->memory.begin);
+  });
+  for (size_t i = 1, reach = 0; i < outputs.size(); ++i) {  // reach: the furthest end before i
+    if (outputs[i]->device != outputs[i - 1]->device) {
+      reach = i;
+      continue;
+    }
+    if (outputs[reach]->memory.end < outputs[i - 1]->memory.end) reach = i - 1;
+    if (outputs[i]->memory.begin < outputs[reach]->memory.end) return true;
+  }
+  return false;
+}
+
 void check_outputs_apart(const Definition& definition, const torch::jit::Stack& stack, size_t base,
                          const std::string& impl) {
-  struct Seen {
-    Memory memory;
-    c10::Device device;
-    size_t index;
-  };
-  c10::SmallVector<Seen, 4> seen;
-  auto check = [&](const c10::IValue& value, size_t index) {
+  std::vector<OutputMemory> outputs;
+  auto add = [&](const c10::IValue& value, size_t index) {
     if (definition.return_aliases[index] || !value.isTensor()) return;
     const at::Tensor& tensor = memory_holder(value.toTensor());
     if (!tensor.defined() || !tensor.has_storage()) return;
-    const Memory memory(tensor);
-    for (const auto& [other, device, other_index] : seen) {
-      if (!memory.shared_with(other, device == tensor.device())) continue;
-      TORCH_CHECK(other_index != index, definition.name(), ": ", impl,
-                  " returned two tensors in output ", index, " sharing memory, but the schema '",
-                  definition.schema_text(),
-                  "' declares no alias; return separate tensors (e.g. y.clone())");
-      TORCH_CHECK(false, definition.name(), ": ", impl, " returned outputs ", other_index, " and ",
-                  index, " sharing memory, but the schema '", definition.schema_text(),
-                  "' declares no alias; return separate tensors (e.g. y.clone())");
-    }
-    seen.push_back({memory, tensor.device(), index});
+    outputs.push_back({Memory(tensor), tensor.device(), index});
   };
   const auto& returns = definition.schema().returns();
   for (size_t index = 0; index < returns.size(); ++index) {
     const c10::IValue& value = stack[base + index];
     if (value.isList()) {
-      for (const c10::IValue& element : value.toListRef()) check(element, index);
+      for (const c10::IValue& element : value.toListRef()) add(element, index);
     } else {
-      check(value, index);
+      add(value, index);
+    }
+  }
+  if (outputs.size() < 2) return;
+  if (outputs.size() > 16) {
+    std::vector<const OutputMemory*> found;
+    found.reserve(outputs.size());
+    for (const auto& output : outputs) found.push_back(&output);
+    if (!any_shared(std::move(found))) return;
+  }
+  for (size_t later = 1; later < outputs.size(); ++later) {  // which ones, as they come
+    const auto& [memory, device, index] = outputs[later];
+    for (size_t earlier = 0; earlier < later; ++earlier) {
+      const auto& other = outputs[earlier];
+      if (!memory.shared_with(other.memory, device == other.device)) continue;
+      TORCH_CHECK(other.index != index, definition.name(), ": ", impl,
+                  " returned two tensors in output ", index, " sharing memory, but the schema '",
+                  definition.schema_text(),
+                  "' declares no alias; return separate tensors (e.g. y.clone())");
+      TORCH_CHECK(false, definition.name(), ": ", impl, " returned outputs ", other.index, " and ",
+                  index, " sharing memory, but the schema '", definition.schema_text(),
+                  "' declares no alias; return separate tensors (e.g. y.clone())");
     }
   }
 }
@@ -1842,7 +1895,7 @@ class Trampoline final : public c10::OperatorKernel {
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                   torch::jit::Stack* stack) {
-    const CallInFlight call(*entry_);
+    const CallInFlight call(*entry_, key_ != c10::DispatchKey::Autograd);
     const Definition* definition = call.definition();
     if (definition == nullptr) throw_undefined(*entry_);
     const Definition& d = *definition;

@@ -308,6 +308,11 @@ class VmapKernel final : public c10::OperatorKernel {
                 result.outputs.size(), " outputs, expected ", num_returns);
     TORCH_CHECK(result.out_dims.size() == num_returns, op_->name, ": ", source, " returned ",
                 result.out_dims.size(), " out_dims, expected ", num_returns, " (one per output)");
+    // sweep 45 B-N1/B-N2: a rule's output on another device, or two outputs on one memory,
+    // were passed on (a fallback's are refused).
+    const std::optional<c10::Device> rule_device =
+        rule_ ? single_device(unwrapped_inputs) : std::nullopt;
+    if (rule_) check_rule_outputs_apart(result.outputs);
     for (size_t i = 0; i < num_returns; ++i) {
       auto& output = result.outputs[i];
       if (rule_) check_rule_output(output, i);
@@ -330,6 +335,10 @@ class VmapKernel final : public c10::OperatorKernel {
                     " returned output ", i, " with ", tensor.sym_size(dim),
                     " entries along its batch dim ", dim, ", expected the batch size ", batch_size,
                     promise);
+        if (rule_ && rule_device && tensor.device() != *rule_device) {
+          TORCH_CHECK(false, op_->name, ": the vmap rule returned output ", i, " on ",
+                      tensor.device(), ", expected ", *rule_device, " (the device of its inputs)");
+        }
         if (rule_ && op_->schema.returns()[i].alias_info() == nullptr) {
           check_no_alias(tensor, unwrapped_inputs, i);
         } else if (rule_) {
@@ -380,6 +389,44 @@ class VmapKernel final : public c10::OperatorKernel {
     TORCH_CHECK_TYPE(expected == nullptr, op_->name, ": the vmap rule returned a ",
                      output.isTensorList() ? "list of tensors" : output.tagKind(), " for output ",
                      index, ", declared ", type->str(), " in the schema; expected ", expected);
+  }
+
+  // The one device of a rule's tensor inputs (CPU scalars aside), where its outputs must be;
+  // none where they are on several.
+  static std::optional<c10::Device> single_device(const std::vector<c10::IValue>& inputs) {
+    std::optional<c10::Device> device;
+    bool several = false;
+    auto see = [&](const at::Tensor& tensor) {
+      if (!tensor.defined() || (tensor.is_cpu() && tensor.dim() == 0)) return;
+      several = several || (device && *device != tensor.device());
+      device = tensor.device();
+    };
+    for (const auto& input : inputs) {
+      if (input.isTensor()) see(input.toTensor());
+      if (input.isTensorList()) {
+        for (const at::Tensor& tensor : input.toTensorList()) see(tensor);
+      }
+    }
+    return several ? std::nullopt : device;
+  }
+
+  // Two tensor outputs of a rule on one memory where the schema declares neither an alias.
+  void check_rule_outputs_apart(const std::vector<c10::IValue>& outputs) const {
+    const auto& returns = op_->schema.returns();
+    for (size_t later = 1; later < outputs.size() && later < returns.size(); ++later) {
+      if (!outputs[later].isTensor() || returns[later].alias_info() != nullptr) continue;
+      const at::Tensor& tensor = outputs[later].toTensor();
+      if (!tensor.defined() || !tensor.has_storage()) continue;
+      for (size_t earlier = 0; earlier < later; ++earlier) {
+        if (!outputs[earlier].isTensor() || returns[earlier].alias_info() != nullptr) continue;
+        const at::Tensor& other = outputs[earlier].toTensor();
+        if (!other.defined() || !other.has_storage()) continue;
+        TORCH_CHECK(!detail::share_memory(tensor, other), op_->name,
+                    ": the vmap rule returned outputs ", earlier, " and ", later,
+                    " sharing memory, but the schema '", op_->schema_text,
+                    "' declares no alias; return separate tensors (e.g. y.clone())");
+      }
+    }
   }
 
   // A rule's output may not share memory with an input unless the schema declares the alias:

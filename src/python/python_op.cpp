@@ -26,6 +26,7 @@
 #include "jit_cache/jit_cache.h"
 #include "opreg/definition.h"
 #include "opreg/detail/schema_types.h"
+#include "opreg/detail/text.h"
 #include "opreg/registry.h"
 #include "opreg/trace.h"
 #include "opreg/triton.h"
@@ -260,6 +261,18 @@ py::object call(const py::object& fn, const PyArgs& arguments) {
 // is on the stack as an int, and Python wants torch.float64, not 7.
 py::object to_python_argument(c10::IValue value, const c10::Argument& argument,
                               const std::string& op) {
+  // A C++ caller's str that is not UTF-8 raised a bare UnicodeDecodeError (sweep 45 B-N29).
+  auto require_text = [&](const c10::IValue& text) {
+    if (!text.isString()) return;
+    const std::string readable = detail::valid_utf8(text.toStringRef());
+    TORCH_CHECK_VALUE(readable == text.toStringRef(), op, ": argument '", argument.name(),
+                      "' holds bytes that are not UTF-8 text ('", readable,
+                      "'), which Python cannot read; pass text");
+  };
+  require_text(value);
+  if (value.isList()) {
+    for (const c10::IValue& element : value.toListRef()) require_text(element);
+  }
   if (value.isInt()) {
     const c10::Type* type = argument.real_type().get();
     if (const auto* optional = type->castRaw<c10::OptionalType>()) {
@@ -779,7 +792,10 @@ VmapResult vmap_result(const std::string& op, const py::object& result, const Sc
 
 void add_vmap_rule(OpBuilder& builder, PyRef rule, SchemaPtr schema) {
   if (!rule) return;
-  builder.vmap([rule, schema, op = builder.declared_name()](
+  // What errors' notes call it: a vmap_fn's rule is the vmap_fn the user wrote (sweep 45 A-F3).
+  const py::object named = py::getattr(*rule, "opreg_piece", py::none());
+  std::string piece = named.is_none() ? "the vmap rule" : py::cast<std::string>(named);
+  builder.vmap([rule, schema, op = builder.declared_name(), piece = std::move(piece)](
                    const VmapInfo& info, const std::vector<std::optional<int64_t>>& in_dims,
                    const std::vector<c10::IValue>& args) {
     check_python_can_run(op, "its vmap rule");
@@ -790,7 +806,7 @@ void add_vmap_rule(OpBuilder& builder, PyRef rule, SchemaPtr schema) {
     for (const auto& dim : in_dims) dims.append(dim ? py::cast(*dim) : py::none());
     return vmap_result(op,
                        noted(
-                           op, [] { return "the vmap rule"; },
+                           op, [&piece] { return piece; },
                            [&] {
                              return (*rule)(info.batch_size,
                                             kRandomness[static_cast<int>(info.randomness)], dims,

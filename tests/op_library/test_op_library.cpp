@@ -372,6 +372,16 @@ extern "C" __attribute__((visibility("default"))) int opreg_test_call_inside_a_d
   });
 }
 
+// Calls `name` (an op of schema (Tensor x, str text) -> Tensor) with `text` as its str: a C++
+// caller's bytes may be no UTF-8 text, which Python cannot read (sweep 45 B-N29).
+extern "C" __attribute__((visibility("default"))) int opreg_test_call_with_text(const char* name,
+                                                                                const char* text) {
+  return status_of([&] {
+    const opreg::OpHandle<at::Tensor(const at::Tensor&, c10::string_view)> op(name);
+    op(at::ones({1}), c10::string_view(text));
+  });
+}
+
 extern "C" __attribute__((visibility("default"))) int64_t opreg_test_stop_replacing() {
   stop_replacing = true;
   if (toggler.joinable()) toggler.join();

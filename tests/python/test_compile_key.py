@@ -773,23 +773,67 @@ class _Named(str):
         return "float32"
 
 
+class _Bytes(bytes):
+    def decode(self, *args):
+        return "float32"
+
+
+class _Picks(frozenset):
+    def pick(self):
+        return "float32"
+
+
+class _Partial(functools.partial):
+    def __call__(self, *args):
+        return "float32"
+
+
+class _Property(property):
+    def __get__(self, obj, owner=None):
+        return "float32"
+
+
+class _HasProperty:
+    dtype = _Property(lambda self: "never")
+
+
+def _dtype_of_its_own():
+    return _dtype_of_its_own.dtype
+
+
+_dtype_of_its_own.dtype = "float32"
+COMPILE_KEY_GLOBAL_DT = "float32"
+
+
 def _computed_name_module():
     module = types.ModuleType("compile_key_computed")
     module.DT = "float32"
     return module
 
 
-@pytest.mark.parametrize(
-    "how", ["getitem", "missing", "str_subclass", "computed_name", "argv", "environb"]
-)
+_OTHER_WAYS = ["getitem", "missing", "str_subclass", "computed_name", "argv", "environb"]
+_YET_OTHER_WAYS = [
+    "function_attribute",
+    "bytes_subclass",
+    "set_subclass",
+    "partial_subclass",
+    "property_subclass",
+    "computed_global",
+]
+
+
+@pytest.mark.parametrize("how", _OTHER_WAYS + _YET_OTHER_WAYS)
 def test_what_other_ways_of_reading_a_config_give_is_part_of_the_key(how, monkeypatch):
     # Sweep 44 A-F1..A-F3: a class's dunder methods other than __call__ and __getattr__, a str
     # subclass's methods, an attribute read by a name the code computes, sys.argv and
-    # os.environb were not read: other processes shared a key for other dtypes.
+    # os.environb were not read: other processes shared a key for other dtypes. Sweep 45 A-F1:
+    # nor were a function's own attributes, a bytes, frozenset, partial or property subclass's
+    # class, or a global of its own read by a name it computes.
     monkeypatch.setenv("COMPILE_KEY_DT", "float32")
     monkeypatch.setattr(sys, "argv", [sys.argv[0], "float32"])
     table, defaulting, named = _Indexed(), _Defaulting(), _Named("q")
     module = _computed_name_module()
+    encoded, picks, partial = _Bytes(b"q"), _Picks({1}), _Partial(print)
     reads = {
         "getitem": lambda x: table["DT"],
         "missing": lambda x: defaulting["DT"],
@@ -797,6 +841,12 @@ def test_what_other_ways_of_reading_a_config_give_is_part_of_the_key(how, monkey
         "computed_name": lambda x: getattr(module, "".join(["D", "T"])),
         "argv": lambda x: sys.argv[1],
         "environb": lambda x: os.environb[b"COMPILE_KEY_DT"],
+        "function_attribute": lambda x: _dtype_of_its_own(),
+        "bytes_subclass": lambda x: encoded.decode(),
+        "set_subclass": lambda x: picks.pick(),
+        "partial_subclass": lambda x: partial(),
+        "property_subclass": lambda x: _HasProperty().dtype,
+        "computed_global": lambda x: globals()["".join(["COMPILE_KEY_", "GLOBAL_DT"])],
     }
     read = reading(reads[how])
     before = fingerprint(read)
@@ -808,6 +858,12 @@ def test_what_other_ways_of_reading_a_config_give_is_part_of_the_key(how, monkey
         "computed_name": (module, "DT", "float64"),
         "argv": (sys, "argv", [sys.argv[0], "float64"]),
         "environb": (os.environ, "COMPILE_KEY_DT", "float64"),
+        "function_attribute": (_dtype_of_its_own, "dtype", "float64"),
+        "bytes_subclass": (_Bytes, "decode", lambda self, *args: "float64"),
+        "set_subclass": (_Picks, "pick", lambda self: "float64"),
+        "partial_subclass": (_Partial, "__call__", lambda self, *args: "float64"),
+        "property_subclass": (_Property, "__get__", lambda self, obj, owner=None: "float64"),
+        "computed_global": (sys.modules[__name__], "COMPILE_KEY_GLOBAL_DT", "float64"),
     }[how]
     if how == "environb":
         monkeypatch.setenv(*change[1:])
@@ -860,10 +916,22 @@ class Named(str):
     def lower(self):
         return "float32"
 
+@dataclasses.dataclass(slots=True)
+class Slotted:
+    dtype: str = "float32"
+
+class Reads(typing.Protocol):
+    def dtype(self) -> str: ...
+
+class Reader(Reads):
+    def dtype(self):
+        return "float32"
+
 config, chosen, pair, table, named = Config(), Chosen(), Pair(), Table(), Named("q")
+slotted, reader = Slotted(), Reader()
 reads = [lambda x: config.dtype, lambda x: chosen.dtype(), lambda x: Mode.FAST.value,
          lambda x: pair.dtype, lambda x: table["dtype"], lambda x: named.lower(),
-         lambda x: sys.argv[0]]
+         lambda x: sys.argv[0], lambda x: slotted.dtype, lambda x: reader.dtype()]
 print(" ".join(_compile_key.fingerprint((read,)) for read in reads))
 """
 
@@ -871,7 +939,8 @@ print(" ".join(_compile_key.fingerprint((read,)) for read in reads))
 def test_configs_of_every_kind_give_one_key_in_every_process():
     # The key must stay shared where nothing differs: a dataclass's __init__ (read since sweep 44,
     # with the other dunder methods) holds dataclasses' own _HAS_DEFAULT_FACTORY, which made the
-    # key of every op reading a dataclass this process's own; an ABC's registry did too.
+    # key of every op reading a dataclass this process's own; an ABC's registry did too, and
+    # (sweep 45 A-F2) a slotted dataclass's member descriptors and a Protocol's.
     keys = [
         subprocess.run(
             [sys.executable, "-c", _FINGERPRINTS_OF_CONFIGS],
@@ -881,5 +950,5 @@ def test_configs_of_every_kind_give_one_key_in_every_process():
         ).stdout.split()
         for _ in range(2)
     ]
-    assert len(keys[0]) == 7
+    assert len(keys[0]) == 9
     assert keys[0] == keys[1]

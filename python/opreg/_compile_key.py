@@ -51,6 +51,8 @@ _COMPUTED_NAME_READERS = frozenset({"getattr", "vars", "__dict__", "__getattribu
 _COMPUTED_GLOBAL_READERS = _COMPUTED_NAME_READERS | {"globals", "eval", "exec", "modules"}
 # What a library keeps in a class for itself (abc's registry of subclasses), not the user's.
 _CLASS_BOOKKEEPING = frozenset({"_abc_impl"})
+# A function's attributes that code may read of it (dt.__annotations__["return"]).
+_FUNCTION_DUNDERS = frozenset({"__doc__", "__name__", "__qualname__", "__annotations__"})
 # sys's tables of the import system: what the code reads of them is described elsewhere.
 _IMPORT_TABLES = frozenset({"modules", "path", "meta_path", "path_hooks", "path_importer_cache"})
 _IMPORT_NAME = dis.opmap["IMPORT_NAME"]
@@ -193,6 +195,7 @@ class _Fingerprint:
                 if (not _is_dunder(k) and k not in _CLASS_BOOKKEEPING)
                 or k in _BEHAVING_DUNDERS
                 or isinstance(v, _METHODS)
+                or k in self._names_now()  # C.__doc__, C.__table__["DT"]
             )
             # What it inherits too (Sub.FACTOR from its base), and what its metaclass gives.
             bases = [base for base in value.__bases__ if base is not object]
@@ -206,6 +209,9 @@ class _Fingerprint:
             plain = _plain_text(items)
             if plain is not None and not subclass:
                 return f"dict:{plain}"
+            if id(value) in self._seen:  # one that holds itself (G = globals())
+                return f"dict#{self._seen[id(value)]}"
+            self._seen[id(value)] = len(self._seen)
             if isinstance(value, collections.defaultdict):  # what it gives for a key it lacks
                 subclass.append(value.default_factory)
             self._nested(f"dict:{len(items) // 2}", [*subclass, *items], depth)
@@ -233,6 +239,7 @@ class _Fingerprint:
             self._reading.append(sorted(names))
             try:
                 pieces = [inner, value.args, value.keywords, *_own_class(value)]
+                pieces.append(sorted(getattr(value, "__dict__", {}).copy().items()))
                 self._nested("partial", pieces, depth)
             finally:
                 self._reading.pop()
@@ -288,8 +295,27 @@ class _Fingerprint:
             self._seen[id(value)] = len(self._seen)
             self._nested("object", [type(value), sorted(dict.copy(held).items())], depth)
             return "object"
+        slots = _slot_values(value)
+        if slots is not None and not _is_named(type(value).__module__):
+            # An object of the user's with __slots__: its class and what its slots hold.
+            if id(value) in self._seen:
+                return f"object#{self._seen[id(value)]}"
+            self._seen[id(value)] = len(self._seen)
+            self._nested("slotted", [type(value), slots], depth)
+            return "slotted"
+        if (
+            isinstance(held, dict)
+            and _plain_text(tuple(x for p in held.copy().items() for x in p)) is not None
+        ):
+            # A library's object holding plain values (torch.no_grad()'s, in a decorated helper).
+            kind = type(value)
+            return f"library:{kind.__module__}.{kind.__qualname__}:{sorted(held.copy().items())}"
         named = _held_by_its_module(value)
         return f"instance:{named}" if named is not None else _unique(value)
+
+    def _names_now(self) -> set[str]:
+        """The names the code being described reads."""
+        return {name for names in self._reading for name in names}
 
     def _subclass_of_plain(self, value: Any, depth: int) -> str:
         """A str, bytes, int, float or complex of a subclass: its value, its class (whose methods
@@ -363,6 +389,12 @@ class _Fingerprint:
             if name in sys.modules and not _is_named(name)
         ]
         own = sorted(vars(fn).copy().items())  # fn.DT, and what functools.wraps kept
+        own += [
+            (name, getattr(fn, name, None))
+            for name in sorted(
+                _FUNCTION_DUNDERS & set(attributes) | _FUNCTION_DUNDERS & self._names_now()
+            )
+        ]
         pieces = [
             fn.__code__,
             fn.__defaults__,
@@ -416,6 +448,26 @@ def _from_the_standard_library(package: str) -> bool:
 def _under(path: str, folders: tuple[str, str]) -> bool:
     stdlib, site = folders
     return path.startswith(stdlib + os.sep) and not path.startswith(site + os.sep)
+
+
+def _slot_values(value: Any) -> list[tuple[str, Any]] | None:
+    """What an object's __slots__ hold, None for an object without slots."""
+    names = [
+        name
+        for kind in type(value).__mro__
+        for name in (
+            [kind.__dict__["__slots__"]]
+            if isinstance(kind.__dict__.get("__slots__"), str)
+            else kind.__dict__.get("__slots__", ())
+        )
+    ]
+    if not names:
+        return None
+    return sorted(
+        (name, getattr(value, name, _ABSENT))
+        for name in names
+        if name not in ("__dict__", "__weakref__")
+    )
 
 
 def _own_class(value: Any) -> list[Any]:

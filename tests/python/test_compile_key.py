@@ -802,6 +802,23 @@ def _dtype_of_its_own():
 
 
 _dtype_of_its_own.dtype = "float32"
+
+
+class _DunderHeld:
+    __dtype__ = "float32"
+
+
+def _annotated() -> float32:  # noqa: F821
+    return "x"
+
+
+class _Slotted:
+    __slots__ = ("dtype",)
+
+    def __init__(self):
+        self.dtype = "float32"
+
+
 COMPILE_KEY_GLOBAL_DT = "float32"
 
 
@@ -819,6 +836,9 @@ _YET_OTHER_WAYS = [
     "partial_subclass",
     "property_subclass",
     "computed_global",
+    "class_dunder",
+    "annotation",
+    "slots",
 ]
 
 
@@ -828,12 +848,14 @@ def test_what_other_ways_of_reading_a_config_give_is_part_of_the_key(how, monkey
     # subclass's methods, an attribute read by a name the code computes, sys.argv and
     # os.environb were not read: other processes shared a key for other dtypes. Sweep 45 A-F1:
     # nor were a function's own attributes, a bytes, frozenset, partial or property subclass's
-    # class, or a global of its own read by a name it computes.
+    # class, or a global of its own read by a name it computes. Sweep 46 A: nor a class's dunder
+    # attribute the code names, a function's annotations or a slotted object's values.
     monkeypatch.setenv("COMPILE_KEY_DT", "float32")
     monkeypatch.setattr(sys, "argv", [sys.argv[0], "float32"])
     table, defaulting, named = _Indexed(), _Defaulting(), _Named("q")
     module = _computed_name_module()
     encoded, picks, partial = _Bytes(b"q"), _Picks({1}), _Partial(print)
+    slotted = _Slotted()
     reads = {
         "getitem": lambda x: table["DT"],
         "missing": lambda x: defaulting["DT"],
@@ -847,6 +869,9 @@ def test_what_other_ways_of_reading_a_config_give_is_part_of_the_key(how, monkey
         "partial_subclass": lambda x: partial(),
         "property_subclass": lambda x: _HasProperty().dtype,
         "computed_global": lambda x: globals()["".join(["COMPILE_KEY_", "GLOBAL_DT"])],
+        "class_dunder": lambda x: _DunderHeld.__dtype__,
+        "annotation": lambda x: _annotated.__annotations__["return"],
+        "slots": lambda x: slotted.dtype,
     }
     read = reading(reads[how])
     before = fingerprint(read)
@@ -864,6 +889,9 @@ def test_what_other_ways_of_reading_a_config_give_is_part_of_the_key(how, monkey
         "partial_subclass": (_Partial, "__call__", lambda self, *args: "float64"),
         "property_subclass": (_Property, "__get__", lambda self, obj, owner=None: "float64"),
         "computed_global": (sys.modules[__name__], "COMPILE_KEY_GLOBAL_DT", "float64"),
+        "class_dunder": (_DunderHeld, "__dtype__", "float64"),
+        "annotation": (_annotated, "__annotations__", {"return": "float64"}),
+        "slots": (slotted, "dtype", "float64"),
     }[how]
     if how == "environb":
         monkeypatch.setenv(*change[1:])
@@ -929,9 +957,16 @@ class Reader(Reads):
 
 config, chosen, pair, table, named = Config(), Chosen(), Pair(), Table(), Named("q")
 slotted, reader = Slotted(), Reader()
+table_of_itself = {"dtype": "float32"}
+table_of_itself["self"] = table_of_itself
+import torch
+@torch.no_grad()
+def helper():
+    return "float32"
 reads = [lambda x: config.dtype, lambda x: chosen.dtype(), lambda x: Mode.FAST.value,
          lambda x: pair.dtype, lambda x: table["dtype"], lambda x: named.lower(),
-         lambda x: sys.argv[0], lambda x: slotted.dtype, lambda x: reader.dtype()]
+         lambda x: sys.argv[0], lambda x: slotted.dtype, lambda x: reader.dtype(),
+         lambda x: table_of_itself["dtype"], lambda x: helper()]
 print(" ".join(_compile_key.fingerprint((read,)) for read in reads))
 """
 
@@ -940,7 +975,8 @@ def test_configs_of_every_kind_give_one_key_in_every_process():
     # The key must stay shared where nothing differs: a dataclass's __init__ (read since sweep 44,
     # with the other dunder methods) holds dataclasses' own _HAS_DEFAULT_FACTORY, which made the
     # key of every op reading a dataclass this process's own; an ABC's registry did too, and
-    # (sweep 45 A-F2) a slotted dataclass's member descriptors and a Protocol's.
+    # (sweep 45 A-F2) a slotted dataclass's member descriptors and a Protocol's, and (sweep 46 A)
+    # a dict that holds itself and a helper under @torch.no_grad().
     keys = [
         subprocess.run(
             [sys.executable, "-c", _FINGERPRINTS_OF_CONFIGS],
@@ -950,5 +986,5 @@ def test_configs_of_every_kind_give_one_key_in_every_process():
         ).stdout.split()
         for _ in range(2)
     ]
-    assert len(keys[0]) == 9
+    assert len(keys[0]) == 11
     assert keys[0] == keys[1]

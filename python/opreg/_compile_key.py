@@ -23,8 +23,8 @@ import secrets
 import sys
 import sysconfig
 import types
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NamedTuple
 
 import torch
 
@@ -95,6 +95,13 @@ def _encoded(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")  # a name may hold a lone surrogate
 
 
+class _ReadByName(NamedTuple):
+    value: Any  # held, so that its id names it until the digest
+    label: str
+    held: Callable[[], Mapping[str, Any]]  # what it holds by name now
+    read: set[str]
+
+
 class _Fingerprint:
     def __init__(self) -> None:
         self._hash = hashlib.sha256()
@@ -105,6 +112,14 @@ class _Fingerprint:
         # an object's attribute, a dict).
         self._reading: list[list[str]] = []
         self._module_names: dict[int, set[str]] = {}  # the names each module was read for
+        # Every name the code described so far reads, and what was read by name of a user's
+        # module, class or function, or of the environment, when it was met: at the end each is
+        # read again for the names that code met later reads (sweep 47: a method naming cfg.DT
+        # was described before the object that holds cfg, and a class met again was not read
+        # for the dunders that later code names).
+        self._all_names: set[str] = set()
+        self._by_name: dict[int, _ReadByName] = {}
+        self._part = False  # a part's (_apart) are read again by the whole's digest
 
     def add(self, value: Any, depth: int = 0) -> None:
         try:
@@ -115,7 +130,32 @@ class _Fingerprint:
         self._hash.update(b"\0")
 
     def digest(self) -> str:
+        if not self._part:
+            self._read_again_by_name()
         return self._hash.hexdigest()
+
+    def _read_by_name(
+        self, value: Any, label: str, held: Callable[[], Mapping[str, Any]], read: set[str]
+    ) -> None:
+        """Remembers that ``read`` was read of ``value`` by name, for _read_again_by_name."""
+        entry = self._by_name.setdefault(id(value), _ReadByName(value, label, held, set()))
+        entry.read.update(read)
+
+    def _read_again_by_name(self) -> None:
+        """What later code names of each value met, until no more code is met; in the order of
+        their labels (a set's elements are met in an order of this process)."""
+        while True:
+            pending = []
+            for entry in self._by_name.values():
+                held = entry.held()
+                names = sorted((self._all_names - entry.read).intersection(held))
+                if names:
+                    entry.read.update(names)
+                    pending.append((entry.label, [[name, held[name]] for name in names]))
+            if not pending:
+                return
+            for label, values in sorted(pending, key=lambda item: item[0]):
+                self._nested(f"by name:{label}", values, 0)
 
     # Containers are copied first, in C, before they are read: another thread may change one (a
     # memo a fallback fills) while a key is made, and iterating it would then raise.
@@ -132,9 +172,12 @@ class _Fingerprint:
             return self._subclass_of_plain(value, depth)
         if value is Ellipsis or value is NotImplemented:
             return repr(value)
+        if getattr(type(value), "opreg_process_state", False) and _is_named(type(value).__module__):
+            return f"state:{type(value).__qualname__}"  # opreg's own, of this process only
         if any(value is reader for reader in (os.environ, os.environb, os.getenv, os.getenvb)):
             # The variables the code names: its other variables differ between processes.
             names = sorted({name for names in self._reading for name in names})
+            self._read_by_name(os.environ, "environ", lambda: os.environ.copy(), set(names))
             return f"environ:{[(name, os.environ[name]) for name in names if name in os.environ]}"
         if isinstance(value, torch.dtype | torch.device | torch.layout | torch.memory_format):
             return f"{type(value).__name__}:{value}"
@@ -164,6 +207,7 @@ class _Fingerprint:
             # A module's __getattr__ gives what it lacks (PEP 562).
             read = [[name, held[name]] for name in sorted(names - described) if name in held]
             described |= names
+            self._read_by_name(value, f"module:{value.__name__}", held.copy, described)
             self._nested(f"module:{value.__name__}", read, depth)
             return "module"
         # A subclass of a container (a NamedTuple, a dict of the user's): its class too, whose
@@ -195,7 +239,13 @@ class _Fingerprint:
                 if (not _is_dunder(k) and k not in _CLASS_BOOKKEEPING)
                 or k in _BEHAVING_DUNDERS
                 or isinstance(v, _METHODS)
-                or k in self._names_now()  # C.__doc__, C.__table__["DT"]
+                or k in self._all_names  # C.__doc__, C.__table__["DT"]
+            )
+            self._read_by_name(
+                value,
+                f"class:{value.__module__}.{value.__qualname__}",
+                lambda: vars(value).copy(),
+                {k for k, _ in held} | {k for k in vars(value) if not _is_dunder(k)},
             )
             # What it inherits too (Sub.FACTOR from its base), and what its metaclass gives.
             bases = [base for base in value.__bases__ if base is not object]
@@ -237,6 +287,7 @@ class _Fingerprint:
             ):
                 return _unique(value)  # what other code reads of a user's module is unknown
             self._reading.append(sorted(names))
+            self._all_names.update(names)
             try:
                 pieces = [inner, value.args, value.keywords, *_own_class(value)]
                 pieces.append(sorted(getattr(value, "__dict__", {}).copy().items()))
@@ -313,10 +364,6 @@ class _Fingerprint:
         named = _held_by_its_module(value)
         return f"instance:{named}" if named is not None else _unique(value)
 
-    def _names_now(self) -> set[str]:
-        """The names the code being described reads."""
-        return {name for names in self._reading for name in names}
-
     def _subclass_of_plain(self, value: Any, depth: int) -> str:
         """A str, bytes, int, float or complex of a subclass: its value, its class (whose methods
         code calls: S("q").lower()) and what its object holds."""
@@ -343,6 +390,9 @@ class _Fingerprint:
         part._values = self._values
         part._reading = self._reading
         part._module_names = self._module_names
+        part._all_names = self._all_names
+        part._by_name = self._by_name
+        part._part = True
         part.add(value, depth)
         self._values = part._values
         return part.digest()
@@ -352,15 +402,15 @@ class _Fingerprint:
             cell.cell_contents if _filled(cell) else "<empty cell>" for cell in fn.__closure__ or ()
         ]
         head = f"function:{fn.__module__}.{fn.__qualname__}"
+        # A function reached again (recursion, or two references) is named by when it was met.
+        if id(fn) in self._seen:
+            return f"function#{self._seen[id(fn)]}"
+        self._seen[id(fn)] = len(self._seen)
         if _is_named(fn.__module__):
             # Its code comes with its package's version, which the caches' keys hold already;
             # what it closes over may be the user's (opreg's wrappers of the user's pieces).
             self._nested(head, [fn.__defaults__, fn.__kwdefaults__, cells], depth)
             return "function"
-        # A function reached again (recursion, or two references) is named by when it was met.
-        if id(fn) in self._seen:
-            return f"function#{self._seen[id(fn)]}"
-        self._seen[id(fn)] = len(self._seen)
         attributes = _names_read(fn)
         used_globals = []
         for name in attributes:  # globals()["FACTOR"] names one only as a string
@@ -388,13 +438,16 @@ class _Fingerprint:
             for name in attributes
             if name in sys.modules and not _is_named(name)
         ]
+        self._all_names.update(attributes)
         own = sorted(vars(fn).copy().items())  # fn.DT, and what functools.wraps kept
-        own += [
-            (name, getattr(fn, name, None))
-            for name in sorted(
-                _FUNCTION_DUNDERS & set(attributes) | _FUNCTION_DUNDERS & self._names_now()
-            )
-        ]
+        dunders = _FUNCTION_DUNDERS & self._all_names
+        own += [(name, getattr(fn, name, None)) for name in sorted(dunders)]
+        self._read_by_name(
+            fn,
+            f"function:{fn.__module__}.{fn.__qualname__}",
+            lambda: {name: getattr(fn, name, None) for name in _FUNCTION_DUNDERS},
+            set(dunders),
+        )
         pieces = [
             fn.__code__,
             fn.__defaults__,
@@ -592,11 +645,15 @@ def _triton_function(value: Any) -> list[Any] | None:
     """A Triton kernel's Python function (and an autotuner's configs), without importing Triton
     when no kernel came."""
     module = type(value).__module__ or ""
-    if not module.startswith("triton"):
+    if module != "triton" and not module.startswith("triton."):
         return None
     inner = value
     configs = []
-    while not isinstance(inner, types.FunctionType) and hasattr(inner, "fn"):
+    met = set()  # a wrapper whose .fn leads back to itself would loop forever
+    while (
+        not isinstance(inner, types.FunctionType) and hasattr(inner, "fn") and id(inner) not in met
+    ):
+        met.add(id(inner))
         configs += [str(config) for config in getattr(inner, "configs", None) or []]
         inner = inner.fn
     return [inner, configs] if isinstance(inner, types.FunctionType) else None

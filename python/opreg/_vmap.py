@@ -300,6 +300,17 @@ def _is_nan(value: Any) -> bool:
     return isinstance(value, float) and math.isnan(value)
 
 
+class _Pinned:
+    """The serial of the companion's definition a vmap_fn's rule serves (0 until both are
+    defined): state of this process, not of the code, so no part of torch.compile's keys."""
+
+    __slots__ = ("serial",)
+    opreg_process_state = True  # the compile key's mark
+
+    def __init__(self) -> None:
+        self.serial = 0
+
+
 def vmap_fn_companion(
     qualname: str,
     signature: str,
@@ -378,7 +389,7 @@ def vmap_fn_companion(
             )
         positional, keyword_only = shape.split(wrapped)
         check_pinned()
-        serial = pinned[0] if pinned else _C.definition_serial(companion_name)
+        serial = pinned.serial or _C.definition_serial(companion_name)
         try:
             outputs = shape.outputs(companion[0](*positional, **keyword_only))
         except RuntimeError as error:  # the companion undefined by a racing replace: say that
@@ -392,7 +403,7 @@ def vmap_fn_companion(
 
     # The op and its companion are two definitions: a call that started with this rule and
     # would reach another definition's companion (a replace raced it) refuses, not mixes them.
-    pinned: list[int] = []
+    pinned = _Pinned()
 
     replaced_while_called = (
         f"opreg: op '{qualname}' was replaced (or undefined) while this vmapped call ran, and the "
@@ -400,12 +411,12 @@ def vmap_fn_companion(
     )
 
     def check_pinned() -> None:
-        if pinned and _C.definition_serial(companion_name) != pinned[0]:
+        if pinned.serial and _C.definition_serial(companion_name) != pinned.serial:
             raise RuntimeError(replaced_while_called)
 
     def pin() -> None:
         """Called once the op and this companion are defined."""
-        pinned.append(_C.definition_serial(companion_name))
+        pinned.serial = _C.definition_serial(companion_name)
 
     rule.pin = pin
     rule.opreg_piece = "the vmap_fn"  # what errors' notes call it

@@ -988,3 +988,107 @@ def test_configs_of_every_kind_give_one_key_in_every_process():
     ]
     assert len(keys[0]) == 11
     assert keys[0] == keys[1]
+
+
+def test_a_wrapper_whose_fn_leads_back_to_itself_is_fingerprinted_and_ends():
+    # Sweep 46 A-F3: an object of a module named like Triton's (triton_utils) whose .fn was itself
+    # made the key loop forever; an object of Triton's own modules with such a .fn did too.
+    script = """
+import sys, types
+from opreg import _compile_key
+for module in ("triton_utils47", "triton.runtime.probe47"):
+    Launcher = type("Launcher", (), {"__module__": module, "scale": 2.0})
+    launcher = Launcher()
+    launcher.fn = launcher
+    print(len(_compile_key.fingerprint([lambda x: x * launcher.scale])))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["64", "64"], done.stdout
+
+
+_FINGERPRINT_OF_AN_OP_WITH_A_VMAP_FN = """
+import sys, torch, opreg
+from opreg import _compile_key
+if sys.argv[1] == "after another":  # its definition's serial differs
+    opreg.register_vmap_op(lambda x: x * 3, fake_fn=torch.empty_like, vmap_fn=lambda x: x * 3,
+                           fake_vmap_fn=torch.empty_like, name="compile_key::before",
+                           schema="(Tensor x) -> Tensor")
+opreg.register_vmap_op(lambda x: x * 2, fake_fn=torch.empty_like, vmap_fn=lambda x: x * 2,
+                       fake_vmap_fn=torch.empty_like, name="compile_key::with_vmap_fn",
+                       schema="(Tensor x) -> Tensor")
+print(_compile_key.current_fingerprint("compile_key::with_vmap_fn"),
+      _compile_key.current_fingerprint("compile_key::with_vmap_fn_vmap"))
+"""
+
+
+def test_an_op_with_a_vmap_fn_gives_every_process_the_same_fingerprint():
+    # Sweep 47 A-F1: the rule opreg makes for a vmap_fn calls itself, and the fingerprint went
+    # through opreg's own functions without noting those met: it stopped at its depth limit with
+    # this process's own key (the op and its companion never shared the caches); it also read
+    # the serial of the companion's definition, which depends on what was defined before.
+    prints = {
+        subprocess.run(
+            [sys.executable, "-c", _FINGERPRINT_OF_AN_OP_WITH_A_VMAP_FN, order],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for order in ("first", "first", "after another")
+    }
+    assert len(prints) == 1 and len(next(iter(prints)).split()) == 2, prints
+
+
+class _HoldsAModule:
+    def __init__(self, config):
+        self.config = config
+
+    def fake(self, x):
+        return torch.empty_like(x, dtype=getattr(torch, self.config.DT))
+
+
+def test_what_a_method_reads_of_a_module_its_object_holds_is_part_of_it():
+    # Sweep 47 A-F2: the module was described when the object holding it was met, after the
+    # method naming DT had been, so for no name: float32 and float64 gave one key.
+    config = types.ModuleType("sweep47_config")
+    holder = _HoldsAModule(config)
+    config.DT = "float32"
+    single = fingerprint(holder.fake)
+    config.DT = "float64"
+    assert fingerprint(holder.fake) != single
+
+
+class _MetTwice:
+    X = 1
+    __DT__ = "float32"
+
+
+def _reads_x():
+    return _MetTwice.X
+
+
+def _reads_the_dunder():
+    return _reads_x() + len(_MetTwice.__DT__)
+
+
+def _annotated() -> float32:  # noqa: F821 (read as a string)
+    return None
+
+
+def _reads_the_annotation():
+    return _annotated.__annotations__["return"]
+
+
+def test_a_dunder_named_by_code_met_after_its_class_or_function_is_part_of_it():
+    # Sweep 47 A-F3: a class or function met again was not read for the dunders later code names.
+    single = fingerprint(_reads_x, _reads_the_dunder)
+    _MetTwice.__DT__ = "float64"
+    try:
+        assert fingerprint(_reads_x, _reads_the_dunder) != single
+    finally:
+        _MetTwice.__DT__ = "float32"
+    single = fingerprint(_annotated, _reads_the_annotation)
+    _annotated.__annotations__["return"] = "float64"
+    assert fingerprint(_annotated, _reads_the_annotation) != single

@@ -159,6 +159,8 @@ class OPREG_API OpBuilder {
   OpBuilder& python_fake(std::string python_module, KernelFactory meta);
   // How messages name the fallback: a vmap_fn companion's is the user's vmap_fn.
   OpBuilder& fallback_words(std::string words);
+  // Declared from Python: messages spell its declarations as Python does (sharding="none").
+  OpBuilder& declared_in_python();
   std::unique_ptr<State> state_;
 };
 

@@ -739,7 +739,7 @@ def _meta_fake(declaration: OpDeclaration) -> Callable[..., Any]:
 # their update: two threads defining one name (or an op and its companion) check and define in
 # turn, so neither's checks read records the other is changing (reentrant: a fallback may define).
 definition_lock = threading.RLock()
-_defining_here = threading.local()  # .active: inside defining(); .forget: a replace was made
+_defining_here = threading.local()  # .forget: a replace was made; .recording: see _define
 # A fork copies the lock held by the thread defining at that moment, a thread the child does not
 # have: every definition in the child (a DataLoader worker, say) waited forever. A fork waits for
 # the definition to end instead, and holds the lock across, so the child copies no half-made one.
@@ -755,17 +755,16 @@ def defining() -> Iterator[None]:
     """Holds the definition lock. torch.compile's code compiled before a replace is dropped once
     the outermost block releases it: dropping waits for Dynamo's compile lock, which a compile on
     another thread holds while its fake (say) waits for this lock to define an op."""
-    outermost = not getattr(_defining_here, "active", False)
+    outermost = not definition_lock._is_owned()  # not a flag an interruption could leave set
     try:
         with definition_lock:
-            _defining_here.active = True
-            try:
-                yield
-            finally:
-                _defining_here.active = not outermost
+            if outermost:  # what an interrupted definition left is not taken for one in flight
+                _defining_here.recording = []
+            yield
     finally:
-        if outermost and _defining_here.__dict__.pop("forget", False):
-            forget_compiled_code()
+        if outermost and _defining_here.__dict__.get("forget", False):
+            forget_compiled_code()  # interrupted before the next line: the next definition does it
+            _defining_here.forget = False
 
 
 def define(*declarations: OpDeclaration) -> list[torch._ops.OpOverload]:
@@ -786,7 +785,6 @@ def _define(declarations: Sequence[OpDeclaration]) -> list[torch._ops.OpOverload
         for d in declarations
         if (companion := _links(d.qualname)[1]) is not None and companion not in defined_companions
     ]
-    published = _C.define_all(builders)
     # Note [A definition made while another records its pieces]
     # Recording runs Python code, where a profiler or trace hook, or a finalizer, may define ops
     # on this thread (the definition lock is reentrant). Such a definition records its pieces at
@@ -794,24 +792,20 @@ def _define(declarations: Sequence[OpDeclaration]) -> list[torch._ops.OpOverload
     # ops that its own definition still holds. One whose pieces the interrupted record then wrote
     # over is recorded again, once, when the outermost definition ends: a hook that defines
     # whenever Python code runs would otherwise never let it end.
-    recording = _defining_here.__dict__.setdefault("recording", [])
+    recording = _defining_here.recording  # reset by the outermost defining()
     outermost = not recording
     if outermost:
         _defining_here.overwritten = {}
         _defining_here.latest = {}
-    made = _Made(declarations, published, dropped_companions)
-    recording.append(made)
+    made = _Made(declarations, {}, dropped_companions)
+    replacing = any(registered_before[d.qualname] is not None for d in declarations)
     try:
-        _record(made)
-        if outermost:  # once: ones written over meanwhile stay so (Guarantees: not covered)
-            for again in list(_defining_here.overwritten.values()):
-                _record(again)
+        recording.append(made)
+        _publish_and_record(made, builders, outermost, replacing)
     finally:
-        recording.pop()
+        del recording[next((i for i, group in enumerate(recording) if group is made), None) :]
         if outermost:  # the groups hold Python pieces: none outlives its definition here
             del _defining_here.overwritten, _defining_here.latest
-    if any(registered_before[d.qualname] is not None for d in declarations):
-        _defining_here.forget = True  # done by defining() once the lock is released
     return [op_overload(declaration.qualname) for declaration in declarations]
 
 
@@ -838,6 +832,47 @@ class _Made(NamedTuple):
     declarations: Sequence[OpDeclaration]
     published: Mapping[str, int]  # op -> the serial the core published it with
     dropped_companions: Sequence[tuple[str, int]]
+
+
+# How often recording a published definition is begun again after an exception interrupted it.
+_RECORD_ATTEMPTS = 8
+
+
+def _publish_and_record(made: _Made, builders: list[Any], outermost: bool, replacing: bool) -> None:
+    """Has the core publish the definitions (all or none), then records their Python pieces and,
+    outermost, those of the ones written over meanwhile (once: later ones stay so, Guarantees:
+    not covered). Once the core has published, an exception arriving (Ctrl-C, a signal handler's,
+    a trace hook's) must not leave the definition half recorded (seen: its companion taken for
+    an op of its own, and every later definition of the name refused): recording is begun again,
+    and the first such exception raised once it is done. Begun again, it is whole: each op's
+    pieces are forgotten before they are made. Every line the uninterrupted path runs after the
+    core published is inside the first try."""
+    try:
+        _C.define_all(builders, made.published)  # filled before it returns
+        if replacing:
+            _defining_here.forget = True  # done by defining() once the lock is released
+        _record_with_overwritten(made, outermost)
+        return
+    except BaseException as error:
+        if not made.published:
+            raise  # refused, or interrupted before it published: nothing changed
+        interruption = error
+    if replacing:
+        _defining_here.forget = True
+    for _ in range(_RECORD_ATTEMPTS):
+        try:
+            _record_with_overwritten(made, outermost)
+            break
+        except BaseException as error:
+            interruption = interruption or error
+    raise interruption
+
+
+def _record_with_overwritten(made: _Made, outermost: bool) -> None:
+    _record(made)
+    if outermost:
+        for again in list(_defining_here.overwritten.values()):
+            _record(again)
 
 
 def _record(made: _Made) -> None:
@@ -871,7 +906,18 @@ def _record_one(
     """One op's Python-side pieces, for its definition of ``serial``."""
     qualname = declaration.qualname
     _forget(qualname)
+    companion = next((d.qualname for d in declarations if d.companion_of == qualname), None)
     library = torch.library.Library(qualname.split("::")[0], "FRAGMENT")
+    # Held at once: a record begun again after an interruption finds the library to destroy.
+    _registrations[qualname] = _Registration(
+        qualname,
+        [library],
+        declaration.kernel_status,
+        declaration.jit_kernels,
+        companion_of=declaration.companion_of,
+        companion=companion,
+        serial=serial,
+    )
     if declaration.fake is not None:
         _torch_library.register_fake(library, qualname, _checked_fake(declaration, serial))
     else:  # Note [An op's rule for FakeTensorMode]
@@ -891,16 +937,6 @@ def _record_one(
             ),
         )
     _torch_library.claim(qualname)
-    companion = next((d.qualname for d in declarations if d.companion_of == qualname), None)
-    _registrations[qualname] = _Registration(
-        qualname,
-        [library],
-        declaration.kernel_status,
-        declaration.jit_kernels,
-        companion_of=declaration.companion_of,
-        companion=companion,
-        serial=serial,
-    )
     strategy = declaration.sharding if callable(declaration.sharding) else None
     _dtensor.declare(qualname, strategy)
     try:

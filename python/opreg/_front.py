@@ -353,10 +353,43 @@ def _check_autograd_and_vmap_signatures(
 
 
 @public
+class _Required:
+    """The default of a keyword EvoX requires: its absence is said naming the op."""
+
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+_REQUIRED: Any = _Required()
+
+
+def _check_called_with_keywords(
+    api: str, fn: Any, name: str | None, usage: str, **required: Any
+) -> None:
+    """Refuses the mistakes Python would say without the op: a bare @register_triton_op
+    (it takes only keywords), a required keyword left out."""
+    op = f"op '{name}'" if isinstance(name, str) else None
+    if fn is not None:
+        what = getattr(fn, "__name__", None) if callable(fn) else None
+        op = op or (f"op '{what}'" if isinstance(what, str) else f"a {type(fn).__name__}")
+        raise TypeError(
+            f"opreg: {op}: {api} was used bare, without its keywords; call it with them: {usage}"
+        )
+    missing = [keyword for keyword, value in required.items() if value is _REQUIRED]
+    if missing:
+        raise TypeError(
+            f"opreg: {f'{op}: ' if op else ''}{api} needs the keyword argument"
+            f"{'s' * (len(missing) > 1)} {' and '.join(missing)} (None for none); call it as "
+            f"{usage}"
+        )
+
+
 def register_triton_op(
+    fn: Any = None,
+    /,
     *,
-    fake_fn: Callable[..., Any] | None,
-    triton_fn: Callable[..., Any] | None,
+    fake_fn: Callable[..., Any] | None = _REQUIRED,
+    triton_fn: Callable[..., Any] | None = _REQUIRED,
     vmap_fn: Callable[..., Any] | None = None,
     fake_vmap_fn: Callable[..., Any] | None = None,
     vmap_wrap_inputs: Callable[..., Any] | None = None,
@@ -400,6 +433,14 @@ def register_triton_op(
     the core's (OPREG_OP_FLAGS in include/opreg/definition.h); ``vmap_loop`` is another
     spelling of ``vmap_per_example_loop``. Each flag and what it promises:
     """
+    _check_called_with_keywords(
+        "register_triton_op",
+        fn,
+        name,
+        "@register_triton_op(fake_fn=..., triton_fn=...)",
+        fake_fn=fake_fn,
+        triton_fn=triton_fn,
+    )
     if max_vmap_level is not None and (
         not isinstance(max_vmap_level, int)
         or isinstance(max_vmap_level, bool)
@@ -545,7 +586,7 @@ def register_vmap_op(
     fn: Callable[..., Any] | None = None,
     /,
     *,
-    fake_fn: Callable[..., Any] | None,
+    fake_fn: Callable[..., Any] | None = _REQUIRED,
     vmap_fn: Callable[..., Any] | None = None,
     fake_vmap_fn: Callable[..., Any] | None = None,
     vmap_wrap_inputs: Callable[..., Any] | None = None,
@@ -569,6 +610,14 @@ def register_vmap_op(
             )
 
         return refuse if fn is None else refuse(fn)
+    if fake_fn is _REQUIRED:  # a bare @register_vmap_op too
+        _check_called_with_keywords(
+            "register_vmap_op",
+            None,
+            name if name is not None or fn is None else getattr(fn, "__name__", None),
+            "@register_vmap_op(fake_fn=...) or register_vmap_op(fn, fake_fn=...)",
+            fake_fn=fake_fn,
+        )
     decorator = register_triton_op(
         fake_fn=fake_fn,
         triton_fn=None,

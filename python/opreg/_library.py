@@ -30,7 +30,7 @@ from opreg._fork import new_rlock
 from opreg._front import _device_types, _schema
 from opreg._opcheck import opcheck as _opreg_opcheck
 from opreg._public import public
-from opreg._registry import caller_origin, check_op_name
+from opreg._registry import caller_origin, check_op_name, op_overload
 from opreg._triton import faking_launches, triton_status, wrap_triton
 from opreg._vmap import RuleShape, check_rule_arguments, explicit_rule
 
@@ -257,9 +257,20 @@ class CustomOpDef(torch._library.custom_ops.CustomOpDef):
             try:
                 self._define(serial)
             except BaseException:
-                for name, value in before.items():
-                    setattr(self, name, value)
+                if self._took_effect(serial):  # interrupted once published (Ctrl-C): it stands
+                    self._opoverload = op_overload(self._qualname)
+                    self._registration = registration_of(self._qualname)
+                else:
+                    for name, value in before.items():
+                        setattr(self, name, value)
                 raise
+
+    def _took_effect(self, replacing: int) -> bool:
+        """Whether a definition this thread made (the definition lock held) replaced the one of
+        serial ``replacing`` and was recorded, though it raised."""
+        registration = registration_of(self._qualname)
+        now = _C.definition_serial(self._qualname)
+        return registration is not None and now != replacing and registration.serial == now
 
     # ---- keyword-only arguments, as torch passes them -----------------------------------------
 

@@ -91,6 +91,11 @@ OpBuilder& OpBuilder::fallback_words(std::string words) {
   return *this;
 }
 
+OpBuilder& OpBuilder::declared_in_python() {
+  live(state_).declared_in_python = true;
+  return *this;
+}
+
 OpBuilder& OpBuilder::kernel(KernelFactory factory, std::string name,
                              std::optional<std::vector<std::string>> devices) {
   live(state_).kernels.push_back({std::move(name), std::move(devices), std::move(factory)});

@@ -67,6 +67,12 @@ std::vector<size_t> alias_arguments_of(const c10::FunctionSchema& schema, const 
 
 [[noreturn]] void throw_no_fake(const std::string& op, const std::string& reason);
 
+// Refuses two tensors among a piece's outputs (the elements of a Tensor[] too) on one memory,
+// where the schema declares neither an alias (declared_alias: per output); src/core/registry.cpp.
+void check_outputs_apart(const std::string& op, const std::string& schema_text,
+                         c10::ArrayRef<c10::IValue> outputs,
+                         const std::vector<bool>& declared_alias, const std::string& impl);
+
 // Whether two tensors with storage share memory: one storage, or two on the same bytes (numpy,
 // from_blob or DLPack wrap one's memory in a storage of their own), as the output checks compare.
 bool share_memory(const at::Tensor& a, const at::Tensor& b);

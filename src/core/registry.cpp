@@ -642,6 +642,13 @@ std::string why_not_pointwise(const c10::FunctionSchema& schema) {
 // over and return wrong numbers without an error.
 Sharding resolve_sharding(const OpBuilder::State& spec, const detail::OpIdentity& op) {
   const std::string why_not = why_not_pointwise(op.schema);
+  // Said in the words of the front that declared it (sweep 47 A-U1: Sharding::kReplicate to a
+  // Python user).
+  const bool python = spec.declared_in_python;
+  const char* replicate_or_none =
+      python ? "sharding=\"replicate\" or \"none\", or a strategy function"
+             : "Sharding::kReplicate, kNone, or a strategy function (Python)";
+  const char* none = python ? "sharding=\"none\"" : "Sharding::kNone";
   if (spec.sharding) {
     const auto value = static_cast<int>(*spec.sharding);
     TORCH_CHECK_VALUE(
@@ -650,15 +657,16 @@ Sharding resolve_sharding(const OpBuilder::State& spec, const detail::OpIdentity
     TORCH_CHECK_VALUE(*spec.sharding != Sharding::kPointwise || why_not.empty(), op.name,
                       ": sharding pointwise needs Tensor or scalar arguments and Tensor outputs, "
                       "none of them mutated, but ",
-                      why_not, " in the schema '", op.schema_text,
-                      "'; declare Sharding::kReplicate, kNone, or a strategy function (Python)");
+                      why_not, " in the schema '", op.schema_text, "'; declare ",
+                      replicate_or_none);
     const std::string aliased = aliased_argument(op.schema);
     TORCH_CHECK_VALUE(*spec.sharding != Sharding::kReplicate || aliased.empty(), op.name,
                       ": sharding replicate gathers each DTensor argument into a new tensor, but ",
                       aliased, " in the schema '", op.schema_text,
                       "': the op's write (or an output's view) would reach that copy, not the "
-                      "argument; declare Sharding::kNone, or a strategy function (Python) that "
-                      "keeps that argument's placement");
+                      "argument; declare ",
+                      none, ", or a strategy function", python ? "" : " (Python)",
+                      " that keeps that argument's placement");
     return *spec.sharding;
   }
   return Sharding::kNone;
@@ -1530,43 +1538,10 @@ bool any_shared(std::vector<const OutputMemory*> outputs) {
 
 void check_outputs_apart(const Definition& definition, const torch::jit::Stack& stack, size_t base,
                          const std::string& impl) {
-  std::vector<OutputMemory> outputs;
-  auto add = [&](const c10::IValue& value, size_t index) {
-    if (definition.return_aliases[index] || !value.isTensor()) return;
-    const at::Tensor& tensor = memory_holder(value.toTensor());
-    if (!tensor.defined() || !tensor.has_storage()) return;
-    outputs.push_back({Memory(tensor), tensor.device(), index});
-  };
-  const auto& returns = definition.schema().returns();
-  for (size_t index = 0; index < returns.size(); ++index) {
-    const c10::IValue& value = stack[base + index];
-    if (value.isList()) {
-      for (const c10::IValue& element : value.toListRef()) add(element, index);
-    } else {
-      add(value, index);
-    }
-  }
-  if (outputs.size() < 2) return;
-  if (outputs.size() > 16) {
-    std::vector<const OutputMemory*> found;
-    found.reserve(outputs.size());
-    for (const auto& output : outputs) found.push_back(&output);
-    if (!any_shared(std::move(found))) return;
-  }
-  for (size_t later = 1; later < outputs.size(); ++later) {  // which ones, as they come
-    const auto& [memory, device, index] = outputs[later];
-    for (size_t earlier = 0; earlier < later; ++earlier) {
-      const auto& other = outputs[earlier];
-      if (!memory.shared_with(other.memory, device == other.device)) continue;
-      TORCH_CHECK(other.index != index, definition.name(), ": ", impl,
-                  " returned two tensors in output ", index, " sharing memory, but the schema '",
-                  definition.schema_text(),
-                  "' declares no alias; return separate tensors (e.g. y.clone())");
-      TORCH_CHECK(false, definition.name(), ": ", impl, " returned outputs ", other.index, " and ",
-                  index, " sharing memory, but the schema '", definition.schema_text(),
-                  "' declares no alias; return separate tensors (e.g. y.clone())");
-    }
-  }
+  const size_t count = definition.schema().returns().size();
+  detail::check_outputs_apart(definition.name(), definition.schema_text(),
+                              c10::ArrayRef<c10::IValue>(stack).slice(base, count),
+                              definition.return_aliases, impl);
 }
 
 void check_outputs(const Definition& definition, const torch::jit::Stack& stack, size_t base,
@@ -1655,6 +1630,46 @@ void check_outputs(const Definition& definition, const torch::jit::Stack& stack,
 }
 
 }  // namespace
+
+void detail::check_outputs_apart(const std::string& op, const std::string& schema_text,
+                                 c10::ArrayRef<c10::IValue> outputs_given,
+                                 const std::vector<bool>& declared_alias, const std::string& impl) {
+  std::vector<OutputMemory> outputs;
+  auto add = [&](const c10::IValue& value, size_t index) {
+    if (declared_alias[index] || !value.isTensor()) return;
+    const at::Tensor& tensor = memory_holder(value.toTensor());
+    if (!tensor.defined() || !tensor.has_storage()) return;
+    outputs.push_back({Memory(tensor), tensor.device(), index});
+  };
+  for (size_t index = 0; index < outputs_given.size() && index < declared_alias.size(); ++index) {
+    const c10::IValue& value = outputs_given[index];
+    if (value.isList()) {
+      for (const c10::IValue& element : value.toListRef()) add(element, index);
+    } else {
+      add(value, index);
+    }
+  }
+  if (outputs.size() < 2) return;
+  if (outputs.size() > 16) {
+    std::vector<const OutputMemory*> found;
+    found.reserve(outputs.size());
+    for (const auto& output : outputs) found.push_back(&output);
+    if (!any_shared(std::move(found))) return;
+  }
+  for (size_t later = 1; later < outputs.size(); ++later) {  // which ones, as they come
+    const auto& [memory, device, index] = outputs[later];
+    for (size_t earlier = 0; earlier < later; ++earlier) {
+      const auto& other = outputs[earlier];
+      if (!memory.shared_with(other.memory, device == other.device)) continue;
+      TORCH_CHECK(other.index != index, op, ": ", impl, " returned two tensors in output ", index,
+                  " sharing memory, but the schema '", schema_text,
+                  "' declares no alias; return separate tensors (e.g. y.clone())");
+      TORCH_CHECK(false, op, ": ", impl, " returned outputs ", other.index, " and ", index,
+                  " sharing memory, but the schema '", schema_text,
+                  "' declares no alias; return separate tensors (e.g. y.clone())");
+    }
+  }
+}
 
 // OPREG_DEBUG=1: every call of the fallback or a kernel is also run through the op's fake on meta
 // tensors, and the shapes and dtypes must agree (opcheck does the same on samples).
@@ -2335,6 +2350,12 @@ std::string register_device_type_now(const std::string& raw_name) {
     }
     return normalized;
   }
+  // Sweep 47 B-F1/F4: a kernel factory that registered a type while an op was built freed the
+  // device types the build read (heap-use-after-free), and one that registered a type while this
+  // registration rebuilt the ops had it overwritten below.
+  TORCH_CHECK(!nested, "opreg: register_accelerated_device_type('", normalized,
+              "'): called while opreg builds an op (from a kernel factory, say), whose kernels "
+              "would not see it; register device types before defining the ops that follow them");
   std::vector<std::string> types = reg.device_types;
   types.push_back(normalized);
   // Built first, published after, so an error leaves every op and the registry as they were.
@@ -2573,7 +2594,8 @@ bool restore_definition(const std::string& qualified, const std::shared_ptr<cons
   // types registered now, as every other op does.
   if (restored && follows_device_types(*restored) && restored->device_types != reg.device_types) {
     try {
-      restored = build(restored->spec, reg.device_types, restored.get());
+      const std::vector<std::string> device_types = reg.device_types;  // kept while it builds
+      restored = build(restored->spec, device_types, restored.get());
     } catch (const std::exception&) {
       // A kernel factory that fails now: the earlier definition as it was beats none.
     }
@@ -2693,6 +2715,9 @@ std::vector<detail::Published> detail::define_all_published(std::vector<OpBuilde
   auto& reg = registry();
   Garbage garbage;                           // destroyed after the locks are released
   std::shared_ptr<void> schema_change_lock;  // released after the registry's lock
+  // Built definitions that a failure drops: destroyed after the lock too, as what their pieces
+  // hold may call opreg from another thread (sweep 47 B-F3: a destructor joining one hung).
+  std::vector<DefinitionPtr> definitions;
   std::unique_lock<std::recursive_mutex> lock(reg.mutex);
   const bool nested = defining;
   defining = true;
@@ -2703,12 +2728,12 @@ std::vector<detail::Published> detail::define_all_published(std::vector<OpBuilde
     if (!nested) t_libraries_to_pin = nullptr;
   });
   // 1. Build and validate every definition; nothing is published yet.
-  std::vector<DefinitionPtr> definitions;
+  const std::vector<std::string> device_types = reg.device_types;  // kept while factories run
   std::map<std::string, Definition*> built;
   for (auto& builder : builders) {
     TORCH_CHECK_VALUE(builder.state_ != nullptr,
                       "opreg: this OpBuilder was already defined (or moved from); make a new one");
-    auto definition = build(std::move(*builder.state_), reg.device_types);
+    auto definition = build(std::move(*builder.state_), device_types);
     builder.state_.reset();
     check_publishable(reg, *definition);
     TORCH_CHECK_VALUE(built.emplace(definition->name(), definition.get()).second,
@@ -2746,7 +2771,6 @@ std::vector<detail::Published> detail::define_all_published(std::vector<OpBuilde
   // See Note [A schema change and Python's callers].
   if (!nested && !detail::loading_library() &&
       detail::changes_a_registered_schema(reg, definitions)) {
-    const std::vector<std::string> device_types = reg.device_types;
     lock.unlock();
     schema_change_lock = detail::take_schema_change_lock();
     lock.lock();

@@ -29,6 +29,7 @@ struct OpBuilder::State {
   std::function<c10::FunctionSchema()> infer_schema;  // from the C++ signature; empty in Python
   KernelFactory fallback;
   std::string fallback_words;         // how messages name the fallback (empty: "the fallback")
+  bool declared_in_python = false;    // messages spell declarations as Python does
   std::optional<KernelFactory> fake;  // nullopt: the fallback runs on meta tensors
   std::string python_module;          // set: the fake is registered from Python by this module
   // With python_module: the fake as a kernel, which serves calls on meta tensors (Python's

@@ -316,6 +316,19 @@ class VmapKernel final : public c10::OperatorKernel {
     for (size_t i = 0; i < num_returns; ++i) {
       auto& output = result.outputs[i];
       if (rule_) check_rule_output(output, i);
+      // A rule's tensor output: on its inputs' device, apart from them unless declared an alias.
+      auto check_rule_tensor = [&](const at::Tensor& tensor, size_t index) {
+        if (!rule_) return;
+        if (rule_device && tensor.device() != *rule_device) {
+          TORCH_CHECK(false, op_->name, ": the vmap rule returned output ", index, " on ",
+                      tensor.device(), ", expected ", *rule_device, " (the device of its inputs)");
+        }
+        if (op_->schema.returns()[index].alias_info() == nullptr) {
+          check_no_alias(tensor, unwrapped_inputs, index);
+        } else {
+          check_declared_alias(tensor, unwrapped_inputs, index);
+        }
+      };
       auto batched = [&](const at::Tensor& tensor) {
         if (!tensor.defined()) {  // C++'s None: fine where the schema allows one
           const auto& type = op_->schema.returns()[i].type();
@@ -335,15 +348,7 @@ class VmapKernel final : public c10::OperatorKernel {
                     " returned output ", i, " with ", tensor.sym_size(dim),
                     " entries along its batch dim ", dim, ", expected the batch size ", batch_size,
                     promise);
-        if (rule_ && rule_device && tensor.device() != *rule_device) {
-          TORCH_CHECK(false, op_->name, ": the vmap rule returned output ", i, " on ",
-                      tensor.device(), ", expected ", *rule_device, " (the device of its inputs)");
-        }
-        if (rule_ && op_->schema.returns()[i].alias_info() == nullptr) {
-          check_no_alias(tensor, unwrapped_inputs, i);
-        } else if (rule_) {
-          check_declared_alias(tensor, unwrapped_inputs, i);
-        }
+        check_rule_tensor(tensor, i);
         return functorch::makeBatched(tensor, dim, level);
       };
       if (output.isTensor() && result.out_dims[i].has_value()) {
@@ -353,6 +358,17 @@ class VmapKernel final : public c10::OperatorKernel {
         // taken for unbatched ones and given the batch a second time); None stays None.
         stack->push_back(map_tensor_list(output, batched));
       } else {
+        // Unbatched (out_dim None): checked as batched ones are (sweep 46 B-F1: one on meta, or
+        // the input itself, came out unchecked).
+        if (output.isTensor() && output.toTensor().defined()) {
+          check_rule_tensor(output.toTensor(), i);
+        } else if (is_tensor_list(output)) {
+          for (const c10::IValue& element : output.toListRef()) {
+            if (element.isTensor() && element.toTensor().defined()) {
+              check_rule_tensor(element.toTensor(), i);
+            }
+          }
+        }
         stack->push_back(std::move(output));
       }
     }
@@ -410,23 +426,14 @@ class VmapKernel final : public c10::OperatorKernel {
     return several ? std::nullopt : device;
   }
 
-  // Two tensor outputs of a rule on one memory where the schema declares neither an alias.
+  // Two tensors among a rule's outputs (a Tensor[]'s elements too) on one memory, where the
+  // schema declares neither an alias.
   void check_rule_outputs_apart(const std::vector<c10::IValue>& outputs) const {
-    const auto& returns = op_->schema.returns();
-    for (size_t later = 1; later < outputs.size() && later < returns.size(); ++later) {
-      if (!outputs[later].isTensor() || returns[later].alias_info() != nullptr) continue;
-      const at::Tensor& tensor = outputs[later].toTensor();
-      if (!tensor.defined() || !tensor.has_storage()) continue;
-      for (size_t earlier = 0; earlier < later; ++earlier) {
-        if (!outputs[earlier].isTensor() || returns[earlier].alias_info() != nullptr) continue;
-        const at::Tensor& other = outputs[earlier].toTensor();
-        if (!other.defined() || !other.has_storage()) continue;
-        TORCH_CHECK(!detail::share_memory(tensor, other), op_->name,
-                    ": the vmap rule returned outputs ", earlier, " and ", later,
-                    " sharing memory, but the schema '", op_->schema_text,
-                    "' declares no alias; return separate tensors (e.g. y.clone())");
-      }
-    }
+    std::vector<bool> declared_alias;
+    for (const auto& ret : op_->schema.returns())
+      declared_alias.push_back(ret.alias_info() != nullptr);
+    detail::check_outputs_apart(op_->name, op_->schema_text, outputs, declared_alias,
+                                "the vmap rule");
   }
 
   // A rule's output may not share memory with an input unless the schema declares the alias:
@@ -434,14 +441,21 @@ class VmapKernel final : public c10::OperatorKernel {
   void check_no_alias(const at::Tensor& output, const std::vector<c10::IValue>& inputs,
                       size_t index) const {
     if (!output.has_storage()) return;
-    for (const auto& input : inputs) {
+    auto refuse_shared = [&](const c10::IValue& input) {
       if (!input.isTensor() || !input.toTensor().defined() || !input.toTensor().has_storage()) {
-        continue;
+        return;
       }
-      TORCH_CHECK(!input.toTensor().storage().is_alias_of(output.storage()), op_->name,
+      TORCH_CHECK(!detail::share_memory(input.toTensor(), output), op_->name,
                   ": the vmap rule returned output ", index,
                   " sharing memory with an input, but the schema '", op_->schema_text,
                   "' declares no alias; return a new tensor (e.g. x.clone())");
+    };
+    for (const auto& input : inputs) {
+      if (input.isList()) {  // a Tensor[]'s elements too
+        for (const c10::IValue& element : input.toListRef()) refuse_shared(element);
+      } else {
+        refuse_shared(input);
+      }
     }
   }
 

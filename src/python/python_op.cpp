@@ -40,6 +40,11 @@ struct PythonFront {
   static void fallback_words(OpBuilder& builder, std::string words) {
     builder.fallback_words(std::move(words));
   }
+  static OpBuilder declared_in_python(std::string schema) {
+    OpBuilder builder(std::move(schema));
+    builder.declared_in_python();
+    return builder;
+  }
 };
 
 }  // namespace opreg::detail
@@ -893,7 +898,7 @@ void bind_op_builder(py::module& m) {
       },
       py::arg("op"), py::arg("value"), py::arg("schema"), py::arg("index"));
   py::class_<OpBuilder>(m, "OpBuilder")
-      .def(py::init<std::string>(), py::arg("schema"))
+      .def(py::init(&detail::PythonFront::declared_in_python), py::arg("schema"))
       .def("declared_name", &OpBuilder::declared_name)
       .def(
           "fallback",
@@ -984,25 +989,25 @@ void bind_op_builder(py::module& m) {
           "part_of",
           [](OpBuilder& builder, std::string owner) { builder.part_of(std::move(owner)); },
           py::arg("owner"));
-  // All or none; each builder is used up (its Python object can no longer be defined). Returns
-  // {name: serial} of the definitions published: read afterwards, a serial could be that of a
-  // definition made meanwhile (a C++ thread's replace, a definition nested in this one's records).
+  // All or none; each builder is used up (its Python object can no longer be defined). Puts
+  // {name: serial} of the definitions published in `published`, the caller's dict, before it
+  // returns: a KeyboardInterrupt raised on the way back still finds what was published (a
+  // returned dict was lost with it). Read afterwards, a serial could be that of a definition made
+  // meanwhile (a C++ thread's replace, a definition nested in this one's records).
   m.def(
       "define_all",
-      [](const std::vector<OpBuilder*>& builders) {
+      [](const std::vector<OpBuilder*>& builders, py::dict published) {
         std::vector<OpBuilder> owned;
         for (auto* builder : builders) {
           TORCH_CHECK_TYPE(builder != nullptr, "opreg: define_all takes OpBuilders, got None");
         }
         for (auto* builder : builders) owned.push_back(std::move(*builder));
         const FrontDropsCompiledCode front;
-        std::map<std::string, uint64_t> serials;
-        for (auto& published : detail::define_all_published(std::move(owned), AbiTag{})) {
-          serials.emplace(std::move(published.name), published.serial);
+        for (auto& definition : detail::define_all_published(std::move(owned), AbiTag{})) {
+          published[py::str(definition.name)] = py::int_(definition.serial);
         }
-        return serials;
       },
-      py::arg("builders"));
+      py::arg("builders"), py::arg("published"));
   // For the Python front's own bookkeeping (a vmap_fn companion its op no longer uses).
   m.def("undefine", &opreg::undefine, py::arg("name"));
   m.def("is_defined", &opreg::is_defined, py::arg("name"));

@@ -63,4 +63,45 @@ TEST(DeviceTypes, DispatchKeys) {
   EXPECT_CONTAINS(why, "without an index");
 }
 
+// A kernel factory that registers a device type: opreg runs it while it builds an op (or while a
+// registration rebuilds every op). Sweep 47 B-F1: the registration freed the device types the
+// build was reading (ASan: heap-use-after-free); B-F4: run by another registration's rebuild,
+// the type it registered was overwritten. Both are refused, and nothing changes.
+opreg::KernelFactory registering(const std::string& device_type, int on_run) {
+  auto runs = std::make_shared<int>(0);
+  return opreg::KernelFactory{[device_type, on_run, runs](const opreg::KernelContext&) {
+    if (++*runs == on_run) opreg::register_accelerated_device_type(device_type);
+    return c10::KernelFunction::makeFromUnboxedLambda(
+        [](const at::Tensor& x) { return x.clone(); });
+  }};
+}
+
+TEST(DeviceTypes, AFactoryRegisteringADeviceTypeWhileItsOpIsBuiltIsRefused) {
+  const auto before = opreg::accelerated_device_types();
+  opreg::OpBuilder builder("opreg_dev::registers_when_built(Tensor x) -> Tensor");
+  builder.fallback(registering("", /*on_run=*/0));  // never
+  builder.kernel(registering("mtia", 1), "registers", std::nullopt);
+  const std::string error = opreg_test::error_of([&] { std::move(builder).define(); });
+  EXPECT_CONTAINS(error,
+                  "register_accelerated_device_type('mtia'): called while opreg builds an op");
+  EXPECT_CONTAINS(error, "opreg_dev::registers_when_built");
+  EXPECT_FALSE(opreg::is_defined("opreg_dev::registers_when_built"));
+  EXPECT_EQ(opreg::accelerated_device_types(), before);
+}
+
+TEST(DeviceTypes, AFactoryRegisteringADeviceTypeWhileARegistrationRebuildsIsRefused) {
+  opreg::OpBuilder builder("opreg_dev::registers_when_rebuilt(Tensor x) -> Tensor");
+  builder.fallback(registering("", /*on_run=*/0));  // never
+  builder.kernel(registering("mtia", 2), "registers", std::nullopt);
+  std::move(builder).define();
+  const auto before = opreg::accelerated_device_types();
+  const auto kernels = opreg::describe_op("opreg_dev::registers_when_rebuilt").kernels.size();
+  const std::string error =
+      opreg_test::error_of([] { opreg::register_accelerated_device_type("hpu"); });
+  EXPECT_CONTAINS(error,
+                  "register_accelerated_device_type('mtia'): called while opreg builds an op");
+  EXPECT_EQ(opreg::accelerated_device_types(), before);
+  EXPECT_EQ(opreg::describe_op("opreg_dev::registers_when_rebuilt").kernels.size(), kernels);
+}
+
 }  // namespace

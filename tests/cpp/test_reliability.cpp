@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <future>
 #include <thread>
 
 #include <torch/csrc/autograd/autograd.h>
@@ -574,6 +575,36 @@ TEST(Reliability, AFactoryThatThrowsAtDefineIsNamed) {
   }
   EXPECT_CONTAINS(error_of([] { opreg::describe_op("opreg_rel::factory_throws"); }),
                   "no op named 'opreg_rel::factory_throws'");
+}
+
+// Sweep 47 B-F3: a failed define_all destroyed the definitions it had built while it held the
+// registry's lock: a factory's captured state whose destructor waits for a thread that asks
+// opreg anything (describe_op) hung forever. They are destroyed once the lock is released.
+TEST(Reliability, AFailedDefinitionDropsWhatItBuiltOutsideTheLock) {
+  struct AsksFromAnotherThread {
+    ~AsksFromAnotherThread() {
+      std::thread([] { (void)opreg::is_defined("opreg_rel::dropped_outside"); }).join();
+    }
+  };
+  auto done = std::async(std::launch::async, [] {
+    auto asks = std::make_shared<AsksFromAnotherThread>();
+    opreg::OpBuilder built("opreg_rel::dropped_outside(Tensor x) -> Tensor");
+    built.fallback(opreg::KernelFactory{[asks](const opreg::KernelContext&) {
+      return c10::KernelFunction::makeFromUnboxedLambda([](const at::Tensor& x) { return x + 1; });
+    }});
+    asks.reset();  // the factory holds the only reference
+    opreg::OpBuilder refused("opreg_rel::refused(Tensor x, Tensr y) -> Tensor");
+    std::vector<opreg::OpBuilder> builders;
+    builders.push_back(std::move(built));
+    builders.push_back(std::move(refused));
+    return error_of([&] { opreg::define_all(std::move(builders)); });
+  });
+  if (done.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    ADD_FAILURE() << "define_all hung while dropping what it built";
+    std::_Exit(1);  // the hung thread cannot be joined
+  }
+  EXPECT_CONTAINS(done.get(), "Tensr");
+  EXPECT_FALSE(opreg::is_defined("opreg_rel::dropped_outside"));
 }
 
 TEST(Reliability, AnEmptyLibraryPathIsRefused) {

@@ -66,16 +66,16 @@ def test_the_cpp_builder_refuses_an_unknown_flag_by_name():
     builder.fallback(lambda x: x * 2, "")
     builder.flag("fast", True)
     with pytest.raises(ValueError, match="no flag named 'fast'; the flags are: bitwise"):
-        _C.define_all([builder])
+        _C.define_all([builder], {})
     assert not _C.is_defined("opreg_path::by_name")
 
 
 def test_a_builder_defined_twice_is_refused():
     builder = _C.OpBuilder("opreg_path::twice(Tensor x) -> Tensor")
     builder.fallback(lambda x: x * 2, "")
-    _C.define_all([builder])
+    _C.define_all([builder], {})
     with pytest.raises(ValueError, match=r"already defined \(or moved from\); make a new one"):
-        _C.define_all([builder])
+        _C.define_all([builder], {})
 
 
 def test_dtypes_from_python_are_checked_on_every_call():
@@ -179,7 +179,7 @@ def test_the_sharding_option_goes_through_the_builder():
         fallback=lambda x: x * 2,
         sharding="replicate",
     )
-    _C.define_all([declaration.builder()])
+    _C.define_all([declaration.builder()], {})
     assert opreg.describe_op("opreg_path::sharded").sharding is opreg.Sharding.REPLICATE
 
 

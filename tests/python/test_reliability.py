@@ -878,7 +878,7 @@ def test_a_python_fake_reached_with_mixed_devices_checks_no_device():
         "b.kernel(None, 'k', ['cpu'], None, None)",
         "b.kernel(lambda x: x * 3, 'k', ['cpu'], lambda x: False, None)",
         "b.backward(lambda ctx, g: g, None, None)",
-        "_C.define_all([None])",
+        "_C.define_all([None], {})",
     ],
 )
 def test_misuse_of_the_builder_binding_raises_instead_of_crashing(misuse):

@@ -192,7 +192,7 @@ def test_two_dtype_rules_for_one_argument_are_refused():
     builder.dtypes("x", [torch.float32])
     builder.dtypes("x", [torch.float64])
     with pytest.raises(ValueError, match="dtypes\\(\\) is given twice for argument 'x'"):
-        _C.define_all([builder])
+        _C.define_all([builder], {})
     assert_not_defined("edges::dtypes2")
 
 
@@ -329,7 +329,7 @@ def test_a_boxed_vmap_rule_returning_the_wrong_things_names_the_op():
     builder = _C.OpBuilder("edges::boxed_rule(Tensor x) -> Tensor")
     builder.fallback(twice)
     builder.vmap(lambda batch_size, randomness, in_dims, args: None)
-    _C.define_all([builder])
+    _C.define_all([builder], {})
     with pytest.raises(
         TypeError, match=r"edges::boxed_rule: the vmap rule returned a <class 'NoneType'>"
     ):

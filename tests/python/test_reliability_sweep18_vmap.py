@@ -52,7 +52,7 @@ def test_a_boxed_rule_returning_a_tensor_for_a_tensor_list_output_is_refused():
             (in_dims[0], in_dims[0]),
         )
     )
-    _C.define_all([builder])
+    _C.define_all([builder], {})
     with pytest.raises(
         TypeError,
         match=r"sw18v::boxed_list: the vmap rule returned a Tensor for output 1, declared "

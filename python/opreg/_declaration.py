@@ -215,11 +215,24 @@ def parse_schema(qualname: str, schema: str) -> torch._C.FunctionSchema:
         raise ValueError(f"opreg: op '{qualname}': cannot parse schema '{schema}': {why}") from None
 
 
+def _signature(qualname: str, keyword: str, fn: Any) -> inspect.Signature | None:
+    """``fn``'s signature; None where there is none to read (builtins and C functions)."""
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    except Exception as error:  # its __signature__ or __getattr__ raised (sweep 46 A-F6)
+        raise TypeError(
+            f"opreg: op '{qualname}': {keyword} cannot be inspected: reading its signature "
+            f"raised {type(error).__name__}: {error}; give a function, or a callable whose "
+            "signature can be read"
+        ) from error
+
+
 def check_signature(qualname: str, keyword: str, fn: Any, schema: str) -> None:
     """A Python piece that cannot take the schema's arguments fails at definition, naming it."""
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # builtins and C functions: nothing to read
+    signature = _signature(qualname, keyword, fn)
+    if signature is None:
         return
     try:
         arguments = parse_schema(qualname, schema).arguments
@@ -244,9 +257,8 @@ def check_positional(
 ) -> None:
     """A piece that opreg calls with fixed arguments (backward, setup_context, a vmap rule) fails
     at definition if it cannot take them, not at its first call."""
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):
+    signature = _signature(qualname, keyword, fn)
+    if signature is None:
         return
     try:
         signature.bind(*arguments, **dict.fromkeys(keywords))

@@ -758,8 +758,16 @@ class CheckedFallback final : public c10::OperatorKernel {
                 "KernelContext::fallback kept past its definition); call the fallback that the "
                 "current definition's kernel factory is given");
     // A kernel's stack as a dispatched call's: too few values read before it (sweep 43 B-F1).
-    check_arguments(*definition, *stack);
-    normalize_arguments(*definition, *stack);
+    // A wrong one is the kernel's, not its caller's (sweep 46 B-F3: it read as the caller's).
+    try {
+      check_arguments(*definition, *stack);
+      normalize_arguments(*definition, *stack);
+    } catch (c10::Error& error) {
+      error.add_context(c10::str("in the values a kernel of ", op_,
+                                 " gave KernelContext::fallback, which it must give the op's "
+                                 "arguments as a call does"));
+      throw;
+    }
     run_checked_fallback(*definition, op, keys, stack);
   }
 
@@ -2200,6 +2208,26 @@ OpEntry& entry_for(Registry& reg, const Definition& definition) {
 
 // Refuses what may not be published: a name taken by an earlier opreg op (unless replacing) or
 // by an op defined outside opreg.
+// A part of an op (its vmap_fn companion) that the op still calls is replaced with the op:
+// replaced on its own, the op's vmapped calls found it changed and said every one raced a
+// replace (sweep 45 B-F4). As undefine_now refuses to undefine it alone.
+void check_parts_stay_with_their_owners(Registry& reg,
+                                        const std::map<std::string, Definition*>& built) {
+  for (const auto& [name, definition] : built) {
+    auto found = reg.ops.find(name);
+    const auto current = found == reg.ops.end() ? nullptr : found->second->load();
+    if (current == nullptr || !current->spec.part_of) continue;
+    const std::string& owner = *current->spec.part_of;
+    auto owner_entry = reg.ops.find(owner);
+    const auto owner_now = owner_entry == reg.ops.end() ? nullptr : owner_entry->second->load();
+    const bool still_its_part = owner_now != nullptr && owner_now->serial == current->owner_serial;
+    TORCH_CHECK_VALUE(!still_its_part || built.count(owner) != 0, name,
+                      ": cannot replace it on its own: it is part of '", owner,
+                      "' (such as its vmap_fn companion), which calls it; define '", owner,
+                      "' again (with it, or without it and then define this name)");
+  }
+}
+
 void check_publishable(Registry& reg, const Definition& definition) {
   const std::string& qualified = definition.name();
   auto found = reg.ops.find(qualified);
@@ -2213,10 +2241,21 @@ void check_publishable(Registry& reg, const Definition& definition) {
     TORCH_CHECK_VALUE(!only || current || *only == 0, qualified,
                       ": the op was undefined while this definition was made, and it replaces only "
                       "the op's earlier definition; define the op again");
+    // Serials only grow: a later one than the op's is none it had (sweep 46 B: a bogus serial
+    // was said to be a definition made meanwhile).
+    TORCH_CHECK_VALUE(!only || !current || *only <= current->serial, qualified, ": replace_only(",
+                      *only,
+                      ") names no definition this op had (its "
+                      "definition now is serial ",
+                      current ? current->serial : 0,
+                      "); give the serial of the definition it replaces "
+                      "(opreg::detail::definition_serial)");
     TORCH_CHECK_VALUE(!only || (current ? current->serial : 0) == *only, qualified,
                       ": an op of this name was defined (by ", current ? current->origin : "",
+                      ", serial ", current ? current->serial : 0,
                       ") while this definition was made, and it replaces only the op's earlier "
-                      "definition; choose another name, or replace it explicitly");
+                      "definition (serial ",
+                      only ? *only : 0, "); choose another name, or replace it explicitly");
     return;
   }
   auto known = c10::Dispatcher::singleton().findSchema(
@@ -2768,6 +2807,7 @@ std::vector<detail::Published> detail::define_all_published(std::vector<OpBuilde
       if (auto current = found->second->load()) definition->owner_serial = current->serial;
     }
   }
+  check_parts_stay_with_their_owners(reg, built);
   // See Note [A schema change and Python's callers].
   if (!nested && !detail::loading_library() &&
       detail::changes_a_registered_schema(reg, definitions)) {
@@ -2778,6 +2818,7 @@ std::vector<detail::Published> detail::define_all_published(std::vector<OpBuilde
                 ": a device type was registered while this definition waited to change the "
                 "op's schema; nothing was defined: define it again");
     for (const auto& definition : definitions) check_publishable(reg, *definition);
+    check_parts_stay_with_their_owners(reg, built);
   } else if (nested && !detail::loading_library() &&
              detail::changes_a_registered_schema(reg, definitions) &&
              detail::schema_change_lock_needed()) {

@@ -214,6 +214,50 @@ TEST(Reliability, UndefiningAnOpUndefinesItsParts) {
                   "opreg_rel::owner_part: the op is not defined");
 }
 
+// Sweep 45 B-F4: a part its owner still calls (a vmap_fn companion) replaced on its own made
+// every vmapped call of the owner say it raced a replace. As its undefine, it is refused; with
+// its owner, or once the owner no longer has it, it is replaced.
+TEST(Reliability, APartIsReplacedWithItsOwnerOnly) {
+  auto times = [](double factor) { return [factor](const at::Tensor& x) { return x * factor; }; };
+  auto part = [&](double factor) {
+    return opreg::op("opreg_rel::replaced_part(Tensor x) -> Tensor")
+        .fallback(times(factor))
+        .part_of("opreg_rel::replaced_owner")
+        .replace();
+  };
+  opreg::op("opreg_rel::replaced_owner(Tensor x) -> Tensor").fallback(times(2)).define();
+  part(3).define();
+  const auto alone = error_of([&] {
+    opreg::op("opreg_rel::replaced_part(Tensor x) -> Tensor").fallback(times(4)).replace().define();
+  });
+  EXPECT_CONTAINS(alone,
+                  "opreg_rel::replaced_part: cannot replace it on its own: it is part of "
+                  "'opreg_rel::replaced_owner'");
+  EXPECT_CONTAINS(error_of([&] { part(5).define(); }), "cannot replace it on its own");
+  auto x = at::ones({2});
+  EXPECT_TRUE(
+      at::equal(opreg_test::call_boxed("opreg_rel::replaced_part", {x})[0].toTensor(), x * 3));
+  std::vector<opreg::OpBuilder> together;
+  together.push_back(opreg::OpBuilder("opreg_rel::replaced_owner(Tensor x) -> Tensor"));
+  together.back().fallback(opreg::KernelFactory{[](const opreg::KernelContext&) {
+    return c10::KernelFunction::makeFromUnboxedLambda([](const at::Tensor& x) { return x * 6; });
+  }});
+  together.back().replace();
+  together.push_back(opreg::OpBuilder("opreg_rel::replaced_part(Tensor x) -> Tensor"));
+  together.back().fallback(opreg::KernelFactory{[](const opreg::KernelContext&) {
+    return c10::KernelFunction::makeFromUnboxedLambda([](const at::Tensor& x) { return x * 7; });
+  }});
+  together.back().part_of("opreg_rel::replaced_owner").replace();
+  opreg::define_all(std::move(together));
+  EXPECT_TRUE(
+      at::equal(opreg_test::call_boxed("opreg_rel::replaced_part", {x})[0].toTensor(), x * 7));
+  // The owner defined again without it: the part is an op of its own, replaced alone.
+  opreg::op("opreg_rel::replaced_owner(Tensor x) -> Tensor").fallback(times(2)).replace().define();
+  opreg::op("opreg_rel::replaced_part(Tensor x) -> Tensor").fallback(times(8)).replace().define();
+  EXPECT_TRUE(
+      at::equal(opreg_test::call_boxed("opreg_rel::replaced_part", {x})[0].toTensor(), x * 8));
+}
+
 TEST(Reliability, PartOfNamesAnOp) {
   for (const char* owner : {"", "not a name!", "no_namespace", "ns::", "opreg_rel::self_part"}) {
     EXPECT_CONTAINS(error_of([&] {
@@ -875,6 +919,36 @@ TEST(Reliability, ReplacingOnlyAnOpUndefinedMeanwhileSaysItWasUndefined) {
   EXPECT_FALSE(opreg::is_defined("opreg_rel::undefined_meanwhile"));
 }
 
+// Sweep 46 B: a serial the op never had (past its current one) was said to be a definition
+// made meanwhile; an earlier one is said with both serials.
+TEST(Reliability, ReplacingOnlyASerialTheOpNeverHadNamesBoth) {
+  opreg::op("opreg_rel::replaced_only(Tensor x) -> Tensor")
+      .fallback([](const at::Tensor& x) { return x * 2; })
+      .define();
+  const uint64_t first = opreg::detail::definition_serial("opreg_rel::replaced_only");
+  opreg::op("opreg_rel::replaced_only(Tensor x) -> Tensor")
+      .fallback([](const at::Tensor& x) { return x * 3; })
+      .replace()
+      .define();
+  const uint64_t now = opreg::detail::definition_serial("opreg_rel::replaced_only");
+  const auto replacing_only = [](uint64_t serial) {
+    opreg::OpBuilder again("opreg_rel::replaced_only(Tensor x) -> Tensor");
+    again.fallback(
+        opreg::detail::typed_kernel(std::function<at::Tensor(const at::Tensor&)>(twice)));
+    again.replace_only(serial);
+    return error_of([&] { std::move(again).define(); });
+  };
+  EXPECT_CONTAINS(replacing_only(now + 1000),
+                  "opreg_rel::replaced_only: replace_only(" + std::to_string(now + 1000) +
+                      ") names no definition this op had (its definition now is serial " +
+                      std::to_string(now) + ")");
+  EXPECT_CONTAINS(replacing_only(first), "serial " + std::to_string(now) +
+                                             ") while this definition was made, and it replaces "
+                                             "only the op's earlier definition (serial " +
+                                             std::to_string(first) + ")");
+  EXPECT_EQ(opreg::detail::definition_serial("opreg_rel::replaced_only"), now);
+}
+
 using BoxedPiece =
     std::function<void(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack*)>;
 
@@ -925,6 +999,12 @@ TEST(Reliability, AKernelsCallOfItsFallbackIsCheckedAsACall) {
                   "opreg_rel::kernel_calls_fallback: called with 1 arguments, expected 2");
   EXPECT_CONTAINS(error_of([&] { call(2); }),
                   "opreg_rel::kernel_calls_fallback: argument 'x' must be a Tensor, got None");
+  // Said of the kernel's values, not its caller's (sweep 46 B-F3).
+  for (const int64_t mode : {0, 1, 2}) {
+    EXPECT_CONTAINS(error_of([&] { call(mode); }),
+                    "in the values a kernel of opreg_rel::kernel_calls_fallback gave "
+                    "KernelContext::fallback");
+  }
   EXPECT_TRUE(at::equal(call(3)[0].toTensor(), at::full({2}, 2.0)));
 }
 

@@ -355,3 +355,25 @@ def test_a_refused_sharding_is_said_in_pythons_words(fallback, sharding, advice)
             sharding=sharding,
         )(fallback)
     assert advice in str(raised.value) and "Sharding::" not in str(raised.value)
+
+
+class _Uninspectable:
+    @property
+    def __signature__(self):
+        raise RuntimeError("signature boom")
+
+    def __call__(self, x):
+        return torch.empty_like(x)
+
+
+def test_a_piece_whose_signature_cannot_be_read_is_said_naming_the_op_and_piece():
+    # Sweep 46 A-F6: the user's bare RuntimeError('signature boom') named neither.
+    with pytest.raises(TypeError) as raised:
+        opreg.register_triton_op(
+            fake_fn=_Uninspectable(), triton_fn=None, name="sweep46::uninspectable"
+        )(_named_fallback)
+    assert str(raised.value).startswith(
+        "opreg: op 'sweep46::uninspectable': fake_fn cannot be inspected: reading its signature "
+        "raised RuntimeError: signature boom"
+    )
+    assert not hasattr(torch.ops.sweep46, "uninspectable")

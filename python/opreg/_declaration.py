@@ -804,20 +804,20 @@ def _define(declarations: Sequence[OpDeclaration]) -> list[torch._ops.OpOverload
     # ops that its own definition still holds. One whose pieces the interrupted record then wrote
     # over is recorded again, once, when the outermost definition ends: a hook that defines
     # whenever Python code runs would otherwise never let it end.
+    # A definition a hook makes on this thread may come at any line, this function's too: the
+    # tables of groups are made when first used and dropped by the definition that leaves none in
+    # flight (sweep 41: a hook defining every 50th line found them dropped by another).
     recording = _defining_here.recording  # reset by the outermost defining()
-    outermost = not recording
-    if outermost:
-        _defining_here.overwritten = {}
-        _defining_here.latest = {}
     made = _Made(declarations, {}, dropped_companions)
     replacing = any(registered_before[d.qualname] is not None for d in declarations)
+    recording.append(made)
     try:
-        recording.append(made)
-        _publish_and_record(made, builders, outermost, replacing)
+        _publish_and_record(made, builders, recording[0] is made, replacing)
     finally:
         del recording[next((i for i, group in enumerate(recording) if group is made), None) :]
-        if outermost:  # the groups hold Python pieces: none outlives its definition here
-            del _defining_here.overwritten, _defining_here.latest
+        if not recording:  # the groups hold Python pieces: none outlives its definition here
+            _defining_here.__dict__.pop("overwritten", None)
+            _defining_here.__dict__.pop("latest", None)
     return [op_overload(declaration.qualname) for declaration in declarations]
 
 
@@ -883,13 +883,13 @@ def _publish_and_record(made: _Made, builders: list[Any], outermost: bool, repla
 def _record_with_overwritten(made: _Made, outermost: bool) -> None:
     _record(made)
     if outermost:
-        for again in list(_defining_here.overwritten.values()):
+        for again in list(_defining_here.__dict__.get("overwritten", {}).values()):
             _record(again)
 
 
 def _record(made: _Made) -> None:
     """The Python-side pieces of the definitions the core published under ``made.published``."""
-    latest = _defining_here.latest  # op -> the group whose pieces it holds now
+    latest = _defining_here.__dict__.setdefault("latest", {})  # op -> the group holding its pieces
     for declaration in made.declarations:
         qualname = declaration.qualname
         serial = made.published[qualname]
@@ -900,7 +900,7 @@ def _record(made: _Made) -> None:
         # One made meanwhile on this thread (its pieces were written over): recorded again.
         later = latest[qualname]
         if later is not made and later.published[qualname] == _C.definition_serial(qualname):
-            _defining_here.overwritten[id(later)] = later
+            _defining_here.__dict__.setdefault("overwritten", {})[id(later)] = later
     for companion, serial in made.dropped_companions:  # it would hold its name and serve nothing
         if _C.definition_serial(companion) != serial:
             continue  # defined again since: no longer the dropped one

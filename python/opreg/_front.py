@@ -352,7 +352,6 @@ def _check_autograd_and_vmap_signatures(
         )
 
 
-@public
 class _Required:
     """The default of a keyword EvoX requires: its absence is said naming the op."""
 
@@ -384,6 +383,7 @@ def _check_called_with_keywords(
         )
 
 
+@public
 def register_triton_op(
     fn: Any = None,
     /,

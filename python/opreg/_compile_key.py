@@ -46,7 +46,7 @@ _ABSENT = object()
 _BEHAVING_DUNDERS = frozenset({"__call__", "__getattr__", "__getattribute__"})
 _METHODS = (types.FunctionType, classmethod, staticmethod, property, functools.partial)
 # Code naming one of these may read a module's attribute by a name it computes.
-_COMPUTED_NAME_READERS = frozenset({"getattr", "vars", "__dict__", "__getattribute__"})
+_COMPUTED_NAME_READERS = frozenset({"getattr", "hasattr", "vars", "__dict__", "__getattribute__"})
 # ... or one of its own globals.
 _COMPUTED_GLOBAL_READERS = _COMPUTED_NAME_READERS | {"globals", "eval", "exec", "modules"}
 # What a library keeps in a class for itself (abc's registry of subclasses), not the user's.
@@ -422,6 +422,15 @@ class _Fingerprint:
                     value = f"<builtins.{name}>"
             if value is not _ABSENT:
                 used_globals += [name, value]
+        # A name given by a str it reads (ENV = "DT", then os.environ[ENV]; getattr(cfg, ATTR); a
+        # closure's or default's name): sweep 48 A-F4.
+        held = [
+            *used_globals[1::2],
+            *cells,
+            fn.__defaults__ or (),
+            *(fn.__kwdefaults__ or {}).values(),
+        ]
+        attributes = sorted(set(attributes) | _names_among(held))
         if _ENVIRONMENT_NAMES.intersection(attributes):
             used_globals.append(os.environ)  # reached through os, which is only named
         if not _COMPUTED_GLOBAL_READERS.isdisjoint(attributes):
@@ -593,11 +602,26 @@ def _code_objects(code: types.CodeType) -> list[types.CodeType]:
 
 
 def _strings(code: types.CodeType) -> set[str]:
-    """Its constant strings, and its bytes as names (os.environb[b"DT"] is os.environ["DT"])."""
+    """Its constant strings, those of its constant tuples and frozensets too (`for flag in ("WIDE",
+    "DOUBLE"): hasattr(cfg, flag)`, a match pattern's keywords: sweep 48 A-F3), and its bytes as
+    names (os.environb[b"DT"] is os.environ["DT"])."""
     constants = [const for inner in _code_objects(code) for const in inner.co_consts]
-    return {const for const in constants if isinstance(const, str)} | {
-        os.fsdecode(const) for const in constants if isinstance(const, bytes)
-    }
+    return _names_among(constants)
+
+
+def _names_among(values: Iterable[Any]) -> set[str]:
+    """The strs among ``values`` and in their tuples and frozensets, and bytes as names."""
+    names: set[str] = set()
+    pending = list(values)
+    while pending:
+        value = pending.pop()
+        if isinstance(value, str):
+            names.add(value)
+        elif isinstance(value, bytes):
+            names.add(os.fsdecode(value))
+        elif type(value) in (tuple, frozenset):
+            pending.extend(value)
+    return names
 
 
 def _imported(code: types.CodeType, module_globals: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -690,9 +714,9 @@ class _SharedEntries(dict):
 
     def __reduce__(self) -> tuple[Any, ...]:
         with _lock:
-            now = [
+            now = [  # sorted: ops defined in another order key the same (sweep 48 A-F5)
                 (key, current_fingerprint(key[len(_PREFIX) :]) if value == _PENDING else value)
-                for key, value in list(self.items())
+                for key, value in sorted(self.items())
             ]
         return dict, (now,)
 

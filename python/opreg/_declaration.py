@@ -134,7 +134,9 @@ class OpDeclaration:
     def compiled_pieces(self) -> list[Any]:
         """What code compiled with the op may have traced of this definition (where it came from
         and what opreg says about it aside)."""
-        left_out = {"origin", "kernel_status", "jit_kernels"}
+        # replace_only: the serial it replaces, this process's (sweep 48 A-F6: a custom_op's key
+        # changed with how many definitions came before it).
+        left_out = {"origin", "kernel_status", "jit_kernels", "replace_only"}
         return [(f.name, getattr(self, f.name)) for f in fields(self) if f.name not in left_out]
 
     @property

@@ -258,12 +258,16 @@ class CustomOpDef(torch._library.custom_ops.CustomOpDef):
                 self._define(serial)
             except BaseException:
                 if self._took_effect(serial):  # interrupted once published (Ctrl-C): it stands
-                    self._opoverload = op_overload(self._qualname)
-                    self._registration = registration_of(self._qualname)
+                    self._hold_current()
                 else:
                     for name, value in before.items():
                         setattr(self, name, value)
                 raise
+
+    def _hold_current(self) -> None:
+        """Takes the op's current definition for this object's (one it made)."""
+        self._opoverload = op_overload(self._qualname)
+        self._registration = registration_of(self._qualname)
 
     def _took_effect(self, replacing: int) -> bool:
         """Whether a definition this thread made (the definition lock held) replaced the one of
@@ -491,11 +495,23 @@ def _publish(api: str, op: CustomOpDef) -> CustomOpDef:
         serial = _C.definition_serial(op._qualname)
         _check_name_free(api, op._qualname)
         previous = _defined.get(op._qualname)
-        op._define(serial)
+        interruption: BaseException | None = None
+        try:
+            op._define(serial)
+        except BaseException as error:
+            # Interrupted once the core published it (Ctrl-C): the op is this object's, as a
+            # definition that returned (sweep 48 A-F2: it stayed defined, its name refused to
+            # every later custom_op as "defined outside opreg.custom_op").
+            if not op._took_effect(serial):
+                raise
+            op._hold_current()
+            interruption = error
         _defined[op._qualname] = op
     if previous is not None and previous._dispatch_library is not None:
         previous._dispatch_library._destroy()  # its rules go with it, as torch's custom_op's
         _torch_library.reinstate(op._qualname)
+    if interruption is not None:
+        raise interruption
     return op
 
 

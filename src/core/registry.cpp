@@ -442,10 +442,14 @@ c10::FunctionSchema parse_schema(const OpBuilder::State& spec) {
   std::string ns, name, overload;
   split_name(qualified, qualified, &ns, &name, &overload);
   if (paren == std::string::npos) {
+    // In the words of the front that declared it (sweep 48 B-M3: a C++ user read of a Python
+    // function).
     TORCH_CHECK_VALUE(static_cast<bool>(spec.infer_schema), "opreg: op '", qualified,
-                      "': no schema given (expected '", qualified,
-                      "(Tensor x, ...) -> Tensor'), and none can be inferred from a Python "
-                      "function");
+                      "': no schema given (expected '", qualified, "(Tensor x, ...) -> Tensor'), ",
+                      spec.declared_in_python
+                          ? "and none can be inferred from a Python function"
+                          : "and a boxed or factory-made C++ piece has no signature to infer one "
+                            "from; give the schema, or use opreg::op with a typed fallback");
     return inferred_schema(spec, qualified).cloneWithName(ns + "::" + name, overload);
   }
   check_decimal_defaults(qualified, text);

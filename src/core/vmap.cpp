@@ -329,14 +329,18 @@ class VmapKernel final : public c10::OperatorKernel {
           check_declared_alias(tensor, unwrapped_inputs, index);
         }
       };
+      // C++'s None: fine where the schema allows one.
+      auto check_undefined_allowed = [&]() {
+        const auto& type = op_->schema.returns()[i].type();
+        const auto* list = type->castRaw<c10::ListType>();
+        const auto& element = list != nullptr ? list->getElementType() : type;
+        TORCH_CHECK_TYPE(element->kind() == c10::TypeKind::OptionalType, op_->name, ": ", source,
+                         " returned an undefined tensor for output ", i, ", declared ", type->str(),
+                         " in the schema; expected a tensor");
+      };
       auto batched = [&](const at::Tensor& tensor) {
-        if (!tensor.defined()) {  // C++'s None: fine where the schema allows one
-          const auto& type = op_->schema.returns()[i].type();
-          const auto* list = type->castRaw<c10::ListType>();
-          const auto& element = list != nullptr ? list->getElementType() : type;
-          TORCH_CHECK_TYPE(element->kind() == c10::TypeKind::OptionalType, op_->name, ": ", source,
-                           " returned an undefined tensor for output ", i, ", declared ",
-                           type->str(), " in the schema; expected a tensor");
+        if (!tensor.defined()) {
+          check_undefined_allowed();
           return tensor;
         }
         const int64_t dim = *result.out_dims[i];
@@ -360,13 +364,19 @@ class VmapKernel final : public c10::OperatorKernel {
       } else {
         // Unbatched (out_dim None): checked as batched ones are (sweep 46 B-F1: one on meta, or
         // the input itself, came out unchecked).
-        if (output.isTensor() && output.toTensor().defined()) {
-          check_rule_tensor(output.toTensor(), i);
+        // An undefined one too (sweep 48 B-V5: it came out as None for a Tensor output).
+        auto check_unbatched = [&](const at::Tensor& tensor) {
+          if (tensor.defined()) {
+            check_rule_tensor(tensor, i);
+          } else {
+            check_undefined_allowed();
+          }
+        };
+        if (output.isTensor()) {
+          check_unbatched(output.toTensor());
         } else if (is_tensor_list(output)) {
           for (const c10::IValue& element : output.toListRef()) {
-            if (element.isTensor() && element.toTensor().defined()) {
-              check_rule_tensor(element.toTensor(), i);
-            }
+            if (element.isTensor()) check_unbatched(element.toTensor());
           }
         }
         stack->push_back(std::move(output));

@@ -790,7 +790,12 @@ VmapResult vmap_result(const std::string& op, const py::object& result, const Sc
     TORCH_CHECK_TYPE(py::isinstance<py::int_>(dim) && !py::isinstance<py::bool_>(dim), op,
                      ": the vmap rule's out_dims holds a ", type_name(dim),
                      ", expected an int or None per output");
-    converted.out_dims.emplace_back(dim.cast<int64_t>());
+    int overflow = 0;  // pybind11's cast said only "Unable to cast" (sweep 48 B-Y1)
+    const long long value = PyLong_AsLongLongAndOverflow(dim.ptr(), &overflow);
+    TORCH_CHECK_VALUE(overflow == 0, op,
+                      ": the vmap rule's out_dims holds an int past 64 bits, expected a dim of "
+                      "its output (an int) or None per output");
+    converted.out_dims.emplace_back(static_cast<int64_t>(value));
   }
   return converted;
 }

@@ -949,6 +949,19 @@ TEST(Reliability, ReplacingOnlyASerialTheOpNeverHadNamesBoth) {
   EXPECT_EQ(opreg::detail::definition_serial("opreg_rel::replaced_only"), now);
 }
 
+// Sweep 48 B-M3: a C++ builder without a schema was told none can be inferred from a Python
+// function.
+TEST(Reliability, ABuilderWithoutASchemaIsToldInCppsWords) {
+  opreg::OpBuilder builder("opreg_rel::no_schema");
+  builder.fallback(opreg::KernelFactory{[](const opreg::KernelContext&) {
+    return c10::KernelFunction::makeFromUnboxedLambda([](const at::Tensor& x) { return x; });
+  }});
+  const std::string error = error_of([&] { std::move(builder).define(); });
+  EXPECT_CONTAINS(error, "opreg: op 'opreg_rel::no_schema': no schema given");
+  EXPECT_CONTAINS(error, "a boxed or factory-made C++ piece has no signature to infer one from");
+  EXPECT_EQ(error.find("Python"), std::string::npos) << error;
+}
+
 using BoxedPiece =
     std::function<void(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack*)>;
 

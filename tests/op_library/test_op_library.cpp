@@ -199,6 +199,16 @@ const auto undefined_vmap_rule =
                const std::vector<c10::IValue>&) { return opreg::VmapResult{{at::Tensor()}, {0}}; })
         .define();
 
+// Sweep 48 B-V5: one with out_dim None came out of torch.vmap as None for a Tensor output.
+const auto undefined_unbatched_vmap_rule =
+    opreg::op("opreg_test::undefined_unbatched_vmap_rule(Tensor x) -> Tensor")
+        .fallback([](const at::Tensor& x) { return x * 2; })
+        .vmap([](const opreg::VmapInfo&, const std::vector<std::optional<int64_t>>&,
+                 const std::vector<c10::IValue>&) {
+          return opreg::VmapResult{{at::Tensor()}, {std::nullopt}};
+        })
+        .define();
+
 // Ops a call may give no tensor (Note [An op's rule for FakeTensorMode]).
 const auto arange_cpp = opreg::op("opreg_test::arange(int n) -> Tensor")
                             .fallback([](int64_t n) { return at::arange(n, at::kFloat); })

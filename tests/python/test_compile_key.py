@@ -25,6 +25,7 @@ import torch
 import opreg
 import triton
 from opreg import _compile_key
+from opreg._declaration import OpDeclaration
 from triton import language as tl
 
 LIMIT = 3
@@ -152,6 +153,7 @@ def test_a_vmap_rule_given_later_changes_the_ops_fingerprint():
 _FINGERPRINT_OF_A_SET = """
 import torch, opreg
 from opreg import _compile_key
+from opreg._declaration import OpDeclaration
 NAMES = {("a", "b"), ("c", "d"), ("e", "f"), ("g", "h")}
 @opreg.custom_op("compile_key::set", mutates_args=())
 def counted(x: torch.Tensor) -> torch.Tensor:
@@ -559,6 +561,7 @@ _FINGERPRINT_OF_AN_ENUM_AND_A_NAMEDTUPLE = """
 import enum, sys, typing
 sys.path.insert(0, {folder!r})
 from opreg import _compile_key
+from opreg._declaration import OpDeclaration
 
 class Mode(enum.Enum):
     FAST = "float32"
@@ -916,6 +919,7 @@ def test_a_users_module_named_as_a_standard_librarys_is_read_as_the_users(tmp_pa
 _FINGERPRINTS_OF_CONFIGS = """
 import abc, collections, dataclasses, enum, sys, typing
 from opreg import _compile_key
+from opreg._declaration import OpDeclaration
 
 @dataclasses.dataclass
 class Config:
@@ -996,6 +1000,7 @@ def test_a_wrapper_whose_fn_leads_back_to_itself_is_fingerprinted_and_ends():
     script = """
 import sys, types
 from opreg import _compile_key
+from opreg._declaration import OpDeclaration
 for module in ("triton_utils47", "triton.runtime.probe47"):
     Launcher = type("Launcher", (), {"__module__": module, "scale": 2.0})
     launcher = Launcher()
@@ -1012,6 +1017,7 @@ for module in ("triton_utils47", "triton.runtime.probe47"):
 _FINGERPRINT_OF_AN_OP_WITH_A_VMAP_FN = """
 import sys, torch, opreg
 from opreg import _compile_key
+from opreg._declaration import OpDeclaration
 if sys.argv[1] == "after another":  # its definition's serial differs
     opreg.register_vmap_op(lambda x: x * 3, fake_fn=torch.empty_like, vmap_fn=lambda x: x * 3,
                            fake_vmap_fn=torch.empty_like, name="compile_key::before",
@@ -1092,3 +1098,58 @@ def test_a_dunder_named_by_code_met_after_its_class_or_function_is_part_of_it():
     single = fingerprint(_annotated, _reads_the_annotation)
     _annotated.__annotations__["return"] = "float64"
     assert fingerprint(_annotated, _reads_the_annotation) != single
+
+
+def test_the_configs_entries_pickle_in_one_order_whatever_order_ops_were_defined_in():
+    # Sweep 48 A-F5: pickled in the order of definition, the same ops defined in another order
+    # (another script importing them otherwise) never shared a cache entry.
+    ab = _compile_key._SharedEntries([("opreg::a", "1"), ("opreg::b", "2")])
+    ba = _compile_key._SharedEntries([("opreg::b", "2"), ("opreg::a", "1")])
+    assert pickle.dumps(ab) == pickle.dumps(ba)
+
+
+def test_the_serial_a_definition_replaces_is_not_part_of_it():
+    # Sweep 48 A-F6: a custom_op's key changed with how many definitions came before it.
+    declaration = OpDeclaration(
+        schema="compile_key::serial(Tensor x) -> Tensor", fallback=lambda x: x, replace_only=7
+    )
+    assert "replace_only" not in dict(declaration.compiled_pieces())
+    assert fingerprint(*declaration.compiled_pieces()) == fingerprint(
+        *dataclasses.replace(declaration, replace_only=8).compiled_pieces()
+    )
+
+
+def _reads_flags_of(config):
+    for flag in ("WIDE", "DOUBLE"):
+        if hasattr(config, flag):
+            return torch.float64
+    return torch.float32
+
+
+_DTYPE_ATTRIBUTE = "DT"
+
+
+def _reads_the_attribute_a_global_names(config):
+    return getattr(config, _DTYPE_ATTRIBUTE)
+
+
+def test_names_in_constant_tuples_and_strs_the_code_reads_name_what_it_reads(monkeypatch):
+    # Sweep 48 A-F3/F4: names held in a tuple constant, a global str (ATTR = "DT"), a closure or a
+    # default were not taken for names the code reads: float32 code reused for float64.
+    config = types.ModuleType("sweep48_config")
+    reads = functools.partial(_reads_flags_of, config)
+    single = fingerprint(reads)
+    config.WIDE = True
+    assert fingerprint(reads) != single
+    config.DT = torch.float32
+    reads = functools.partial(_reads_the_attribute_a_global_names, config)
+    single = fingerprint(reads)
+    config.DT = torch.float64
+    assert fingerprint(reads) != single
+
+    def made_with(name):
+        return lambda: getattr(config, name)
+
+    single = fingerprint(made_with("DT"))
+    config.DT = torch.float32
+    assert fingerprint(made_with("DT")) != single

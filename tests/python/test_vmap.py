@@ -125,13 +125,15 @@ def test_bad_rule_output_count_is_an_error():
         vmap(ops.bad_vmap_rule)(torch.randn(3, 2))
 
 
-def test_a_rule_returning_an_undefined_tensor_is_named_so():
+@pytest.mark.parametrize("op", ["undefined_vmap_rule", "undefined_unbatched_vmap_rule"])
+def test_a_rule_returning_an_undefined_tensor_is_named_so(op):
+    # Returned unbatched (out_dim None), it came out as None (sweep 48 B-V5).
     with pytest.raises(
         TypeError,
-        match="undefined_vmap_rule: the vmap rule returned an undefined tensor for output 0, "
+        match=f"{op}: the vmap rule returned an undefined tensor for output 0, "
         "declared Tensor in the schema; expected a tensor",
     ):
-        vmap(ops.undefined_vmap_rule)(torch.randn(3, 2))
+        vmap(getattr(ops, op), out_dims=None)(torch.randn(3, 2))
 
 
 def test_randomness_error_same_different():

@@ -141,13 +141,17 @@ def aot_bundle(tmp_path_factory) -> Path:
     return out
 
 
-def run_with_test_ops(script: str, library, timeout: int = 180) -> subprocess.CompletedProcess:
-    """Runs `script` (dedented) in a fresh interpreter with OPREG_TEST_OPS set to `library`: a
-    probe that could crash or hang fails the test instead of ending the run."""
+def run_with_test_ops(
+    script: str, library=None, timeout: int = 180, args: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
+    """Runs `script` (dedented, given `args`) in a fresh interpreter with OPREG_TEST_OPS set to
+    `library` when given: a probe that could crash or hang fails the test instead of ending the
+    run."""
+    env = dict(os.environ) if library is None else {**os.environ, "OPREG_TEST_OPS": str(library)}
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
+        [sys.executable, "-c", textwrap.dedent(script), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "OPREG_TEST_OPS": str(library)},
+        env=env,
     )

@@ -4,14 +4,11 @@ has published it."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 
 import opreg
+from conftest import run_with_test_ops
 
 # Raises KeyboardInterrupt at the n-th line opreg's Python runs in a definition, for each n (a
 # stride of them past 400), then checks that the op is wholly the old or wholly the new
@@ -138,13 +135,7 @@ def test_an_interruption_anywhere_in_a_definition_leaves_it_not_made_or_whole(mo
     # recorded: a new op and its companion defined although the definition raised, every later
     # definition of the name refused ("'<op>_vmap' is an op of its own"), and a CustomOpDef
     # refusing every later piece ("it was defined again since this object defined it").
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_INTERRUPTED), mode],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    done = run_with_test_ops(_INTERRUPTED, timeout=600, args=(mode,))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = done.stdout.strip().splitlines()[-1]
     fields = dict(field.split("=") for field in summary.split())
@@ -199,13 +190,7 @@ print("interrupted", interrupted)
 
 
 def test_a_signal_handlers_exception_in_replaces_leaves_every_op_replaceable():
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_ALARMED)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = run_with_test_ops(_ALARMED, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert int(done.stdout.split()[-1]) > 10, done.stdout  # the alarms fell inside the replaces
 

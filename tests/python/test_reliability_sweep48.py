@@ -3,14 +3,11 @@ custom_op interrupted once the core published it, and a vmap rule's out_dims pas
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 
 import opreg
+from conftest import run_with_test_ops
 
 _INTERRUPTED_CUSTOM_OP = """
 import sys, torch, opreg
@@ -47,13 +44,7 @@ print(op(torch.ones(2)).tolist(), tuple(op(torch.empty(3, device="meta")).shape)
 def test_a_new_custom_op_interrupted_once_published_keeps_its_name(api):
     # Sweep 48 A-F2: the op stayed defined, and every later custom_op of its name was refused as
     # "already defined by opreg outside opreg.custom_op".
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_INTERRUPTED_CUSTOM_OP), api],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = run_with_test_ops(_INTERRUPTED_CUSTOM_OP, timeout=300, args=(api,))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert done.stdout.split("\n")[:2] == ["interrupted", "[2.0, 2.0] (3,)"], done.stdout
 

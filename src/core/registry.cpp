@@ -41,6 +41,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -861,6 +862,30 @@ const char* refused_type(const c10::Type& type) {
   return supported(type) ? nullptr : "such";
 }
 
+// The names of the definitions this thread is building (a kernel factory runs inside a build).
+// One defined again by a factory would be published, then overwritten by the build around it,
+// whose serial is older (sweep 48 B-F3: the op's serial went back). A pointer, as
+// t_libraries_to_pin: the outermost build owns the list.
+thread_local std::vector<std::string>* t_names_in_build = nullptr;
+class NamesInBuild {
+ public:
+  NamesInBuild() : owner_(t_names_in_build == nullptr) {
+    if (owner_) t_names_in_build = &names_;
+    mark_ = t_names_in_build->size();
+  }
+  ~NamesInBuild() {
+    t_names_in_build->resize(mark_);
+    if (owner_) t_names_in_build = nullptr;
+  }
+  NamesInBuild(const NamesInBuild&) = delete;
+  NamesInBuild& operator=(const NamesInBuild&) = delete;
+
+ private:
+  std::vector<std::string> names_;
+  bool owner_;
+  size_t mark_ = 0;
+};
+
 // `rebuilt_from` null: a new declaration, which gets a serial of its own.
 std::shared_ptr<Definition> build(OpBuilder::State spec,
                                   const std::vector<std::string>& device_types,
@@ -876,6 +901,15 @@ std::shared_ptr<Definition> build(OpBuilder::State spec,
   std::ostringstream schema_text;
   schema_text << schema;
   const std::string qualified = qualified_name_of(schema);
+  if (t_names_in_build != nullptr) {
+    const auto& building = *t_names_in_build;
+    TORCH_CHECK_VALUE(std::find(building.begin(), building.end(), qualified) == building.end(),
+                      qualified, ": defined while a definition of ", qualified,
+                      " is being built (by one of the kernel factories that build runs), which "
+                      "would overwrite it once built; nothing was defined: define it outside "
+                      "the factories");
+    t_names_in_build->push_back(qualified);
+  }
   definition->identity = std::make_shared<const detail::OpIdentity>(
       detail::OpIdentity{qualified, std::move(schema), schema_text.str(), definition->serial});
   const auto& op = *definition->identity;
@@ -2341,6 +2375,7 @@ std::vector<std::pair<OpEntry*, DefinitionPtr>> rebuilt_for(Registry& reg,
                                                             const std::vector<std::string>& types,
                                                             bool skip_failures = false) {
   std::vector<std::pair<OpEntry*, DefinitionPtr>> rebuilt;
+  const NamesInBuild names_in_build;
   for (auto& [qualified, entry] : reg.ops) {
     auto current = entry->load();
     if (!current || !follows_device_types(*current) || current->device_types == types) continue;
@@ -2638,6 +2673,7 @@ bool restore_definition(const std::string& qualified, const std::shared_ptr<cons
   if (restored && follows_device_types(*restored) && restored->device_types != reg.device_types) {
     try {
       const std::vector<std::string> device_types = reg.device_types;  // kept while it builds
+      const NamesInBuild names_in_build;
       restored = build(restored->spec, device_types, restored.get());
     } catch (const std::exception&) {
       // A kernel factory that fails now: the earlier definition as it was beats none.
@@ -2773,6 +2809,7 @@ std::vector<detail::Published> detail::define_all_published(std::vector<OpBuilde
   // 1. Build and validate every definition; nothing is published yet.
   const std::vector<std::string> device_types = reg.device_types;  // kept while factories run
   std::map<std::string, Definition*> built;
+  std::optional<NamesInBuild> names_in_build(std::in_place);
   for (auto& builder : builders) {
     TORCH_CHECK_VALUE(builder.state_ != nullptr,
                       "opreg: this OpBuilder was already defined (or moved from); make a new one");
@@ -2783,6 +2820,7 @@ std::vector<detail::Published> detail::define_all_published(std::vector<OpBuilde
                       definition->name(), ": defined twice in one definition");
     definitions.push_back(std::move(definition));
   }
+  names_in_build.reset();
   // A part of its own part could be undefined by neither: refuse a part_of chain that comes back.
   for (const auto& [name, definition] : built) {
     std::vector<std::string> chain{name};

@@ -621,6 +621,59 @@ TEST(Reliability, AFactoryThatThrowsAtDefineIsNamed) {
                   "no op named 'opreg_rel::factory_throws'");
 }
 
+// Sweep 48 B-F3: a kernel factory that replaced its own op was published first and then
+// overwritten by the replace it ran in, whose serial was older: the serial went back (7, 9, 8)
+// and replace_only of the newest was told the op never had it. Such a definition is refused,
+// while one building another op's, defined with it or not, and each other op stays as it was.
+TEST(Reliability, AKernelFactoryCannotDefineTheOpItsBuildDefines) {
+  auto factory_defining = [](std::string name, double factor) {
+    return opreg::KernelFactory{[name, factor](const opreg::KernelContext&) {
+      opreg::OpBuilder inner(name + "(Tensor x) -> Tensor");
+      inner.fallback(opreg::detail::typed_kernel(
+          std::function<at::Tensor(const at::Tensor&)>([](const at::Tensor& x) { return x; })));
+      inner.replace();
+      std::move(inner).define();
+      return c10::KernelFunction::makeFromUnboxedLambda(
+          [factor](const at::Tensor& x) { return x * factor; });
+    }};
+  };
+  opreg::op("opreg_rel::self_factory(Tensor x) -> Tensor")
+      .fallback([](const at::Tensor& x) { return x * 2; })
+      .define();
+  const uint64_t serial = opreg::detail::definition_serial("opreg_rel::self_factory");
+  opreg::OpBuilder outer("opreg_rel::self_factory(Tensor x) -> Tensor");
+  outer.fallback(factory_defining("opreg_rel::self_factory", 3));
+  outer.replace();
+  const std::string error = error_of([&] { std::move(outer).define(); });
+  EXPECT_CONTAINS(error,
+                  "opreg_rel::self_factory: defined while a definition of "
+                  "opreg_rel::self_factory is being built");
+  EXPECT_EQ(opreg::detail::definition_serial("opreg_rel::self_factory"), serial);
+  auto x = at::ones({2});
+  EXPECT_TRUE(
+      at::equal(opreg_test::call_boxed("opreg_rel::self_factory", {x})[0].toTensor(), x * 2));
+  // Defined together: the second one's factory defining the first.
+  std::vector<opreg::OpBuilder> together;
+  together.emplace_back("opreg_rel::self_factory(Tensor x) -> Tensor");
+  together.back().fallback(factory_defining("opreg_rel::other_factory_op", 5)).replace();
+  together.emplace_back("opreg_rel::self_factory_second(Tensor x) -> Tensor");
+  together.back().fallback(factory_defining("opreg_rel::self_factory", 7));
+  const std::string together_error = error_of([&] { opreg::define_all(std::move(together)); });
+  EXPECT_CONTAINS(together_error, "opreg_rel::self_factory: defined while a definition of");
+  EXPECT_CONTAINS(together_error,
+                  "in the factory of the fallback of opreg_rel::self_factory_second");
+  EXPECT_EQ(opreg::detail::definition_serial("opreg_rel::self_factory"), serial);
+  EXPECT_FALSE(opreg::is_defined("opreg_rel::self_factory_second"));
+  // Another op's factory defining a third op is a definition like any other.
+  opreg::OpBuilder building_another("opreg_rel::self_factory(Tensor x) -> Tensor");
+  building_another.fallback(factory_defining("opreg_rel::other_factory_op", 11)).replace();
+  std::move(building_another).define();
+  EXPECT_GT(opreg::detail::definition_serial("opreg_rel::self_factory"), serial);
+  EXPECT_TRUE(opreg::is_defined("opreg_rel::other_factory_op"));
+  EXPECT_TRUE(
+      at::equal(opreg_test::call_boxed("opreg_rel::self_factory", {x})[0].toTensor(), x * 11));
+}
+
 // Sweep 47 B-F3: a failed define_all destroyed the definitions it had built while it held the
 // registry's lock: a factory's captured state whose destructor waits for a thread that asks
 // opreg anything (describe_op) hung forever. They are destroyed once the lock is released.

@@ -10,8 +10,10 @@ import dataclasses
 import enum
 import functools
 import importlib
+import operator
 import os
 import pickle
+import random
 import subprocess
 import sys
 import threading
@@ -1153,3 +1155,61 @@ def test_names_in_constant_tuples_and_strs_the_code_reads_name_what_it_reads(mon
     single = fingerprint(made_with("DT"))
     config.DT = torch.float32
     assert fingerprint(made_with("DT")) != single
+
+
+def test_an_object_built_on_c_state_it_does_not_show_makes_the_key_this_process_own():
+    # Sweep 48 A ck04: random.Random's generator state is C's; its __dict__ holds gauss_next only,
+    # and seeds 1 and 2 gave one key.
+    seeded = {seed: random.Random(seed) for seed in (1, 2)}
+    assert fingerprint(lambda: seeded[1].random()) == fingerprint(lambda: seeded[1].random())
+    one, two = seeded[1], seeded[2]
+    assert fingerprint(lambda: one.random()) != fingerprint(lambda: two.random())
+
+    class Seeded(random.Random):
+        pass
+
+    assert not _compile_key._shows_all_it_holds(Seeded)
+
+    class Plain:
+        pass
+
+    class Slotted(Plain):
+        __slots__ = ("dtype",)
+
+    assert _compile_key._shows_all_it_holds(Plain)
+    assert _compile_key._shows_all_it_holds(Slotted)
+
+
+_SLICES_AND_GETTERS = """
+import operator, sys
+from opreg import _compile_key
+PART, SPAN = slice(0, int(sys.argv[1])), range(int(sys.argv[1]))
+GET, ITEM, CALL = operator.attrgetter("DT"), operator.itemgetter(1), operator.methodcaller("f", k=2)
+reads = [lambda x: x[PART], lambda x: SPAN, lambda x: (GET, ITEM, CALL)]
+print(" ".join(_compile_key.fingerprint((read,)) for read in reads))
+"""
+
+
+def test_slices_ranges_and_getters_give_every_process_the_same_key():
+    # Sweep 48 A ck05: a global slice, range or operator.attrgetter made the key process-own.
+    def keys(stop):
+        return subprocess.run(
+            [sys.executable, "-c", _SLICES_AND_GETTERS, str(stop)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+
+    first, again, other = keys(2), keys(2), keys(3)
+    assert len(first) == 3
+    assert first == again
+    assert [a != b for a, b in zip(first, other, strict=True)] == [True, True, False]
+
+
+def test_what_an_attrgetter_reads_of_a_users_module_is_part_of_it():
+    config = types.ModuleType("sweep49_config")
+    config.DT = torch.float32
+    get = operator.attrgetter("DT")
+    single = fingerprint(lambda: get(config))
+    config.DT = torch.float64
+    assert fingerprint(lambda: get(config)) != single

@@ -366,11 +366,12 @@ def _check_called_with_keywords(
     api: str, fn: Any, name: str | None, usage: str, **required: Any
 ) -> None:
     """Refuses the mistakes Python would say without the op: a bare @register_triton_op
-    (it takes only keywords), a required keyword left out."""
+    (a function and none of the keywords it needs), a required keyword left out."""
     op = f"op '{name}'" if isinstance(name, str) else None
     if fn is not None:
         what = getattr(fn, "__name__", None) if callable(fn) else None
         op = op or (f"op '{what}'" if isinstance(what, str) else f"a {type(fn).__name__}")
+    if fn is not None and all(value is _REQUIRED for value in required.values()):
         raise TypeError(
             f"opreg: {op}: {api} was used bare, without its keywords; call it with them: {usage}"
         )
@@ -412,9 +413,11 @@ def register_triton_op(
     sharding: str | Sharding | Callable[..., Any] | None = None,
     replace: bool = False,
     **flags: bool,
-) -> Callable[[Callable[..., Any]], torch._ops.OpOverload]:
+) -> Any:
     """Define an op whose decorated function is the fallback, with ``triton_fn`` as the kernel
-    for ``triton_device_types`` (the Triton device registry when None). EvoX's parameters keep
+    for ``triton_device_types`` (the Triton device registry when None); usable as
+    ``@register_triton_op(fake_fn=..., triton_fn=...)`` or, as register_vmap_op,
+    ``register_triton_op(fn, fake_fn=..., triton_fn=...)``. EvoX's parameters keep
     their meaning; see README "Coming from EvoX" for every difference.
 
     opreg's additions: ``backward``/``setup_context`` (as torch.library.register_autograd) and
@@ -437,7 +440,8 @@ def register_triton_op(
         "register_triton_op",
         fn,
         name,
-        "@register_triton_op(fake_fn=..., triton_fn=...)",
+        "@register_triton_op(fake_fn=..., triton_fn=...) or "
+        "register_triton_op(fn, fake_fn=..., triton_fn=...)",
         fake_fn=fake_fn,
         triton_fn=triton_fn,
     )
@@ -572,7 +576,7 @@ def register_triton_op(
                 rule.pin()
         return defined
 
-    return decorator
+    return decorator if fn is None else decorator(fn)
 
 
 if register_triton_op.__doc__:  # None under python -OO

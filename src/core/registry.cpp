@@ -1806,7 +1806,7 @@ void compare_with_fake_outputs(const Definition& definition, const c10::Operator
     c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
     detail::call_boxed_padded(op, &meta);
   } catch (const std::exception& error) {  // c10's errors, and Python's from a Python fake
-    std::string why = error.what();
+    std::string why = detail::message_of(error);
     if (definition.fake_source == FakeSource::kFallbackOnMeta || cannot_run_on_meta(why) ||
         dynamic_cast<const c10::NotImplementedError*>(&error) != nullptr) {
       return;
@@ -2075,7 +2075,7 @@ class Trampoline final : public c10::OperatorKernel {
       } catch (const c10::Error& error) {
         why = error.what_without_backtrace();
       } catch (const std::exception& error) {  // a Python piece raised
-        why = error.what();
+        why = detail::message_of(error);
         why = why.substr(0, why.find("\n\nAt:\n"));  // its Python stack is not the point
       }
       TORCH_CHECK(
@@ -2100,7 +2100,7 @@ class Trampoline final : public c10::OperatorKernel {
     } catch (const c10::Error& error) {
       detail::throw_no_fake(d.name(), error.what_without_backtrace());
     } catch (const std::exception& error) {  // a Python fallback raised
-      detail::throw_no_fake(d.name(), error.what());
+      detail::throw_no_fake(d.name(), detail::message_of(error));
     }
     check_outputs(d, *stack, base, inputs, "the fallback on meta tensors", devices.device);
   }
@@ -2559,6 +2559,26 @@ void check_handle_signature(const c10::OperatorHandle& handle,
 }
 
 namespace detail {
+
+namespace {
+// Set once, when opreg's Python module is imported; read by any thread after.
+std::atomic<bool (*)(const std::exception&) noexcept> python_error_test{nullptr};
+std::atomic<std::string (*)(const std::exception&)> python_error_message{nullptr};
+}  // namespace
+
+void set_python_error_reader(PythonErrorReader reader) {
+  python_error_message.store(reader.message_of);
+  python_error_test.store(reader.is_python_error);
+}
+
+bool is_python_error(const std::exception& error) noexcept {
+  const auto test = python_error_test.load();
+  return test != nullptr && test(error);
+}
+
+std::string message_of(const std::exception& error) {
+  return is_python_error(error) ? python_error_message.load()(error) : std::string(error.what());
+}
 
 bool value_fits(const c10::IValue& value, const c10::Type& type) { return fits(value, type); }
 

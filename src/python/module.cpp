@@ -1,7 +1,9 @@
 // src/python/module.cpp: the extension module opreg._C, which exposes the C++ core's registry,
 // device types, trace, the AOT Triton launcher and Python-defined ops to the Python package.
 #include <algorithm>
+#include <cstring>
 #include <optional>
+#include <typeinfo>
 
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -117,6 +119,35 @@ opreg::triton::Grid grid_of(const opreg::triton::Kernel& kernel, const py::handl
   }
   sizes.resize(3, 1);
   return opreg::triton::Grid(sizes[0], sizes[1], sizes[2]);
+}
+
+// pybind11's error_already_set: its own type, or one of another module's copy of pybind11
+// (torch's).
+bool is_python_error(const std::exception& error) noexcept {
+  return dynamic_cast<const py::error_already_set*>(&error) != nullptr ||
+         std::strcmp(typeid(error).name(), typeid(py::error_already_set).name()) == 0;
+}
+
+std::string python_error_message(const std::exception& error) {
+  const auto* python = dynamic_cast<const py::error_already_set*>(&error);
+  if (python == nullptr || !python->value()) return "a Python exception";
+  py::gil_scoped_acquire gil;
+  PyObject *type = nullptr, *value = nullptr, *trace = nullptr;
+  PyErr_Fetch(&type, &value, &trace);  // one in flight stays as it was
+  PyObject* raised = python->value().ptr();
+  std::string message = Py_TYPE(raised)->tp_name;
+  message += ": ";
+  if (PyObject* text = PyObject_Str(raised)) {
+    Py_ssize_t size = 0;
+    const char* utf8 = PyUnicode_AsUTF8AndSize(text, &size);
+    message += utf8 != nullptr ? std::string(utf8, size) : "<str() gave no UTF-8>";
+    Py_DECREF(text);
+  } else {
+    message += "<str() failed>";
+  }
+  PyErr_Clear();
+  PyErr_Restore(type, value, trace);
+  return message;
 }
 
 // A field of opreg.AotLaunch that is one str; a TypeError naming the field otherwise.
@@ -293,6 +324,7 @@ PYBIND11_MODULE(_C, m) {
   opreg::python::bind_op_builder(m);
   opreg::python::bind_jit_cache(m);
 
+  opreg::detail::set_python_error_reader({&is_python_error, &python_error_message});
   // A Python error that crossed C++ (a backward's, through the engine) reaches Python as itself.
   py::register_local_exception_translator([](std::exception_ptr error) {
     try {

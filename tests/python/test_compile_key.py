@@ -6,6 +6,7 @@ Inductor."""
 from __future__ import annotations
 
 import collections
+import ctypes
 import dataclasses
 import enum
 import functools
@@ -1213,3 +1214,28 @@ def test_what_an_attrgetter_reads_of_a_users_module_is_part_of_it():
     single = fingerprint(lambda: get(config))
     config.DT = torch.float64
     assert fingerprint(lambda: get(config)) != single
+
+
+def test_a_tensor_or_a_c_object_a_piece_reads_makes_the_key_this_process_own():
+    # Sweep 49 A c01/c04/c05: a global tensor (its dtype read by the fake) was described as a
+    # library object holding no attributes: float32 and float64 gave one key, and the float64
+    # process ran float32 code. So did a Parameter, a sparse tensor, a storage, ctypes values and
+    # objects of a user's subclass of a C container.
+    class Queue(collections.deque):
+        pass
+
+    class Buffer(bytearray):
+        pass
+
+    pairs = {
+        "tensor": (torch.ones(2), torch.ones(2, dtype=torch.float64)),
+        "parameter": (torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.zeros(2))),
+        "sparse": (torch.eye(2).to_sparse(), torch.eye(3).to_sparse()),
+        "storage": (torch.UntypedStorage(2), torch.UntypedStorage(3)),
+        "ctypes": (ctypes.c_int(1), ctypes.c_int(2)),
+        "deque subclass": (Queue([1]), Queue([2])),
+        "bytearray subclass": (Buffer(b"a"), Buffer(b"b")),
+    }
+    for kind, (one, other) in pairs.items():
+        assert fingerprint(lambda: one.dtype) != fingerprint(lambda: other.dtype), kind
+        assert fingerprint(lambda: [one]) != fingerprint(lambda: [other]), kind

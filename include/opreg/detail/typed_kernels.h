@@ -91,6 +91,20 @@ inline bool readable_in_python(const c10::Error& error) {
   throw_rebuilt_as<c10::Error>(error, msg);
 }
 
+// Whether `error` is a Python exception on its way back to Python (pybind11's error_already_set,
+// raised by a Python piece): its message is Python's to read. pybind11 formats it in what(),
+// without end for one whose str() raises another such (or at the recursion limit, where str()
+// fails): a segfault (sweep 49 A x01/x02). Told by opreg's Python module; false without it.
+OPREG_API bool is_python_error(const std::exception& error) noexcept;
+// `error.what()`, but a Python error's "Type: message" read without pybind11's formatting (a
+// str() that fails reads "<str() failed>").
+OPREG_API std::string message_of(const std::exception& error);
+struct PythonErrorReader {
+  bool (*is_python_error)(const std::exception&) noexcept = nullptr;
+  std::string (*message_of)(const std::exception&) = nullptr;
+};
+OPREG_API void set_python_error_reader(PythonErrorReader reader);
+
 // Runs a piece of the user's C++ code. What it throws as a std::runtime_error or
 // std::logic_error, as one of the standard library's std::bad_* errors but bad_alloc (an empty
 // optional's value(), a variant's, a cast's), or as no std::exception at all (`throw 42`) is said
@@ -126,6 +140,7 @@ Ret run_user_code(const std::string& op, const char* what, std::string_view labe
   } catch (const std::bad_exception& error) {
     TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
   } catch (const std::exception& error) {
+    if (is_python_error(error)) throw;
     // Passes as it is, but for a message Python could not read (sweep 44 B-F2: a
     // UnicodeDecodeError in its place, naming nothing).
     const std::string readable = valid_utf8(error.what());

@@ -455,6 +455,8 @@ class _Fingerprint:
         attributes = sorted(set(attributes) | _names_among(held))
         if _ENVIRONMENT_NAMES.intersection(attributes):
             used_globals.append(os.environ)  # reached through os, which is only named
+        if _TORCH_STATE_READERS.intersection(attributes):
+            used_globals.append(_torch_state())
         if not _COMPUTED_GLOBAL_READERS.isdisjoint(attributes):
             # globals()["D" + "T"], eval(name): a name its code does not hold; its plain ones.
             used_globals += sorted(
@@ -595,16 +597,46 @@ def _held_by_its_module(value: Any) -> str | None:
 
 
 def _process_state(module: types.ModuleType, names: set[str]) -> list[tuple[str, Any]]:
-    """What a standard-library module holds for this process as plain data (sys.argv) among
-    ``names``: another process may hold other values under the same code."""
-    if module.__name__.partition(".")[0] not in sys.stdlib_module_names:
-        return []
+    """What a named module holds as plain data or a dtype among ``names``: a standard library's
+    for this process (sys.argv), or what a user set on a library's (`torch.OUT_DTYPE = ...`:
+    sweep 50 A n16, float32 code ran for float64), which another process may hold otherwise."""
     held = vars(module)
     return [
         (name, held[name])
         for name in sorted(names - _IMPORT_TABLES)
-        if name in held and _plain_text(_flat(held[name])) is not None
+        if name in held
+        and (_plain_text(_flat(held[name])) is not None or isinstance(held[name], torch.dtype))
     ]
+
+
+# torch's functions that give what this process set (torch.get_autocast_dtype("cpu")): Inductor's
+# keys hold none of it (sweep 50 A n15: code traced for float16 autocast ran for bfloat16).
+_TORCH_STATE_READERS = frozenset(
+    {
+        "get_autocast_dtype",
+        "get_autocast_cpu_dtype",
+        "get_autocast_gpu_dtype",
+        "is_autocast_enabled",
+        "is_autocast_cpu_enabled",
+        "get_default_device",
+        "get_float32_matmul_precision",
+        "are_deterministic_algorithms_enabled",
+    }
+)
+
+
+def _torch_state() -> str:
+    state: list[Any] = [
+        str(torch.get_default_device()),
+        torch.get_float32_matmul_precision(),
+        torch.are_deterministic_algorithms_enabled(),
+    ]
+    for device in ("cpu", "cuda", "xpu"):
+        try:
+            state += [device, torch.get_autocast_dtype(device), torch.is_autocast_enabled(device)]
+        except Exception:  # a device type this build of torch has no autocast for
+            state.append(device)
+    return f"torch state:{state}"
 
 
 def _flat(value: Any) -> tuple[Any, ...]:

@@ -567,6 +567,24 @@ TEST(Reliability, ATypedHandleChecksItsSignatureAgainAfterASchemaChange) {
   EXPECT_TRUE(at::equal(handle(at::ones({1})), at::full({1}, 4.0)));
 }
 
+// Sweep 50 A n09: a caller made for the earlier schema (an AOTInductor package) was told only
+// that it raced the replace and should call again, which can never succeed.
+TEST(Reliability, ACallerMadeForAnEarlierSchemaIsToldToBeMadeAgain) {
+  opreg::op("opreg_rel::shortened(Tensor x, float s, int k) -> Tensor")
+      .fallback([](const at::Tensor& x, double s, int64_t) { return x * s; })
+      .define();
+  opreg::op("opreg_rel::shortened(Tensor x, float s) -> Tensor")
+      .fallback([](const at::Tensor& x, double s) { return x * s; })
+      .replace()
+      .define();
+  const std::string error = error_of(
+      [] { opreg_test::call_boxed("opreg_rel::shortened", {at::ones({1}), 2.0, int64_t{3}}); });
+  EXPECT_CONTAINS(error, "opreg_rel::shortened: called with 3 arguments, expected 2");
+  EXPECT_CONTAINS(error,
+                  "a caller made for the other schema (an OpHandle typed for it, an AOTInductor "
+                  "package, a scripted function) must be made again for this one");
+}
+
 // The check read the dispatcher's schema, which the replacing thread frees (a segfault, or a loop
 // that ate all memory formatting it; ASan: SEGV in operator<<(FunctionSchema)).
 TEST(Reliability, ATypedHandleCalledWhileTheSchemaChangesRaisesOrCalls) {
@@ -672,6 +690,50 @@ TEST(Reliability, AKernelFactoryCannotDefineTheOpItsBuildDefines) {
   EXPECT_TRUE(opreg::is_defined("opreg_rel::other_factory_op"));
   EXPECT_TRUE(
       at::equal(opreg_test::call_boxed("opreg_rel::self_factory", {x})[0].toTensor(), x * 11));
+}
+
+// Sweep 50 B-F1: a kernel factory that undefined the op its replace builds ran twice, the second
+// time finding no op: the replace failed and the op was gone.
+TEST(Reliability, AKernelFactoryCannotUndefineTheOpItsBuildDefines) {
+  opreg::op("opreg_rel::undefined_by_factory(Tensor x) -> Tensor")
+      .fallback([](const at::Tensor& x) { return x * 2; })
+      .define();
+  const uint64_t serial = opreg::detail::definition_serial("opreg_rel::undefined_by_factory");
+  opreg::OpBuilder outer("opreg_rel::undefined_by_factory(Tensor x) -> Tensor");
+  outer.fallback(opreg::KernelFactory{[](const opreg::KernelContext&) {
+    opreg::undefine("opreg_rel::undefined_by_factory");
+    return c10::KernelFunction::makeFromUnboxedLambda([](const at::Tensor& x) { return x * 3; });
+  }});
+  outer.replace();
+  EXPECT_CONTAINS(error_of([&] { std::move(outer).define(); }),
+                  "opreg: cannot undefine 'opreg_rel::undefined_by_factory' while a definition "
+                  "of it is being built");
+  EXPECT_EQ(opreg::detail::definition_serial("opreg_rel::undefined_by_factory"), serial);
+  auto x = at::ones({2});
+  EXPECT_TRUE(at::equal(
+      opreg_test::call_boxed("opreg_rel::undefined_by_factory", {x})[0].toTensor(), x * 2));
+}
+
+// Sweep 50 B-P3: a long part_of chain defined at once was walked whole from each of its ops.
+TEST(Reliability, ALongPartOfChainIsDefinedAndACycleAtItsEndFound) {
+  auto part = [](int index, int owner) {
+    opreg::OpBuilder builder("opreg_rel::chain" + std::to_string(index) + "(Tensor x) -> Tensor");
+    builder.fallback(
+        opreg::detail::typed_kernel(std::function<at::Tensor(const at::Tensor&)>(twice)));
+    if (owner >= 0) builder.part_of("opreg_rel::chain" + std::to_string(owner));
+    return builder;
+  };
+  constexpr int kLength = 3000;
+  std::vector<opreg::OpBuilder> cycle;
+  for (int i = 0; i < kLength; ++i) cycle.push_back(part(i, (i + 1) % kLength));
+  EXPECT_CONTAINS(error_of([&] { opreg::define_all(std::move(cycle)); }), "makes a cycle");
+  EXPECT_FALSE(opreg::is_defined("opreg_rel::chain0"));
+  std::vector<opreg::OpBuilder> chain;
+  for (int i = 0; i < kLength; ++i) chain.push_back(part(i, i + 1 < kLength ? i + 1 : -1));
+  opreg::define_all(std::move(chain));
+  EXPECT_TRUE(opreg::is_defined("opreg_rel::chain0"));
+  opreg::undefine("opreg_rel::chain" + std::to_string(kLength - 1));
+  EXPECT_FALSE(opreg::is_defined("opreg_rel::chain0"));
 }
 
 // Sweep 47 B-F3: a failed define_all destroyed the definitions it had built while it held the
@@ -1000,6 +1062,72 @@ TEST(Reliability, ReplacingOnlyASerialTheOpNeverHadNamesBoth) {
                                              "only the op's earlier definition (serial " +
                                              std::to_string(first) + ")");
   EXPECT_EQ(opreg::detail::definition_serial("opreg_rel::replaced_only"), now);
+}
+
+// Sweep 50 B-RO3: replace_only of a name never defined defined it.
+TEST(Reliability, ReplacingOnlyANameNeverDefinedIsRefused) {
+  const uint64_t serial = opreg::detail::definition_serial("opreg_rel::replaced_only");
+  opreg::OpBuilder builder("opreg_rel::never_defined(Tensor x) -> Tensor");
+  builder.fallback(
+      opreg::detail::typed_kernel(std::function<at::Tensor(const at::Tensor&)>(twice)));
+  builder.replace_only(serial + 1);
+  EXPECT_CONTAINS(error_of([&] { std::move(builder).define(); }),
+                  "opreg_rel::never_defined: replace_only(" + std::to_string(serial + 1) +
+                      ") replaces the op's definition of that serial, but no op of this name was "
+                      "ever defined");
+  EXPECT_FALSE(opreg::is_defined("opreg_rel::never_defined"));
+}
+
+// Sweep 50 B-T5: a typed piece taking at::ScalarType (or Layout, MemoryFormat) where the schema
+// declares `int` was accepted, and an int outside the enum reached it unchecked (a segfault).
+TEST(Reliability, ACppEnumParameterNeedsTheSchemasEnum) {
+  const std::string fallback_error = error_of([] {
+    opreg::op("opreg_rel::enum_as_int(Tensor x, int dtype) -> Tensor")
+        .fallback([](const at::Tensor& x, at::ScalarType dtype) { return x.to(dtype); })
+        .define();
+  });
+  EXPECT_CONTAINS(fallback_error,
+                  "argument 'dtype' is ScalarType in C++ but int in the schema, which would pass "
+                  "it any int; declare it ScalarType in the schema");
+  EXPECT_FALSE(opreg::is_defined("opreg_rel::enum_as_int"));
+  EXPECT_CONTAINS(error_of([] {
+                    opreg::op("opreg_rel::enum_as_int(Tensor x, int? layout) -> Tensor")
+                        .fallback([](const at::Tensor& x, std::optional<at::Layout>) { return x; })
+                        .define();
+                  }),
+                  "argument 'layout' is Layout? in C++ but int? in the schema");
+  opreg::OpBuilder with_kernel("opreg_rel::enum_as_int(Tensor x, int format) -> Tensor");
+  with_kernel.fallback(
+      opreg::detail::typed_kernel(std::function<at::Tensor(const at::Tensor&, int64_t)>(
+          [](const at::Tensor& x, int64_t) { return x; })));
+  with_kernel.kernel(
+      opreg::detail::typed_kernel(std::function<at::Tensor(const at::Tensor&, at::MemoryFormat)>(
+          [](const at::Tensor& x, at::MemoryFormat) { return x; })),
+      "k", std::vector<std::string>{"cpu"});
+  EXPECT_CONTAINS(error_of([&] { std::move(with_kernel).define(); }),
+                  "argument 'format' is MemoryFormat in C++ but int in the schema");
+  EXPECT_FALSE(opreg::is_defined("opreg_rel::enum_as_int"));
+  // Declared as the enum, the values are checked; the int the schema passes reads right in C++.
+  auto op = opreg::op("opreg_rel::enum_as_int(Tensor x, ScalarType dtype) -> Tensor")
+                .fallback([](const at::Tensor& x, at::ScalarType dtype) { return x.to(dtype); })
+                .define();
+  EXPECT_EQ(op(at::ones({2}), at::kDouble).scalar_type(), at::kDouble);
+  EXPECT_CONTAINS(error_of([] {
+                    opreg_test::call_boxed("opreg_rel::enum_as_int",
+                                           {at::ones({2}), int64_t{100000}});
+                  }),
+                  "dtype");
+}
+
+// Sweep 50 B-C3: testing::call_fallback's own wrong values were said to be a kernel's.
+TEST(Reliability, CallFallbacksWrongValuesAreSaidAsItsCallers) {
+  opreg::op("opreg_rel::called_directly(Tensor x) -> Tensor")
+      .fallback([](const at::Tensor& x) { return x * 2; })
+      .define();
+  const std::string error =
+      error_of([] { opreg::testing::call_fallback("opreg_rel::called_directly", {"x"}); });
+  EXPECT_CONTAINS(error, "opreg_rel::called_directly: argument 'x' must be a Tensor, got String");
+  EXPECT_EQ(error.find("a kernel"), std::string::npos) << error;
 }
 
 // Sweep 48 B-M3: a C++ builder without a schema was told none can be inferred from a Python

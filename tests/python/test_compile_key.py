@@ -1246,3 +1246,28 @@ def test_a_tensor_or_a_c_object_a_piece_reads_makes_the_key_this_process_own():
     for kind, (one, other) in pairs.items():
         assert fingerprint(reading(one)) != fingerprint(reading(other)), kind
         assert fingerprint(listing(one)) != fingerprint(listing(other)), kind
+
+
+def test_torch_state_a_piece_reads_and_values_set_on_torch_are_part_of_it(monkeypatch):
+    # Sweep 50 A n15/n16: a fake choosing its dtype by torch.get_autocast_dtype("cpu"), or by a
+    # value the user set on torch, gave one key for float16 and bfloat16 (float32 and float64):
+    # the second process ran the first one's code.
+    def reads_autocast():
+        return torch.get_autocast_dtype("cpu")
+
+    before = fingerprint(reads_autocast)
+    previous = torch.get_autocast_dtype("cpu")
+    torch.set_autocast_dtype("cpu", torch.float16 if previous != torch.float16 else torch.bfloat16)
+    try:
+        assert fingerprint(reads_autocast) != before
+    finally:
+        torch.set_autocast_dtype("cpu", previous)
+    assert fingerprint(reads_autocast) == before
+
+    def reads_a_value_set_on_torch():
+        return torch.sweep50_out_dtype
+
+    monkeypatch.setattr(torch, "sweep50_out_dtype", torch.float32, raising=False)
+    single = fingerprint(reads_a_value_set_on_torch)
+    monkeypatch.setattr(torch, "sweep50_out_dtype", torch.float64)
+    assert fingerprint(reads_a_value_set_on_torch) != single

@@ -174,13 +174,36 @@ Ret run_user_code_named(const std::string& op, std::string_view label, Fn&& fn) 
   }
 }
 
+// How a C++ signature (`inferred` from it) differs from the schema it is to serve; none if it
+// serves it. c10::findSchemaDifferences compares what a value is passed as, the same int for an
+// at::ScalarType, at::Layout or at::MemoryFormat parameter as for an `int`, but only an argument
+// the schema declares as such an enum gets its range checked: one declared `int` reached a C++
+// enum parameter unchecked (sweep 50 B-T5: `x.to(d)` of an out-of-range int segfaulted or hung).
+inline std::optional<std::string> signature_difference(const c10::FunctionSchema& inferred,
+                                                       const c10::FunctionSchema& declared) {
+  if (auto difference = c10::findSchemaDifferences(inferred, declared)) return difference;
+  const auto& arguments = inferred.arguments();
+  for (size_t i = 0; i < arguments.size() && i < declared.arguments().size(); ++i) {
+    const std::string cpp = arguments[i].real_type()->str();
+    const std::string schema = declared.arguments()[i].real_type()->str();
+    if (cpp == schema) continue;
+    for (const char* kind : {"ScalarType", "Layout", "MemoryFormat"}) {
+      if (cpp.find(kind) == std::string::npos) continue;
+      return "argument '" + declared.arguments()[i].name() + "' is " + cpp + " in C++ but " +
+             schema + " in the schema, which would pass it any int; declare it " + cpp +
+             " in the schema (its values are then checked on every call)";
+    }
+  }
+  return std::nullopt;
+}
+
 // A callable run as is (the fallback, a fake), its calls traced under the context's label.
 // A piece whose C++ arguments are not the schema's would have its stack misread at every call
 // (PyTorch's internal assert "expected int"): refused at the definition, naming both.
 template <class Signature>
 void check_signature(const KernelContext& context) {
   const auto inferred = c10::inferFunctionSchemaFlattenedReturns<Signature>();
-  if (auto difference = c10::findSchemaDifferences(inferred, context.schema)) {
+  if (auto difference = signature_difference(inferred, context.schema)) {
     std::ostringstream inferred_text, schema_text;
     inferred_text << inferred;
     schema_text << context.schema;

@@ -72,6 +72,9 @@ OPREG_API void set_replace_listener(std::function<void()> listener);
 // undefine makes 0, and a failed load's rollback brings the earlier one back. Python's pieces of a
 // definition (a fake) check it, since a definition made from C++ does not pass through Python.
 OPREG_API uint64_t definition_serial(const std::string& name);
+// Whether the name had a definition before in this process (defined, replaced or undefined):
+// torch.compile's code compiled for it then goes, as after a replace.
+OPREG_API bool defined_before(const std::string& name);
 // Whether this thread is dropping the definitions a define, replace or undefine left unreachable
 // (after opreg's locks are released). opreg's Python module then drops Python pieces on Python's
 // main thread when this thread lacks the GIL: the thread that waits for this one may hold it.

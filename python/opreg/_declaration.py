@@ -811,7 +811,12 @@ def _define(declarations: Sequence[OpDeclaration]) -> list[torch._ops.OpOverload
     # flight (sweep 41: a hook defining every 50th line found them dropped by another).
     recording = _defining_here.recording  # reset by the outermost defining()
     made = _Made(declarations, {}, dropped_companions)
-    replacing = any(registered_before[d.qualname] is not None for d in declarations)
+    # An op defined again after an undefine is replaced too, for torch.compile's code compiled
+    # for the earlier definition (sweep 51 A-F1: it ran on, with wrong values or a double free).
+    replacing = any(
+        registered_before[d.qualname] is not None or _C.defined_before(d.qualname)
+        for d in declarations
+    )
     recording.append(made)
     try:
         _publish_and_record(made, builders, recording[0] is made, replacing)

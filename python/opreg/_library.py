@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -251,18 +251,24 @@ class CustomOpDef(torch._library.custom_ops.CustomOpDef):
         with self._lock, defining():  # current when checked, and still when defined
             serial = _C.definition_serial(self._qualname)
             self._check_current()
-            before = {name: getattr(self, name) for name in pieces}
+            self._set_and_define(serial, pieces)
+
+    def _set_and_define(self, serial: int, pieces: Mapping[str, Any]) -> None:
+        # Not in _with's `with` block: CPython 3.11 leaves the `try:` line of a try statement
+        # inside one out of its cleanup, and a trace hook's KeyboardInterrupt raised at that line
+        # left the lock held for good (sweep 51 A-F3: another thread's register_autograd hung).
+        before = {name: getattr(self, name) for name in pieces}
+        try:
             for name, value in pieces.items():
                 setattr(self, name, value)
-            try:
-                self._define(serial)
-            except BaseException:
-                if self._took_effect(serial):  # interrupted once published (Ctrl-C): it stands
-                    self._hold_current()
-                else:
-                    for name, value in before.items():
-                        setattr(self, name, value)
-                raise
+            self._define(serial)
+        except BaseException:
+            if self._took_effect(serial):  # interrupted once published (Ctrl-C): it stands
+                self._hold_current()
+            else:
+                for name, value in before.items():
+                    setattr(self, name, value)
+            raise
 
     def _hold_current(self) -> None:
         """Takes the op's current definition for this object's (one it made)."""
@@ -495,24 +501,31 @@ def _publish(api: str, op: CustomOpDef) -> CustomOpDef:
         serial = _C.definition_serial(op._qualname)
         _check_name_free(api, op._qualname)
         previous = _defined.get(op._qualname)
-        interruption: BaseException | None = None
-        try:
-            op._define(serial)
-        except BaseException as error:
-            # Interrupted once the core published it (Ctrl-C): the op is this object's, as a
-            # definition that returned (sweep 48 A-F2: it stayed defined, its name refused to
-            # every later custom_op as "defined outside opreg.custom_op").
-            if not op._took_effect(serial):
-                raise
-            op._hold_current()
-            interruption = error
-        _defined[op._qualname] = op
+        interruption = _define_new(op, serial)
     if previous is not None and previous._dispatch_library is not None:
         previous._dispatch_library._destroy()  # its rules go with it, as torch's custom_op's
         _torch_library.reinstate(op._qualname)
     if interruption is not None:
         raise interruption
     return op
+
+
+def _define_new(op: CustomOpDef, serial: int) -> BaseException | None:
+    """Defines ``op`` and records it as its name's custom_op object; the exception that
+    interrupted it once the core published it (Ctrl-C), when the op is this object's, as a
+    definition that returned (sweep 48 A-F2: it stayed defined, its name refused to every later
+    custom_op as "defined outside opreg.custom_op"; sweep 51: so after an interruption at the line
+    that recorded it). Not in _publish's `with` block: see CustomOpDef._set_and_define."""
+    try:
+        op._define(serial)
+        _defined[op._qualname] = op
+    except BaseException as error:
+        if not op._took_effect(serial):
+            raise
+        op._hold_current()
+        _defined[op._qualname] = op
+        return error
+    return None
 
 
 @public

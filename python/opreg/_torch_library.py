@@ -184,13 +184,22 @@ def register_user_rule(
             own[0]._registration_handles.remove(own[1])
             own[1].destroy()
             held_back = _displaced[key] = (own[0], own[2])
-        try:
-            library._register_torch_dispatch_rule(qualname.split("::")[1], torch_dispatch_class, fn)
-        except BaseException:  # a refused rule changes nothing
-            if held_back is not None and not _rule_of(key):
-                del _displaced[key]
-                _register_own(held_back[0], key, held_back[1])
-            raise
+        _register_or_restore(library, key, fn, held_back)
+
+
+def _register_or_restore(
+    library: torch.library.Library, key: tuple[str, Any], fn: Callable, held_back: Any
+) -> None:
+    # Not in register_user_rule's `with` block: CPython 3.11 leaves the `try:` line of a try
+    # statement inside one out of its cleanup, and a trace hook's exception raised at that line
+    # left the lock held for good (sweep 51 A-F3).
+    try:
+        library._register_torch_dispatch_rule(key[0].split("::")[1], key[1], fn)
+    except BaseException:  # a refused rule changes nothing
+        if held_back is not None and not _rule_of(key):
+            del _displaced[key]
+            _register_own(held_back[0], key, held_back[1])
+        raise
 
 
 def _rule_of(key: tuple[str, Any]) -> Any:

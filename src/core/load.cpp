@@ -501,7 +501,8 @@ void fail_library_load(const std::string& what, const void* caller, const std::e
   TORCH_INTERNAL_ASSERT(t_load != nullptr, "fail_library_load outside a load");
   record_load_caller(caller);
   const auto* c10_error = dynamic_cast<const c10::Error*>(&error);
-  record_load_failure(what, c10_error ? c10_error->what_without_backtrace() : error.what());
+  record_load_failure(what,
+                      c10_error ? c10_error->what_without_backtrace() : detail::what_of(error));
 }
 
 }  // namespace detail
@@ -739,7 +740,8 @@ void load_once(const std::string& path) {
                                       error.what_without_backtrace());
         break;
       } catch (const std::exception& error) {
-        context.failures.emplace_back("(registering what waits for success)", error.what());
+        context.failures.emplace_back("(registering what waits for success)",
+                                      detail::what_of(error));
         break;
       }
     }
@@ -795,7 +797,7 @@ void load_library(const std::string& path) {
   } catch (const c10::Error& error) {
     outer->failures.emplace_back(what, error.what_without_backtrace());
   } catch (const std::exception& error) {
-    outer->failures.emplace_back(what, error.what());
+    outer->failures.emplace_back(what, detail::what_of(error));
   }
 }
 

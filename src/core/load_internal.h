@@ -5,6 +5,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "opreg/detail/text.h"
+
 #include <exception>
 #include <functional>
 #include <memory>
@@ -36,7 +38,7 @@ Ret or_fail_the_load(const std::string& what, const void* caller, Fn&& fn) {
   } catch (const c10::Error& error) {
     record_load_failure(what, error.what_without_backtrace());
   } catch (const std::exception& error) {
-    record_load_failure(what, error.what());
+    record_load_failure(what, what_of(error));
   }
   if constexpr (!std::is_void_v<Ret>) return Ret{};
 }

@@ -352,6 +352,20 @@ bool is_identifier(const std::string& text) {
   });
 }
 
+// PyTorch writes an op without an overload as 'ns::x.default', a name no op can have ("default is
+// not a legal overload name"): said where such a name is looked for (sweep 51 B-N24: a part_of
+// spelled so was accepted, and its part outlived the op).
+std::string default_overload_hint(const std::string& name) {
+  const std::string suffix = ".default";
+  if (name.size() <= suffix.size() ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return "";
+  }
+  return " ('" + detail::escaped(name) + "' is PyTorch's spelling of the op '" +
+         detail::escaped(name.substr(0, name.size() - suffix.size())) +
+         "', which opreg names without '.default')";
+}
+
 // Splits "ns::name.overload" after validating it; `what` is the text the user passed.
 void split_name(const std::string& qualified, const std::string& what, std::string* ns,
                 std::string* name, std::string* overload) {
@@ -382,8 +396,9 @@ c10::FunctionSchema inferred_schema(const OpBuilder::State& spec, const std::str
   } catch (const c10::Error&) {
     throw;
   } catch (const std::exception& error) {
-    TORCH_CHECK_VALUE(false, "opreg: op '", qualified,
-                      "': reading its schema from the fallback's signature threw: ", error.what());
+    TORCH_CHECK_VALUE(
+        false, "opreg: op '", qualified,
+        "': reading its schema from the fallback's signature threw: ", detail::what_of(error));
   }
 }
 
@@ -486,7 +501,7 @@ c10::FunctionSchema parse_schema(const OpBuilder::State& spec) {
     } catch (const std::exception& error) {
       // The schema parser reports the position under the text, marked "<--- HERE".
       TORCH_CHECK_VALUE(false, "opreg: op '", qualified, "': cannot parse schema '", text,
-                        "': ", error.what());
+                        "': ", detail::what_of(error));
     }
   }();
   std::set<std::string> seen;
@@ -927,6 +942,9 @@ std::shared_ptr<Definition> build(OpBuilder::State spec,
                              (dot == std::string::npos || dot > colons);
     TORCH_CHECK_VALUE(well_formed, qualified, ": part_of('", detail::escaped(owner),
                       "') names no op (expected 'namespace::name')");
+    const std::string hint = default_overload_hint(owner);
+    TORCH_CHECK_VALUE(hint.empty(), qualified, ": part_of('", detail::escaped(owner),
+                      "') names no op", hint);
     TORCH_CHECK_VALUE(owner != qualified, qualified, ": an op cannot be part of itself");
   }
   TORCH_CHECK_VALUE(static_cast<bool>(declared.fallback.make), qualified,
@@ -1148,6 +1166,25 @@ bool fits(const c10::IValue& value, const c10::Type& type) {
   }
 }
 
+// For a list of an enum (ScalarType[], Layout[]?, ...) that `fits` refused for an int out of the
+// enum's values: which element, and why, to say in place of "got int[]" (sweep 51 B-N3: [999]
+// was told it must be ScalarType[], while [6], an int[] too, is one). Empty otherwise.
+std::string enum_list_difference(const c10::IValue& value, const c10::Type& type) {
+  const auto* optional = type.castRaw<c10::OptionalType>();
+  const auto* list = (optional ? *optional->getElementType() : type).castRaw<c10::ListType>();
+  if (list == nullptr || !value.isList()) return "";
+  const auto values = enum_values(*list->getElementType());
+  if (!values) return "";
+  const auto items = value.toListRef();
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!items[i].isInt() || (items[i].toInt() >= 0 && items[i].toInt() < *values)) continue;
+    return "element " + std::to_string(i) + " is " + std::to_string(items[i].toInt()) +
+           ", which is not a " + enum_name(*list->getElementType()) + " (expected 0 to " +
+           std::to_string(*values - 1) + ")";
+  }
+  return "";
+}
+
 bool checkable(const c10::Type& type) {
   const auto* optional = type.castRaw<c10::OptionalType>();
   switch ((optional ? *optional->getElementType() : type).kind()) {
@@ -1223,10 +1260,13 @@ void check_arguments(const Definition& definition, const torch::jit::Stack& stac
   for (size_t index : definition.required_tensors) {
     const auto& value = first[index];
     if (value.isTensor() && value.toTensor().defined()) continue;
-    TORCH_CHECK_TYPE(
-        false, definition.name(), ": argument '", arguments[index].name(),
-        "' must be a Tensor, got ", value.isNone() || value.isTensor() ? "None" : value.tagKind(),
-        " (declare it 'Tensor? ", arguments[index].name(), "' in the schema to accept None)");
+    // The hint fits None alone (sweep 51 B-N17: a str was told to declare 'Tensor?').
+    const bool none = value.isNone() || value.isTensor();
+    TORCH_CHECK_TYPE(false, definition.name(), ": argument '", arguments[index].name(),
+                     "' must be a Tensor, got ", none ? "None" : value.tagKind(),
+                     none ? " (declare it 'Tensor? " + arguments[index].name() +
+                                "' in the schema to accept None)"
+                          : " (schema '" + definition.schema_text() + "')");
   }
   for (size_t index : definition.tensor_lists) {
     const auto& value = first[index];
@@ -1253,6 +1293,9 @@ void check_arguments(const Definition& definition, const torch::jit::Stack& stac
                         value.toInt(), ", which is not a ", enum_name(*type), " (expected 0 to ",
                         *enum_values(*type) - 1, "; schema '", definition.schema_text(), "')");
     }
+    const std::string element = enum_list_difference(value, *type);
+    TORCH_CHECK_VALUE(element.empty(), definition.name(), ": argument '", arguments[index].name(),
+                      "': ", element, "; schema '", definition.schema_text(), "'");
     TORCH_CHECK_TYPE(false, definition.name(), ": argument '", arguments[index].name(),
                      "' must be ", type->str(), ", got ",
                      value.isList() ? value.type()->str() : value.tagKind(), " (schema '",
@@ -1601,6 +1644,10 @@ void check_outputs(const Definition& definition, const torch::jit::Stack& stack,
               " (schema '", definition.schema_text(), "')");
   for (const auto& [index, type] : definition.checked_returns) {
     const auto& value = stack[base + index];
+    const std::string element = enum_list_difference(value, *type);
+    TORCH_CHECK_VALUE(element.empty(), definition.name(), ": ", impl,
+                      " returned a list for output ", index, " whose ", element, "; schema '",
+                      definition.schema_text(), "'");
     TORCH_CHECK_TYPE(fits(value, *type) || (value.isInt() && enum_values(*type)), definition.name(),
                      ": ", impl, " returned ",
                      value.isList() ? value.type()->str() : value.tagKind(), " for output ", index,
@@ -2335,7 +2382,8 @@ DefinitionPtr current_definition(const std::string& name) {
   std::lock_guard<std::recursive_mutex> lock(reg.mutex);
   auto found = reg.ops.find(name);
   DefinitionPtr definition = found == reg.ops.end() ? nullptr : found->second->load();
-  TORCH_CHECK_VALUE(definition != nullptr, "opreg: no op named '", name, "' is defined by opreg");
+  TORCH_CHECK_VALUE(definition != nullptr, "opreg: no op named '", name, "' is defined by opreg",
+                    default_overload_hint(name));
   return definition;
 }
 
@@ -2467,8 +2515,9 @@ std::string register_accelerated_device_type(const std::string& name) {
     return register_device_type_now(name);
   } catch (const std::exception& error) {
     const auto* c10_error = dynamic_cast<const c10::Error*>(&error);
-    detail::record_load_failure("accelerated device type '" + name + "'",
-                                c10_error ? c10_error->what_without_backtrace() : error.what());
+    detail::record_load_failure(
+        "accelerated device type '" + name + "'",
+        c10_error ? c10_error->what_without_backtrace() : detail::what_of(error));
     return "";
   }
 }
@@ -2516,7 +2565,8 @@ c10::OperatorHandle find_operator(const std::string& qualified) {
       if (auto handle = dispatcher.findSchema(name)) return *handle;
     }
   }
-  const std::string message = "opreg: no op named '" + qualified + "' is defined";
+  const std::string message =
+      "opreg: no op named '" + qualified + "' is defined" + default_overload_hint(qualified);
   TORCH_CHECK_VALUE(detail::loading_library(), message);
   // In a library's static initializer an exception would terminate the process: the load fails
   // instead, and the lookup returns the handle of the bare name (with no schema, its calls fail;
@@ -2554,7 +2604,14 @@ void check_handle_signature(const c10::OperatorHandle& handle,
                     handle.operator_name(), "' is defined",
                     detail::loading_library() ? kLookupInLoad : "");
   const c10::FunctionSchema schema = registered ? *registered : handle.schema();
-  if (auto difference = c10::findSchemaDifferences(handle_signature, schema)) {
+  // A handle reads the op's results: one typed as a C++ enum where the schema returns `int` took
+  // any int unchecked (sweep 51 B-N1: an OpHandle<at::ScalarType(...)> returned ScalarType -96).
+  auto difference = c10::findSchemaDifferences(handle_signature, schema);
+  if (!difference) {
+    difference = detail::int_read_as_enum(handle_signature.returns(), schema.returns(), "result",
+                                          "the handle's C++ signature");
+  }
+  if (difference) {
     std::ostringstream signature_text, schema_text;
     signature_text << handle_signature;
     schema_text << schema;
@@ -2584,7 +2641,7 @@ bool is_python_error(const std::exception& error) noexcept {
 }
 
 std::string message_of(const std::exception& error) {
-  return is_python_error(error) ? python_error_message.load()(error) : std::string(error.what());
+  return is_python_error(error) ? python_error_message.load()(error) : std::string(what_of(error));
 }
 
 bool value_fits(const c10::IValue& value, const c10::Type& type) { return fits(value, type); }
@@ -2808,12 +2865,20 @@ std::vector<std::string> define_all(std::vector<OpBuilder> builders, AbiTag abi)
 std::vector<detail::Published> detail::define_all_published(std::vector<OpBuilder> builders,
                                                             AbiTag abi) {
   const AbiTag here;
-  TORCH_CHECK(abi.major == here.major && abi.minor == here.minor &&
-                  abi.factory_size == here.factory_size && abi.context_size == here.context_size,
-              "opreg: ", builders.empty() ? std::string("an op") : builders[0].declared_name(),
+  const std::string op = builders.empty() ? std::string("an op") : builders[0].declared_name();
+  TORCH_CHECK(abi.major == here.major && abi.minor == here.minor, "opreg: ", op,
               ": its library was built against opreg ", abi.major, ".", abi.minor, ".", abi.patch,
               " headers, but the loaded libopreg is opreg ", OPREG_VERSION_STRING,
               "; rebuild the library against this opreg");
+  // Same version, other layout: another compiler or standard library (sweep 51 B-N14: this was
+  // said as the version message above, naming one version twice).
+  TORCH_CHECK(
+      abi.factory_size == here.factory_size && abi.context_size == here.context_size, "opreg: ", op,
+      ": its library was built against opreg ", OPREG_VERSION_STRING,
+      " headers with another compiler or C++ standard library: opreg's KernelFactory is ",
+      abi.factory_size, " bytes there and ", here.factory_size, " here, its KernelContext ",
+      abi.context_size, " and ", here.context_size,
+      "; rebuild the library with the compiler and standard library PyTorch was built with");
   for (auto& builder : builders) {
     if (builder.state_ != nullptr && builder.state_->origin.empty()) {
       builder.state_->origin = origin_of(builder.state_->caller);
@@ -2908,9 +2973,14 @@ std::vector<detail::Published> detail::define_all_published(std::vector<OpBuilde
   // 2. Publish them all, or, if one fails, put back what was published before it.
   std::vector<std::pair<OpEntry*, DefinitionPtr>> published;
   std::vector<detail::ChangeCount> changes;
+  bool defined_again = false;
   try {
     for (const auto& definition : definitions) {
       OpEntry& entry = entry_for(reg, *definition);
+      // An op defined again after an undefine is a replace to compiled code, which still calls
+      // the earlier definition's kernels with the buffers its fake gave (sweep 51 A-F1: wrong
+      // values, a double free).
+      defined_again = defined_again || entry.changes > 0;
       published.emplace_back(&entry, publish(entry, definition, &garbage.definitions));
       changes.push_back(entry.last_change);
     }
@@ -2920,7 +2990,7 @@ std::vector<detail::Published> detail::define_all_published(std::vector<OpBuilde
     throw;
   }
   std::vector<Published> published_ops;
-  bool replaced = false;
+  bool replaced = defined_again;
   for (size_t i = 0; i < definitions.size(); ++i) {
     replaced = replaced || published[i].second != nullptr;
     if (t_libraries_to_pin != nullptr) {
@@ -2965,7 +3035,7 @@ std::vector<std::string> define_all_recording_failures(std::vector<OpBuilder> bu
   } catch (const c10::Error& error) {
     detail::record_load_failure(names, error.what_without_backtrace());
   } catch (const std::exception& error) {
-    detail::record_load_failure(names, error.what());
+    detail::record_load_failure(names, detail::what_of(error));
 #if defined(__GLIBCXX__)
   } catch (const abi::__forced_unwind&) {
     throw;  // a cancelled thread's unwinding must go on
@@ -3036,6 +3106,13 @@ uint64_t detail::definition_serial(const std::string& name) {
   return definition ? definition->serial : 0;
 }
 
+bool detail::defined_before(const std::string& name) {
+  auto& reg = registry();
+  std::lock_guard<std::recursive_mutex> lock(reg.mutex);
+  auto found = reg.ops.find(name);
+  return found != reg.ops.end() && found->second->changes > 0;
+}
+
 namespace {
 
 void undefine_now(const std::string& name) {
@@ -3052,7 +3129,8 @@ void undefine_now(const std::string& name) {
   }
   auto found = reg.ops.find(name);
   TORCH_CHECK_VALUE(found != reg.ops.end() && found->second->load() != nullptr,
-                    "opreg: cannot undefine '", name, "': no op of this name is defined by opreg");
+                    "opreg: cannot undefine '", name, "': no op of this name is defined by opreg",
+                    default_overload_hint(name));
   const auto part = found->second->load();
   if (const auto& owner = part->spec.part_of) {
     auto owner_entry = reg.ops.find(*owner);
@@ -3066,18 +3144,25 @@ void undefine_now(const std::string& name) {
   // Inside opreg::load_library, a failed load puts the definitions back with the others.
   auto previous = publish(*found->second, nullptr, &garbage.definitions);
   detail::record_loaded_definition(name, nullptr, std::move(previous), found->second->last_change);
-  std::vector<std::string> owners{name};  // and the parts of parts
+  // Its parts, and the parts of parts, found in one pass over the ops: a pass for each owner was
+  // quadratic under the lock (sweep 51 B-N23: 16000 parts took 28 s).
+  std::unordered_map<std::string_view, std::vector<decltype(reg.ops)::value_type*>> parts_of;
+  for (auto& op : reg.ops) {
+    auto definition = op.second->load();
+    if (definition != nullptr && definition->spec.part_of) {
+      parts_of[*definition->spec.part_of].push_back(&op);
+    }
+  }
+  std::vector<std::string_view> owners{name};
   while (!owners.empty()) {
-    const std::string owner = std::move(owners.back());
+    const auto parts = parts_of.find(owners.back());
     owners.pop_back();
-    for (auto& [part, entry] : reg.ops) {
-      auto definition = entry->load();
-      if (definition != nullptr && definition->spec.part_of == owner) {
-        auto previous_part = publish(*entry, nullptr, &garbage.definitions);
-        detail::record_loaded_definition(part, nullptr, std::move(previous_part),
-                                         entry->last_change);
-        owners.push_back(part);
-      }
+    if (parts == parts_of.end()) continue;
+    for (auto* part : parts->second) {
+      auto previous_part = publish(*part->second, nullptr, &garbage.definitions);
+      detail::record_loaded_definition(part->first, nullptr, std::move(previous_part),
+                                       part->second->last_change);
+      owners.push_back(part->first);
     }
   }
 }
@@ -3093,7 +3178,7 @@ void undefine(const std::string& name) {
   } catch (const c10::Error& error) {
     detail::record_load_failure(name, error.what_without_backtrace());
   } catch (const std::exception& error) {
-    detail::record_load_failure(name, error.what());
+    detail::record_load_failure(name, detail::what_of(error));
   }
 }
 

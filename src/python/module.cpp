@@ -230,6 +230,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("describe_ops", &opreg::describe_ops);
   m.def("describe_op", &opreg::describe_op, py::arg("name"));
   m.def("definition_serial", &opreg::detail::definition_serial, py::arg("name"));
+  m.def("defined_before", &opreg::detail::defined_before, py::arg("name"));
   m.def(
       "gradients_below",
       [](const std::vector<at::Tensor>& tensors) {

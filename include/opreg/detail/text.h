@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <exception>
 #include <string>
 #include <string_view>
 
@@ -55,6 +56,13 @@ inline std::string escape_bytes(std::string_view text, bool controls, bool nul =
     }
   }
   return out;
+}
+
+// An exception's what(), or words saying it gave none: a user's what() may return a null pointer,
+// which read as a C string segfaulted (sweep 51 B-N6).
+inline const char* what_of(const std::exception& error) noexcept {
+  const char* message = error.what();
+  return message != nullptr ? message : "(its what() returned a null pointer)";
 }
 
 // `text` with each byte that is not part of valid UTF-8 written as \xNN.

@@ -122,29 +122,33 @@ Ret run_user_code(const std::string& op, const char* what, std::string_view labe
     if (!readable_in_python(error)) throw_readable(error);
     throw;
   } catch (const std::runtime_error& error) {
-    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
+    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(what_of(error)));
   } catch (const std::logic_error& error) {
-    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
+    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(what_of(error)));
   } catch (const std::bad_optional_access& error) {  // `n.value()` of an `int? n` given None
-    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
+    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(what_of(error)));
   } catch (const std::bad_variant_access& error) {
-    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
+    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(what_of(error)));
   } catch (const std::bad_function_call& error) {
-    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
+    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(what_of(error)));
   } catch (const std::bad_cast& error) {  // std::any_cast's too
-    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
+    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(what_of(error)));
   } catch (const std::bad_weak_ptr& error) {
-    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
+    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(what_of(error)));
   } catch (const std::bad_typeid& error) {  // typeid(*p) of a null p
-    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
+    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(what_of(error)));
   } catch (const std::bad_exception& error) {
-    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(error.what()));
+    TORCH_CHECK(false, op, ": ", what, label, " threw: ", valid_utf8(what_of(error)));
   } catch (const std::exception& error) {
     if (is_python_error(error)) throw;
-    // Passes as it is, but for a message Python could not read (sweep 44 B-F2: a
-    // UnicodeDecodeError in its place, naming nothing).
-    const std::string readable = valid_utf8(error.what());
-    TORCH_CHECK(readable == error.what(), op, ": ", what, label, " threw: ", readable);
+    // Passes as it is, but for one whose message Python could not read (sweep 44 B-F2: a
+    // UnicodeDecodeError in its place, naming nothing; sweep 51 B-N6: a null what(), a segfault)
+    // and for the base class itself, whose message is "std::exception" (sweep 51 B-N8).
+    const char* message = error.what();
+    const std::string readable = valid_utf8(what_of(error));
+    TORCH_CHECK(
+        message != nullptr && readable == message && typeid(error) != typeid(std::exception), op,
+        ": ", what, label, " threw: ", readable);
     throw;
 #if defined(__GLIBCXX__)
   } catch (const abi::__forced_unwind&) {
@@ -174,27 +178,36 @@ Ret run_user_code_named(const std::string& op, std::string_view label, Fn&& fn) 
   }
 }
 
-// How a C++ signature (`inferred` from it) differs from the schema it is to serve; none if it
-// serves it. c10::findSchemaDifferences compares what a value is passed as, the same int for an
-// at::ScalarType, at::Layout or at::MemoryFormat parameter as for an `int`, but only an argument
-// the schema declares as such an enum gets its range checked: one declared `int` reached a C++
-// enum parameter unchecked (sweep 50 B-T5: `x.to(d)` of an out-of-range int segfaulted or hung).
-inline std::optional<std::string> signature_difference(const c10::FunctionSchema& inferred,
-                                                       const c10::FunctionSchema& declared) {
-  if (auto difference = c10::findSchemaDifferences(inferred, declared)) return difference;
-  const auto& arguments = inferred.arguments();
-  for (size_t i = 0; i < arguments.size() && i < declared.arguments().size(); ++i) {
-    const std::string cpp = arguments[i].real_type()->str();
-    const std::string schema = declared.arguments()[i].real_type()->str();
-    if (cpp == schema) continue;
+// Where C++ reads as an at::ScalarType, at::Layout or at::MemoryFormat (an optional or a list of
+// one too) a value the schema declares as `int`: c10::findSchemaDifferences compares what a value
+// is passed as, the same int for both, but only a value the schema declares as such an enum gets
+// its range checked. `what` says whose values these are ("argument", "result").
+inline std::optional<std::string> int_read_as_enum(const std::vector<c10::Argument>& cpp,
+                                                   const std::vector<c10::Argument>& declared,
+                                                   const char* what, const char* where) {
+  for (size_t i = 0; i < cpp.size() && i < declared.size(); ++i) {
+    const std::string cpp_type = cpp[i].real_type()->str();
+    const std::string schema_type = declared[i].real_type()->str();
+    if (cpp_type == schema_type) continue;
     for (const char* kind : {"ScalarType", "Layout", "MemoryFormat"}) {
-      if (cpp.find(kind) == std::string::npos) continue;
-      return "argument '" + declared.arguments()[i].name() + "' is " + cpp + " in C++ but " +
-             schema + " in the schema, which would pass it any int; declare it " + cpp +
+      if (cpp_type.find(kind) == std::string::npos) continue;
+      const std::string name =
+          declared[i].name().empty() ? std::to_string(i) : "'" + declared[i].name() + "'";
+      return std::string(what) + " " + name + " is " + cpp_type + " in " + where + " but " +
+             schema_type + " in the schema, which would pass it any int; declare it " + cpp_type +
              " in the schema (its values are then checked on every call)";
     }
   }
   return std::nullopt;
+}
+
+// How a piece's C++ signature (`inferred` from it) differs from the schema it is to serve; none if
+// it serves it. An argument declared `int` reached a C++ enum parameter unchecked (sweep 50 B-T5:
+// `x.to(d)` of an out-of-range int segfaulted or hung).
+inline std::optional<std::string> signature_difference(const c10::FunctionSchema& inferred,
+                                                       const c10::FunctionSchema& declared) {
+  if (auto difference = c10::findSchemaDifferences(inferred, declared)) return difference;
+  return int_read_as_enum(inferred.arguments(), declared.arguments(), "argument", "C++");
 }
 
 // A callable run as is (the fallback, a fake), its calls traced under the context's label.

@@ -184,13 +184,20 @@ class _Fingerprint:
             return f"environ:{[(name, os.environ[name]) for name in names if name in os.environ]}"
         if isinstance(value, torch.dtype | torch.device | torch.layout | torch.memory_format):
             return f"{type(value).__name__}:{value}"
+        if any(value is reader for reader in _torch_state_readers()):
+            # Under any name (`from torch import get_autocast_dtype as amp`, a partial of it, a
+            # default): sweep 51 A v01-v03, bfloat16 code ran for float16.
+            return f"torch state reader:{getattr(value, '__name__', '')}:{_torch_state()}"
         if isinstance(value, types.ModuleType) and _is_named(value.__name__):
             # Its code comes with its package's version; what it holds for the process (sys.argv)
             # does not.
             state = _process_state(value, {name for names in self._reading for name in names})
             return f"module:{value.__name__}:{state}"
         if isinstance(value, type) and _is_named(value.__module__):
-            return f"type:{value.__module__}.{value.__qualname__}"
+            # What a user set on a library's class (`torch.Tensor.OUT = torch.float64`: sweep 51
+            # A v08) among the names the code reads.
+            state = _process_state(value, {name for names in self._reading for name in names})
+            return f"type:{value.__module__}.{value.__qualname__}:{state}"
         if isinstance(value, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
             return f"op:{value}"  # its own definition has its own fingerprint
         if type(value) in (slice, range):
@@ -455,7 +462,7 @@ class _Fingerprint:
         attributes = sorted(set(attributes) | _names_among(held))
         if _ENVIRONMENT_NAMES.intersection(attributes):
             used_globals.append(os.environ)  # reached through os, which is only named
-        if _TORCH_STATE_READERS.intersection(attributes):
+        if _TORCH_STATE_READERS.intersection(attributes) or "backends" in attributes:
             used_globals.append(_torch_state())
         if not _COMPUTED_GLOBAL_READERS.isdisjoint(attributes):
             # globals()["D" + "T"], eval(name): a name its code does not hold; its plain ones.
@@ -596,17 +603,45 @@ def _held_by_its_module(value: Any) -> str | None:
     )
 
 
-def _process_state(module: types.ModuleType, names: set[str]) -> list[tuple[str, Any]]:
-    """What a named module holds as plain data or a dtype among ``names``: a standard library's
-    for this process (sys.argv), or what a user set on a library's (`torch.OUT_DTYPE = ...`:
-    sweep 50 A n16, float32 code ran for float64), which another process may hold otherwise."""
-    held = vars(module)
-    return [
-        (name, held[name])
-        for name in sorted(names - _IMPORT_TABLES)
-        if name in held
-        and (_plain_text(_flat(held[name])) is not None or isinstance(held[name], torch.dtype))
-    ]
+def _process_state(
+    holder: types.ModuleType | type, names: set[str], seen: frozenset[int] = frozenset()
+) -> list[tuple[str, Any]]:
+    """What a named module or class holds as plain data or dtypes (in lists, tuples and dicts too)
+    among ``names``: a standard library's for this process (sys.argv), or what a user set on a
+    library's (`torch.OUT_DTYPE = ...`: sweep 50 A n16, float32 code ran for float64; a tuple of
+    dtypes, or one set on `torch.nn` or `torch.Tensor`: sweep 51 A v04, v05, v08), which another
+    process may hold otherwise; and so for the submodules and named classes among ``names``."""
+    held = vars(holder)
+    state: list[tuple[str, Any]] = []
+    for name in sorted(names - _IMPORT_TABLES):
+        if name not in held:
+            continue
+        value = held[name]
+        if _data_or_dtypes(value):
+            state.append((name, value))
+        elif _holds_state(holder, value, seen) and (
+            sub := _process_state(value, names, seen | {id(holder)})
+        ):
+            state.append((name, sub))
+    return state
+
+
+def _holds_state(holder: Any, value: Any, seen: frozenset[int]) -> bool:
+    """Whether ``value``, found on ``holder``, is a submodule of it or a library's class."""
+    if id(value) in seen or len(seen) >= 4:
+        return False
+    if isinstance(value, types.ModuleType):
+        return value.__name__.startswith(getattr(holder, "__name__", "") + ".")
+    return isinstance(value, type) and _is_named(value.__module__)
+
+
+def _data_or_dtypes(value: Any, depth: int = 0) -> bool:
+    if _plain_text(_flat(value)) is not None or isinstance(value, torch.dtype):
+        return True  # a long table of constants checked in C
+    if depth > 3 or type(value) not in (list, tuple, dict):
+        return False
+    items = list(value.items()) if type(value) is dict else [(item,) for item in value]
+    return all(_data_or_dtypes(part, depth + 1) for item in items for part in item)
 
 
 # torch's functions that give what this process set (torch.get_autocast_dtype("cpu")): Inductor's
@@ -625,12 +660,37 @@ _TORCH_STATE_READERS = frozenset(
 )
 
 
+_BACKEND_FLAGS = (
+    "mkldnn.enabled",
+    "cudnn.enabled",
+    "cudnn.deterministic",
+    "cudnn.allow_tf32",
+    "cuda.matmul.allow_tf32",
+    "cuda.matmul.allow_fp16_reduced_precision_reduction",
+    "cuda.matmul.allow_bf16_reduced_precision_reduction",
+)
+
+
+@functools.cache
+def _torch_state_readers() -> tuple[Any, ...]:
+    return tuple(
+        getattr(torch, name) for name in sorted(_TORCH_STATE_READERS) if hasattr(torch, name)
+    )
+
+
 def _torch_state() -> str:
     state: list[Any] = [
         str(torch.get_default_device()),
         torch.get_float32_matmul_precision(),
         torch.are_deterministic_algorithms_enabled(),
     ]
+    # Flags kept on their modules' classes, which a module's own state does not show (sweep 51 A
+    # v06: torch.backends.mkldnn.enabled).
+    for path in _BACKEND_FLAGS:
+        try:
+            state.append(operator.attrgetter(path)(torch.backends))
+        except Exception:  # not in this build of torch
+            state.append(None)
     for device in ("cpu", "cuda", "xpu"):
         try:
             state += [device, torch.get_autocast_dtype(device), torch.is_autocast_enabled(device)]

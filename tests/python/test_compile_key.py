@@ -1271,3 +1271,61 @@ def test_torch_state_a_piece_reads_and_values_set_on_torch_are_part_of_it(monkey
     single = fingerprint(reads_a_value_set_on_torch)
     monkeypatch.setattr(torch, "sweep50_out_dtype", torch.float64)
     assert fingerprint(reads_a_value_set_on_torch) != single
+
+
+def _amp_alias_reader():
+    from torch import get_autocast_dtype as amp_dtype
+
+    return lambda: amp_dtype("cpu")
+
+
+def test_torch_state_read_under_other_names_and_values_on_torchs_modules_and_classes(monkeypatch):
+    # Sweep 51 A v01-v08: the sweep 50 rule matched torch's state readers by the names in the code,
+    # and kept a library module's plain values and dtypes only: an aliased or partial reader, one
+    # held as a default, a tuple or dict of dtypes set on torch, a dtype set on torch.nn or on
+    # torch.Tensor, and torch.backends' flags each gave one key for two processes' states.
+    def default_reader(reader=torch.get_autocast_dtype):
+        return reader("cpu")
+
+    readers = {
+        "alias": _amp_alias_reader(),
+        "partial": functools.partial(torch.get_autocast_dtype, "cpu"),
+        "default": default_reader,
+    }
+    previous = torch.get_autocast_dtype("cpu")
+    before = {kind: fingerprint(reader) for kind, reader in readers.items()}
+    torch.set_autocast_dtype("cpu", torch.float16 if previous != torch.float16 else torch.bfloat16)
+    try:
+        for kind, reader in readers.items():
+            assert fingerprint(reader) != before[kind], kind
+    finally:
+        torch.set_autocast_dtype("cpu", previous)
+    for kind, reader in readers.items():
+        assert fingerprint(reader) == before[kind], kind
+
+    values = {
+        "tuple on torch": (torch, "sweep51_dtypes", lambda: torch.sweep51_dtypes[0], tuple),
+        "dict on torch": (torch, "sweep51_dtypes", lambda: torch.sweep51_dtypes["out"], dict),
+        "on torch.nn": (torch.nn, "sweep51_dtype", lambda: torch.nn.sweep51_dtype, None),
+        "on torch.Tensor": (
+            torch.Tensor,
+            "sweep51_dtype",
+            lambda: torch.Tensor.sweep51_dtype,
+            None,
+        ),
+    }
+    for kind, (holder, name, reader, container) in values.items():
+        keys = set()
+        for dtype in (torch.float32, torch.float64):
+            value = (dtype,) if container is tuple else {"out": dtype} if container else dtype
+            monkeypatch.setattr(holder, name, value, raising=False)
+            keys.add(fingerprint(reader))
+        assert len(keys) == 2, kind
+
+    def reads_mkldnn():
+        return torch.float64 if torch.backends.mkldnn.enabled else torch.float32
+
+    enabled = fingerprint(reads_mkldnn)
+    with torch.backends.mkldnn.flags(enabled=not torch.backends.mkldnn.enabled):
+        assert fingerprint(reads_mkldnn) != enabled
+    assert fingerprint(reads_mkldnn) == enabled

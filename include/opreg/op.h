@@ -84,8 +84,12 @@ inline KernelOptions<> on(std::vector<std::string> device_types) {
 OPREG_API c10::OperatorHandle find_operator(const std::string& qualified);
 
 // A ValueError, naming the op, when a handle's C++ signature does not fit the op's schema.
+// `reference_results`: a bit for each result the handle takes as `at::Tensor&`.
 OPREG_API void check_handle_signature(const c10::OperatorHandle& handle,
                                       const c10::FunctionSchema& handle_signature);
+OPREG_API void check_handle_signature(const c10::OperatorHandle& handle,
+                                      const c10::FunctionSchema& handle_signature,
+                                      uint64_t reference_results);
 
 namespace detail {
 // Whether this thread is inside opreg::load_library, running a library's static initializers.
@@ -94,6 +98,50 @@ OPREG_API bool inside_library_load();
 // library whose code failed.
 OPREG_API void fail_library_load(const std::string& what, const void* caller,
                                  const std::exception& error);
+// A bit for each of a handle's results typed `at::Tensor&`: PyTorch's unboxing gives such a
+// result the call's in-place argument, whatever the op returned (sweep 52 B-N43).
+template <class T>
+constexpr uint64_t tensor_reference_bit(size_t index) {
+  return std::is_lvalue_reference_v<T> && std::is_same_v<std::decay_t<T>, at::Tensor>
+             ? uint64_t{1} << index
+             : 0;
+}
+template <class Ret>
+struct ReferenceResults {
+  static constexpr uint64_t value = tensor_reference_bit<Ret>(0);
+};
+template <class... Results>
+struct ReferenceResults<std::tuple<Results...>> {
+  template <size_t... I>
+  static constexpr uint64_t bits(std::index_sequence<I...>) {
+    return (uint64_t{0} | ... | tensor_reference_bit<Results>(I));
+  }
+  static constexpr uint64_t value = bits(std::index_sequence_for<Results...>{});
+};
+
+// A handle's result of a C++ enum within its values: one from a definition whose schema returns
+// `int`, published between the handle's check and its call, was not (sweep 52 B-N2: a
+// ScalarType of -96).
+template <class T, template <class...> class Template>
+struct is_instance_of : std::false_type {};
+template <template <class...> class Template, class... Types>
+struct is_instance_of<Template<Types...>, Template> : std::true_type {};
+
+template <class T>
+void check_enum_result(const std::string& op, const T& value) {
+  if constexpr (std::is_same_v<T, at::ScalarType> || std::is_same_v<T, at::Layout> ||
+                std::is_same_v<T, at::MemoryFormat>) {
+    const auto number = static_cast<int64_t>(value);
+    TORCH_CHECK(number >= 0 && number < static_cast<int64_t>(T::NumOptions), op,
+                ": the call returned ", number, " for an enum result, which is no value of it: ",
+                "the op was replaced by one returning int during the call; call it again");
+  } else if constexpr (is_instance_of<T, std::optional>::value) {
+    if (value.has_value()) check_enum_result(op, *value);
+  } else if constexpr (is_instance_of<T, std::tuple>::value) {
+    std::apply([&op](const auto&... element) { (check_enum_result(op, element), ...); }, value);
+  }
+}
+
 // A count of an opreg op's schema changes (null for ops opreg did not define): a typed handle
 // checks its signature again when it moves. It lives as long as the process.
 OPREG_API const std::atomic<uint64_t>* schema_changes_of(const std::string& qualified);
@@ -234,9 +282,9 @@ class OpHandle<Ret(Args...)> {
   // Inside opreg::load_library (a library's static initializer), a call's error fails the load
   // and an empty Ret comes back: an exception there would terminate the process.
   Ret operator()(Args... args) const {
-    if (!detail::inside_library_load()) return typed().call(std::forward<Args>(args)...);
+    if (!detail::inside_library_load()) return call(std::forward<Args>(args)...);
     try {
-      return typed().call(std::forward<Args>(args)...);
+      return call(std::forward<Args>(args)...);
     } catch (const std::exception& error) {
       detail::fail_library_load(name_, __builtin_return_address(0), error);
     }
@@ -252,13 +300,13 @@ class OpHandle<Ret(Args...)> {
       auto handle = find_operator(name_);
       schema_changes_ = detail::schema_changes_of(name_);
       if (schema_changes_ != nullptr) checked_at_ = schema_changes_->load();
-      check_handle_signature(handle, signature());
+      check_handle_signature(handle, signature(), detail::ReferenceResults<Ret>::value);
       cached_.emplace(handle.template typed<Ret(Args...)>());
     });
     if (schema_changes_ != nullptr) {
       const uint64_t now = schema_changes_->load(std::memory_order_acquire);
       if (now != checked_at_.load(std::memory_order_relaxed)) {
-        check_handle_signature(*cached_, signature());
+        check_handle_signature(*cached_, signature(), detail::ReferenceResults<Ret>::value);
         checked_at_.store(now, std::memory_order_relaxed);
       }
     }
@@ -268,6 +316,16 @@ class OpHandle<Ret(Args...)> {
  private:
   static c10::FunctionSchema signature() {
     return c10::inferFunctionSchemaFlattenedReturns<Ret(Args...)>();
+  }
+
+  Ret call(Args... args) const {
+    if constexpr (std::is_void_v<Ret> || std::is_reference_v<Ret>) {
+      return typed().call(std::forward<Args>(args)...);
+    } else {
+      Ret result = typed().call(std::forward<Args>(args)...);
+      detail::check_enum_result(name_, result);
+      return result;
+    }
   }
 
   std::string name_;

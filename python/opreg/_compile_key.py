@@ -184,10 +184,6 @@ class _Fingerprint:
             return f"environ:{[(name, os.environ[name]) for name in names if name in os.environ]}"
         if isinstance(value, torch.dtype | torch.device | torch.layout | torch.memory_format):
             return f"{type(value).__name__}:{value}"
-        if any(value is reader for reader in _torch_state_readers()):
-            # Under any name (`from torch import get_autocast_dtype as amp`, a partial of it, a
-            # default): sweep 51 A v01-v03, bfloat16 code ran for float16.
-            return f"torch state reader:{getattr(value, '__name__', '')}:{_torch_state()}"
         if isinstance(value, types.ModuleType) and _is_named(value.__name__):
             # Its code comes with its package's version; what it holds for the process (sys.argv)
             # does not.
@@ -462,8 +458,6 @@ class _Fingerprint:
         attributes = sorted(set(attributes) | _names_among(held))
         if _ENVIRONMENT_NAMES.intersection(attributes):
             used_globals.append(os.environ)  # reached through os, which is only named
-        if _TORCH_STATE_READERS.intersection(attributes) or "backends" in attributes:
-            used_globals.append(_torch_state())
         if not _COMPUTED_GLOBAL_READERS.isdisjoint(attributes):
             # globals()["D" + "T"], eval(name): a name its code does not hold; its plain ones.
             used_globals += sorted(
@@ -636,67 +630,78 @@ def _holds_state(holder: Any, value: Any, seen: frozenset[int]) -> bool:
 
 
 def _data_or_dtypes(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is plain data or dtypes that its repr shows whole (sweep 52 A r10: a
+    frozenset, a SimpleNamespace, a tuple 6 deep)."""
     if _plain_text(_flat(value)) is not None or isinstance(value, torch.dtype):
         return True  # a long table of constants checked in C
-    if depth > 3 or type(value) not in (list, tuple, dict):
+    if type(value) is types.SimpleNamespace:
+        value = vars(value)
+    if depth > 16 or type(value) not in (list, tuple, dict, set, frozenset):
         return False
     items = list(value.items()) if type(value) is dict else [(item,) for item in value]
     return all(_data_or_dtypes(part, depth + 1) for item in items for part in item)
 
 
-# torch's functions that give what this process set (torch.get_autocast_dtype("cpu")): Inductor's
-# keys hold none of it (sweep 50 A n15: code traced for float16 autocast ran for bfloat16).
-_TORCH_STATE_READERS = frozenset(
-    {
-        "get_autocast_dtype",
-        "get_autocast_cpu_dtype",
-        "get_autocast_gpu_dtype",
-        "is_autocast_enabled",
-        "is_autocast_cpu_enabled",
-        "get_default_device",
-        "get_float32_matmul_precision",
-        "are_deterministic_algorithms_enabled",
-    }
+# What this process set on torch that code can read and Inductor's keys hold only in part: every
+# key holds it, since code reaches it in more ways than its names tell (`torch.get_autocast_dtype`
+# under an alias, `torch.autocast("cpu").fast_dtype`, a torch.backends module under another name:
+# sweep 50 A n15, sweep 51 A v01-v06, sweep 52 A r07-r10, each where code traced for one state
+# ran for another). Each is read guarded: a build of torch may lack it.
+_TORCH_STATE_READERS = (
+    lambda: str(torch.get_default_device()),
+    torch.get_float32_matmul_precision,
+    torch.are_deterministic_algorithms_enabled,
+    torch.is_deterministic_algorithms_warn_only_enabled,
+    lambda: torch.utils.deterministic.fill_uninitialized_memory,
+    torch.is_warn_always_enabled,
+    torch.is_autocast_cache_enabled,
+    lambda: torch.backends.cuda.matmul.allow_tf32,
+    lambda: torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+    lambda: torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+    lambda: torch.backends.cuda.matmul.fp32_precision,
+    lambda: torch.backends.cuda.flash_sdp_enabled(),
+    lambda: torch.backends.cuda.mem_efficient_sdp_enabled(),
+    lambda: torch.backends.cuda.math_sdp_enabled(),
+    lambda: torch.backends.cuda.cudnn_sdp_enabled(),
+    lambda: torch.backends.cuda.preferred_linalg_library(),
+    lambda: torch.backends.quantized.engine,
+    lambda: torch.backends.opt_einsum.enabled,
+    lambda: torch.backends.opt_einsum.strategy,
+    lambda: torch.backends.fp32_precision,
 )
-
-
-_BACKEND_FLAGS = (
-    "mkldnn.enabled",
-    "cudnn.enabled",
-    "cudnn.deterministic",
-    "cudnn.allow_tf32",
-    "cuda.matmul.allow_tf32",
-    "cuda.matmul.allow_fp16_reduced_precision_reduction",
-    "cuda.matmul.allow_bf16_reduced_precision_reduction",
-)
-
-
-@functools.cache
-def _torch_state_readers() -> tuple[Any, ...]:
-    return tuple(
-        getattr(torch, name) for name in sorted(_TORCH_STATE_READERS) if hasattr(torch, name)
-    )
 
 
 def _torch_state() -> str:
-    state: list[Any] = [
-        str(torch.get_default_device()),
-        torch.get_float32_matmul_precision(),
-        torch.are_deterministic_algorithms_enabled(),
-    ]
-    # Flags kept on their modules' classes, which a module's own state does not show (sweep 51 A
-    # v06: torch.backends.mkldnn.enabled).
-    for path in _BACKEND_FLAGS:
+    state: list[Any] = []
+    for reader in _TORCH_STATE_READERS:
         try:
-            state.append(operator.attrgetter(path)(torch.backends))
-        except Exception:  # not in this build of torch
+            state.append(reader())
+        except Exception:
             state.append(None)
     for device in ("cpu", "cuda", "xpu"):
         try:
             state += [device, torch.get_autocast_dtype(device), torch.is_autocast_enabled(device)]
         except Exception:  # a device type this build of torch has no autocast for
             state.append(device)
-    return f"torch state:{state}"
+    for name, module, flag in _backend_flags():
+        try:
+            state.append((name, flag, getattr(module, flag)))
+        except Exception:
+            state.append((name, flag))
+    return f"torch state:{[str(value) for value in state]}"
+
+
+@functools.cache
+def _backend_flags() -> list[tuple[str, types.ModuleType, str]]:
+    """The flags torch.backends' modules keep on their classes (cudnn.benchmark, mkldnn.enabled),
+    which a module's own state does not show."""
+    return [
+        (name, module, flag)
+        for name, module in sorted(vars(torch.backends).copy().items())
+        if isinstance(module, types.ModuleType)
+        for flag, held in sorted(vars(type(module)).items())
+        if isinstance(held, torch.backends.ContextProp)
+    ]
 
 
 def _flat(value: Any) -> tuple[Any, ...]:
@@ -817,6 +822,7 @@ def _triton_function(value: Any) -> list[Any] | None:
 
 def fingerprint(pieces: Iterable[Any]) -> str:
     result = _Fingerprint()
+    result.add(_torch_state())  # see _TORCH_STATE_READERS
     for piece in pieces:
         result.add(piece)
     return result.digest()

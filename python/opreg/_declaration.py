@@ -27,6 +27,7 @@ from opreg._registry import (
     op_name,
     op_overload,
     refresh_handles,
+    renew_packets,
 )
 from opreg._triton import AotLaunch, decomposition, functional_tensor_mode
 
@@ -400,6 +401,18 @@ def kernel_status(name: str) -> str:
     return "; ".join(served or ["no kernels: the fallback serves every device"])
 
 
+def _add_note(error: BaseException, note: str) -> None:
+    """Adds opreg's note naming the op and the piece to a Python piece's exception, which stays
+    itself: an exception whose notes cannot be read or added to (a frozen or user-made one) is
+    raised without the note (sweep 52 A-F3: its add_note's AttributeError took its place)."""
+    try:
+        notes = getattr(error, "__notes__", [])
+        if isinstance(notes, list) and note not in notes:
+            error.add_note(note)
+    except Exception:
+        pass
+
+
 def _registered_form(qualname: str) -> tuple[str, bool] | None:
     """What torch.ops' handle of an op caches: its schema and its tags (from the flags)."""
     try:
@@ -552,9 +565,7 @@ def _fake_mode_rule_of(qualname: str, serial: int) -> Callable[..., Any]:
             with mode:
                 outputs = _C.call_fallback(qualname, list(args), dict(kwargs))
         except Exception as error:  # it stays itself; a note names the op, as for the fake
-            note = f"opreg: raised in the fallback of {qualname} (run by FakeTensorMode)"
-            if note not in getattr(error, "__notes__", []):
-                error.add_note(note)
+            _add_note(error, f"opreg: raised in the fallback of {qualname} (run by FakeTensorMode)")
             raise
         count = len(returns)
         return None if count == 0 else outputs[0] if count == 1 else tuple(outputs)
@@ -657,10 +668,7 @@ def _checked_fake(declaration: OpDeclaration, serial: int | None) -> Callable[..
         try:
             result = fake_fn(*args, **kwargs)
         except Exception as error:  # it stays itself; a note names the op, as for the fallback
-            note = f"opreg: raised in the fake of {qualname}"
-            notes = getattr(error, "__notes__", [])
-            if isinstance(notes, list) and note not in notes:
-                error.add_note(note)
+            _add_note(error, f"opreg: raised in the fake of {qualname}")
             raise
         inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         if not returns:
@@ -743,8 +751,15 @@ def _meta_fake(declaration: OpDeclaration) -> Callable[..., Any]:
     def meta(*args: Any, **kwargs: Any) -> Any:
         if not checked:
             checked.append(_checked_fake(declaration, None))
-        with torch._library.fake_impl.set_ctx_getter(no_context):
+        # Left without the fake's exception: contextlib gives it to the generator, setting its
+        # __traceback__, which an exception refusing attributes turned into an AttributeError in
+        # its place (sweep 52 A-F3).
+        context = torch._library.fake_impl.set_ctx_getter(no_context)
+        context.__enter__()
+        try:
             return checked[0](*args, **kwargs)
+        finally:
+            context.__exit__(None, None, None)
 
     return meta
 
@@ -853,6 +868,10 @@ class _Made(NamedTuple):
     dropped_companions: Sequence[tuple[str, int]]
 
 
+# How long a replace waits for a compile on another thread before it renews torch.ops' packets
+# (renew_packets); past it, forget_compiled_code renews them once opreg's lock is released.
+_RENEW_WAIT_S = 0.1
+
 # How often recording a published definition is begun again after an exception interrupted it.
 _RECORD_ATTEMPTS = 8
 
@@ -869,6 +888,9 @@ def _publish_and_record(made: _Made, builders: list[Any], outermost: bool, repla
     try:
         _C.define_all(builders, made.published)  # filled before it returns
         if replacing:
+            # Before other Python threads go on: compiled code calling these ops compiles again.
+            # A compile holding Dynamo's lock is waited for briefly: it may wait for this thread.
+            renew_packets(made.published, wait_s=_RENEW_WAIT_S)
             _defining_here.forget = True  # done by defining() once the lock is released
         _record_with_overwritten(made, outermost)
         return

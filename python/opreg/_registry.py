@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -177,6 +177,7 @@ def forget_compiled_code(*, wait: bool = True) -> None:
     with _reset_lock:  # never held while waiting for Dynamo's compile lock: a compile may replace
         _reset_requests += 1
         worker_running = _reset_worker is not None
+    renew_packets(wait_s=_WAIT_FOR_OTHERS_S if wait else 0)
     if not worker_running and _reset_when_free(
         reset_code_caches, _WAIT_FOR_OTHERS_S if wait else 0
     ):
@@ -184,6 +185,72 @@ def forget_compiled_code(*, wait: bool = True) -> None:
     with _reset_lock:
         if _reset_worker is None:
             _start_reset_worker(reset_code_caches)
+
+
+def renew_packets(names: Iterable[str] | None = None, wait_s: float = 0) -> None:
+    """Until the compiled code can go, Dynamo's guards send calls of code compiled against
+    torch.ops' packet of an opreg op (`torch.ops.ns.f(x)`, `torch.ops.ns.f.default(x)`) to a new
+    compile: each packet (of ``names``, or of every opreg op) is made anew, holding the same
+    overload objects (Note [One handle per op]), and Dynamo guards on the packet's identity.
+    Sweep 52 A-F2: a thread that never paused between compiled calls ran the old definition's
+    graph against the new definition's outputs (wrong values; a heap overflow for a smaller
+    dtype). A call already inside compiled code, and code that holds an overload object itself,
+    are not covered (ARCHITECTURE.md Guarantees). Python's thread switching is held off
+    meanwhile: a packet another thread made in between would make overload objects of its own.
+    Done holding Dynamo's compile lock (waited for at most ``wait_s``; not renewed if a compile
+    outlasts it): a compile that met the old packet failed its own guard, and Dynamo raised
+    "Guard failed on the same frame it was created". Nothing to do if Dynamo was never
+    imported."""
+    convert_frame = sys.modules.get("torch._dynamo.convert_frame")
+    lock = getattr(convert_frame, "compile_lock", None)
+    if lock is None:
+        return
+    if names is None:
+        try:
+            names = [report.name for report in _C.describe_ops()]
+        except Exception:  # a definition in flight on another thread: the next renews them
+            return
+    if not (lock.acquire(timeout=wait_s) if wait_s > 0 else lock.acquire(blocking=False)):
+        return
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e6)
+    try:
+        for qualname in names:
+            _renew_packet(qualname)
+    finally:
+        sys.setswitchinterval(interval)
+        lock.release()
+        time.sleep(0)  # as in _threads_in_compiled_code: a waiting thread takes the GIL now
+
+
+def _renew_packet(qualname: str) -> None:
+    namespace, name = qualname.split("::")
+    held = vars(torch.ops).get(namespace)
+    if not isinstance(held, torch._ops._OpNamespace):
+        return
+    name = name.split(".")[0]
+    old = vars(held).get(name)
+    if not isinstance(old, torch._ops.OpOverloadPacket):
+        return  # not looked up yet: nothing compiled against it
+    try:
+        del vars(held)[name]
+        held._dir.remove(name)
+        new = getattr(held, name)
+        for key in list(old._dir):
+            overload = vars(old)[key]
+            setattr(new, key, overload)
+            new._dir.append(key)
+            overload._overloadpacket = new
+    except Exception as error:  # another torch's internals: the old packet stays
+        warnings.warn(
+            f"opreg: op '{qualname}': torch.ops' handle could not be renewed "
+            f"({type(error).__name__}: {error}); code torch.compile compiled before its "
+            "replace may run until it can be dropped",
+            stacklevel=3,
+        )
+        vars(held)[name] = old
+        if name not in held._dir:
+            held._dir.append(name)
 
 
 def forget_compiled_code_later() -> None:
@@ -621,6 +688,11 @@ def load_library(path: str | Path) -> None:
             error.errno,
             f"opreg.load_library: cannot read the path {str(path)!r:.200}: {error.strerror}",
         ) from error
+    if not found and path.is_dir():  # sweep 52 B-N24: said as "no library at" the folder
+        raise IsADirectoryError(
+            f"opreg.load_library: {path} is a folder; pass the path of the library file in it "
+            "(a folder is taken by the Triton bundle loaders, not by load_library)"
+        )
     if not found:
         raise FileNotFoundError(f"opreg.load_library: no library at {path}")
     from opreg import _declaration  # which imports this module

@@ -2582,6 +2582,12 @@ c10::OperatorHandle find_operator(const std::string& qualified) {
 
 void check_handle_signature(const c10::OperatorHandle& handle,
                             const c10::FunctionSchema& handle_signature) {
+  check_handle_signature(handle, handle_signature, 0);
+}
+
+void check_handle_signature(const c10::OperatorHandle& handle,
+                            const c10::FunctionSchema& handle_signature,
+                            uint64_t reference_results) {
   // A lookup inside a library's load gives a handle without a schema for a missing op.
   // Inside the load, the lookup's failure is recorded with the same message (listed once).
   // An opreg op's schema is copied under the registry's lock: a replace on another thread frees
@@ -2610,6 +2616,17 @@ void check_handle_signature(const c10::OperatorHandle& handle,
   if (!difference) {
     difference = detail::int_read_as_enum(handle_signature.returns(), schema.returns(), "result",
                                           "the handle's C++ signature");
+  }
+  // PyTorch's unboxing gives a `Tensor&` result the call's in-place argument: one the schema
+  // returns as a new tensor was dropped for the handle's own argument (sweep 52 B-N43).
+  for (size_t i = 0; !difference && i < schema.returns().size() && i < 64; ++i) {
+    const auto* alias = schema.returns()[i].alias_info();
+    if ((reference_results >> i & 1) != 0 && (alias == nullptr || !alias->isWrite())) {
+      difference = "result " + std::to_string(i) +
+                   " is at::Tensor& in the handle's C++ signature, which PyTorch reads as the "
+                   "call's in-place argument, but the schema returns a new tensor there; type it "
+                   "at::Tensor";
+    }
   }
   if (difference) {
     std::ostringstream signature_text, schema_text;
@@ -2641,7 +2658,12 @@ bool is_python_error(const std::exception& error) noexcept {
 }
 
 std::string message_of(const std::exception& error) {
-  return is_python_error(error) ? python_error_message.load()(error) : std::string(what_of(error));
+  if (is_python_error(error)) return python_error_message.load()(error);
+  // c10's what() ends in C++ frames of opreg's (sweep 52 B-N34: OPREG_DEBUG's fake check).
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) {
+    return what_of(c10_error->what_without_backtrace());
+  }
+  return what_of(error);
 }
 
 bool value_fits(const c10::IValue& value, const c10::Type& type) { return fits(value, type); }
@@ -2902,6 +2924,15 @@ std::vector<detail::Published> detail::define_all_published(std::vector<OpBuilde
   // 1. Build and validate every definition; nothing is published yet.
   const std::vector<std::string> device_types = reg.device_types;  // kept while factories run
   std::map<std::string, Definition*> built;
+  // Told before any is built: the second of a name would otherwise be said to come from a kernel
+  // factory (NamesInBuild; sweep 52 B-N11).
+  std::set<std::string> declared;
+  for (const auto& builder : builders) {
+    std::string name = builder.declared_name();
+    name.erase(name.find_last_not_of(" \t\n") + 1);
+    TORCH_CHECK_VALUE(name.empty() || declared.insert(name).second, name,
+                      ": defined twice in one definition");
+  }
   std::optional<NamesInBuild> names_in_build(std::in_place);
   for (auto& builder : builders) {
     TORCH_CHECK_VALUE(builder.state_ != nullptr,

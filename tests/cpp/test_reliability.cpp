@@ -1435,3 +1435,87 @@ TEST(Reliability, AnOpDefinedAgainAfterAnUndefineTellsTheReplaceListener) {
   EXPECT_EQ(told.load(), 1);
   opreg::detail::set_replace_listener(nullptr);
 }
+
+// Sweep 52 B-N1: a user's exception whose what() rebuilds its message on each call (the pointer
+// of the last call freed) passes as it is; opreg read what() twice, the first pointer after the
+// second call freed it (a segfault; a use after free under AddressSanitizer).
+TEST(Reliability, AnExceptionWhoseWhatRebuildsItsMessagePassesAsItIs) {
+  struct Rebuilding : std::exception {
+    mutable std::string message;
+    const char* what() const noexcept override {
+      message = std::string(1 << 16, 'r');  // a new buffer each time
+      return message.c_str();
+    }
+  };
+  auto handle = opreg::op("opreg_rel::rebuilding_what(Tensor x) -> Tensor")
+                    .fallback([](const at::Tensor&) -> at::Tensor { throw Rebuilding(); })
+                    .define();
+  bool caught = false;
+  try {
+    handle(at::ones({2}));
+  } catch (const Rebuilding& error) {
+    caught = std::string(error.what()) == std::string(1 << 16, 'r');
+  }
+  EXPECT_TRUE(caught);
+}
+
+// Sweep 52 B-N43: PyTorch's unboxing gives a handle's `at::Tensor&` result the call's in-place
+// argument; on an op returning a new tensor, the handle returned its own argument (1 for 10).
+TEST(Reliability, AHandleTakingANewTensorAsAReferenceIsRefused) {
+  opreg::op("opreg_rel::fresh_result(Tensor x) -> Tensor")
+      .fallback([](const at::Tensor& x) { return x * 10; })
+      .define();
+  at::Tensor x = at::ones({1});
+  EXPECT_CONTAINS(
+      error_of([&] { opreg::OpHandle<at::Tensor&(at::Tensor&)>("opreg_rel::fresh_result")(x); }),
+      "result 0 is at::Tensor& in the handle's C++ signature, which PyTorch reads as the call's "
+      "in-place argument, but the schema returns a new tensor there");
+  opreg::op("opreg_rel::in_place_result(Tensor(a!) x) -> Tensor(a!)")
+      .fallback([](at::Tensor& x) -> at::Tensor& { return x.mul_(10); })
+      .define();
+  at::Tensor& same = opreg::OpHandle<at::Tensor&(at::Tensor&)>("opreg_rel::in_place_result")(x);
+  EXPECT_EQ(&same, &x);
+  EXPECT_EQ(x.item<float>(), 10.0f);
+}
+
+// Sweep 52 B-N2: a replace to `-> int` published between a handle's check and its call gave an
+// `at::ScalarType` handle an int beyond the enum (-96); such a result is refused after the call.
+TEST(Reliability, AnEnumResultBeyondItsEnumIsRefused) {
+  const auto out_of_range = static_cast<at::ScalarType>(static_cast<int8_t>(-96));
+  EXPECT_CONTAINS(
+      error_of([&] { opreg::detail::check_enum_result("opreg_rel::op", out_of_range); }),
+      "opreg_rel::op: the call returned -96 for an enum result");
+  EXPECT_CONTAINS(
+      error_of([&] {
+        opreg::detail::check_enum_result(
+            "opreg_rel::op",
+            std::make_tuple(at::ones({1}), std::optional<at::ScalarType>(out_of_range)));
+      }),
+      "which is no value of it");
+  EXPECT_NO_THROW(opreg::detail::check_enum_result("opreg_rel::op", at::ScalarType::Float));
+}
+
+// Sweep 52 B-N11: one name twice in one define_all was said to be defined "by one of the kernel
+// factories that build runs", though no factory ran.
+TEST(Reliability, ANameTwiceInOneDefinitionIsSaidSo) {
+  std::vector<opreg::OpBuilder> builders;
+  for (int i = 0; i < 2; ++i) {
+    opreg::OpBuilder builder("opreg_rel::named_twice(Tensor x) -> Tensor");
+    builder.fallback(
+        opreg::detail::typed_kernel(std::function<at::Tensor(const at::Tensor&)>(twice)));
+    builders.push_back(std::move(builder));
+  }
+  EXPECT_CONTAINS(error_of([&] { opreg::define_all(std::move(builders)); }),
+                  "opreg_rel::named_twice: defined twice in one definition");
+  EXPECT_FALSE(opreg::is_defined("opreg_rel::named_twice"));
+}
+
+// Sweep 52 B-N34: OPREG_DEBUG's fake check said a C++ fake's c10 error with c10's backtrace of
+// opreg's own frames; a c10 error is said without it.
+TEST(Reliability, AC10ErrorIsSaidWithoutItsBacktrace) {
+  try {
+    TORCH_CHECK(false, "said plainly");
+  } catch (const c10::Error& error) {
+    EXPECT_EQ(opreg::detail::message_of(error), "said plainly");
+  }
+}

@@ -1329,3 +1329,55 @@ def test_torch_state_read_under_other_names_and_values_on_torchs_modules_and_cla
     with torch.backends.mkldnn.flags(enabled=not torch.backends.mkldnn.enabled):
         assert fingerprint(reads_mkldnn) != enabled
     assert fingerprint(reads_mkldnn) == enabled
+
+
+def test_every_key_holds_torchs_process_state(monkeypatch):
+    # Sweep 52 A r07-r10: torch's state read without a getter's name (torch.autocast("cpu")'s
+    # fast_dtype, a torch.backends module under another name, a flag no list named) gave one key
+    # for two processes' states, and the second ran the first one's code. Every key holds it now.
+    from torch.backends import mkldnn as aliased
+
+    readers = {
+        "autocast object": lambda: torch.autocast("cpu").fast_dtype,
+        "aliased backend": lambda: aliased.enabled,
+        "cudnn.benchmark": lambda: torch.backends.cudnn.benchmark,
+        "fill_uninitialized_memory": lambda: torch.utils.deterministic.fill_uninitialized_memory,
+    }
+    changes = {
+        "autocast object": lambda: torch.set_autocast_dtype("cpu", torch.float16),
+        "aliased backend": lambda: setattr(aliased, "enabled", not aliased.enabled),
+        "cudnn.benchmark": lambda: setattr(
+            torch.backends.cudnn, "benchmark", not torch.backends.cudnn.benchmark
+        ),
+        "fill_uninitialized_memory": lambda: setattr(
+            torch.utils.deterministic,
+            "fill_uninitialized_memory",
+            not torch.utils.deterministic.fill_uninitialized_memory,
+        ),
+    }
+    saved = (
+        torch.get_autocast_dtype("cpu"),
+        aliased.enabled,
+        torch.backends.cudnn.benchmark,
+        torch.utils.deterministic.fill_uninitialized_memory,
+    )
+    try:
+        for kind, reader in readers.items():
+            before = fingerprint(reader)
+            changes[kind]()
+            assert fingerprint(reader) != before, kind
+    finally:
+        torch.set_autocast_dtype("cpu", saved[0])
+        aliased.enabled = saved[1]
+        torch.backends.cudnn.benchmark = saved[2]
+        torch.utils.deterministic.fill_uninitialized_memory = saved[3]
+
+    def reads_a_value_set_on_torch():
+        return torch.sweep52_dtypes
+
+    for make in (frozenset, lambda d: types.SimpleNamespace(out=d), lambda d: ((((((d,),),),),),)):
+        keys = set()
+        for dtype in (torch.float32, torch.float64):
+            monkeypatch.setattr(torch, "sweep52_dtypes", make([dtype]), raising=False)
+            keys.add(fingerprint(reads_a_value_set_on_torch))
+        assert len(keys) == 2, make

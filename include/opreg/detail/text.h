@@ -59,11 +59,12 @@ inline std::string escape_bytes(std::string_view text, bool controls, bool nul =
 }
 
 // An exception's what(), or words saying it gave none: a user's what() may return a null pointer,
-// which read as a C string segfaulted (sweep 51 B-N6).
-inline const char* what_of(const std::exception& error) noexcept {
-  const char* message = error.what();
+// which read as a C string segfaulted (sweep 51 B-N6). Read once: what() may give a new pointer
+// on each call, freeing the last one.
+inline const char* what_of(const char* message) noexcept {
   return message != nullptr ? message : "(its what() returned a null pointer)";
 }
+inline const char* what_of(const std::exception& error) noexcept { return what_of(error.what()); }
 
 // `text` with each byte that is not part of valid UTF-8 written as \xNN.
 inline std::string valid_utf8(std::string_view text) { return escape_bytes(text, false); }

@@ -97,7 +97,7 @@ inline bool readable_in_python(const c10::Error& error) {
 // fails): a segfault (sweep 49 A x01/x02). Told by opreg's Python module; false without it.
 OPREG_API bool is_python_error(const std::exception& error) noexcept;
 // `error.what()`, but a Python error's "Type: message" read without pybind11's formatting (a
-// str() that fails reads "<str() failed>").
+// str() that fails reads "<str() failed>"), and a c10 error's without its C++ backtrace.
 OPREG_API std::string message_of(const std::exception& error);
 struct PythonErrorReader {
   bool (*is_python_error)(const std::exception&) noexcept = nullptr;
@@ -144,8 +144,10 @@ Ret run_user_code(const std::string& op, const char* what, std::string_view labe
     // Passes as it is, but for one whose message Python could not read (sweep 44 B-F2: a
     // UnicodeDecodeError in its place, naming nothing; sweep 51 B-N6: a null what(), a segfault)
     // and for the base class itself, whose message is "std::exception" (sweep 51 B-N8).
+    // what() read once: a user's may give a new pointer on each call (sweep 52 B-N1: it rebuilt
+    // its message, and the first pointer read afterwards was freed).
     const char* message = error.what();
-    const std::string readable = valid_utf8(what_of(error));
+    const std::string readable = valid_utf8(what_of(message));
     TORCH_CHECK(
         message != nullptr && readable == message && typeid(error) != typeid(std::exception), op,
         ": ", what, label, " threw: ", readable);

@@ -187,7 +187,7 @@ def forget_compiled_code(*, wait: bool = True) -> None:
             _start_reset_worker(reset_code_caches)
 
 
-def renew_packets(names: Iterable[str] | None = None, wait_s: float = 0) -> None:
+def renew_packets(names: Iterable[str] | None = None, wait_s: float = 0) -> bool:
     """Until the compiled code can go, Dynamo's guards send calls of code compiled against
     torch.ops' packet of an opreg op (`torch.ops.ns.f(x)`, `torch.ops.ns.f.default(x)`) to a new
     compile: each packet (of ``names``, or of every opreg op) is made anew, holding the same
@@ -197,21 +197,25 @@ def renew_packets(names: Iterable[str] | None = None, wait_s: float = 0) -> None
     dtype). A call already inside compiled code, and code that holds an overload object itself,
     are not covered (ARCHITECTURE.md Guarantees). Python's thread switching is held off
     meanwhile: a packet another thread made in between would make overload objects of its own.
-    Done holding Dynamo's compile lock (waited for at most ``wait_s``; not renewed if a compile
-    outlasts it): a compile that met the old packet failed its own guard, and Dynamo raised
-    "Guard failed on the same frame it was created". Nothing to do if Dynamo was never
-    imported."""
+    Done holding Dynamo's compile lock (waited for at most ``wait_s``), never inside a compile
+    (this thread's: a fake that replaces an op, a C++ replace's pending call): a compile that met
+    the old packet failed its own guard, and Dynamo raised "Guard failed on the same frame it was
+    created". Whether they were renewed (if not, the thread of opreg's that drops the code does
+    it). Nothing to do if Dynamo was never imported."""
     convert_frame = sys.modules.get("torch._dynamo.convert_frame")
+    guards = sys.modules.get("torch._guards")
     lock = getattr(convert_frame, "compile_lock", None)
-    if lock is None:
-        return
+    if lock is None or guards is None:
+        return True
+    if guards.CompileContext.try_get() is not None or lock._is_owned():
+        return False
     if names is None:
         try:
             names = [report.name for report in _C.describe_ops()]
-        except Exception:  # a definition in flight on another thread: the next renews them
-            return
+        except Exception:  # a definition in flight on another thread
+            return False
     if not (lock.acquire(timeout=wait_s) if wait_s > 0 else lock.acquire(blocking=False)):
-        return
+        return False
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e6)
     try:
@@ -221,6 +225,7 @@ def renew_packets(names: Iterable[str] | None = None, wait_s: float = 0) -> None
         sys.setswitchinterval(interval)
         lock.release()
         time.sleep(0)  # as in _threads_in_compiled_code: a waiting thread takes the GIL now
+    return True
 
 
 def _renew_packet(qualname: str) -> None:
@@ -395,6 +400,7 @@ def _serve_reset_requests(reset_code_caches: Any) -> None:
     while True:
         with _reset_lock:
             served = _reset_requests
+        renew_packets(wait_s=_WORKER_GIVES_UP_S)  # one that its replace could not renew
         if not _reset_when_free(reset_code_caches, _WORKER_GIVES_UP_S):
             with _reset_lock:
                 _reset_worker = None

@@ -98,6 +98,12 @@ OPREG_API bool inside_library_load();
 // library whose code failed.
 OPREG_API void fail_library_load(const std::string& what, const void* caller,
                                  const std::exception& error);
+// Whether T is a Template<...> (a std::tuple, a std::optional).
+template <class T, template <class...> class Template>
+struct is_instance_of : std::false_type {};
+template <template <class...> class Template, class... Types>
+struct is_instance_of<Template<Types...>, Template> : std::true_type {};
+
 // A bit for each of a handle's results typed `at::Tensor&`: PyTorch's unboxing gives such a
 // result the call's in-place argument, whatever the op returned (sweep 52 B-N43).
 template <class T>
@@ -106,27 +112,24 @@ constexpr uint64_t tensor_reference_bit(size_t index) {
              ? uint64_t{1} << index
              : 0;
 }
+template <class... Results, size_t... I>
+constexpr uint64_t tuple_reference_bits(std::tuple<Results...>* /*results*/,
+                                        std::index_sequence<I...> /*indices*/) {
+  return (uint64_t{0} | ... | tensor_reference_bit<Results>(I));
+}
 template <class Ret>
-struct ReferenceResults {
-  static constexpr uint64_t value = tensor_reference_bit<Ret>(0);
-};
-template <class... Results>
-struct ReferenceResults<std::tuple<Results...>> {
-  template <size_t... I>
-  static constexpr uint64_t bits(std::index_sequence<I...>) {
-    return (uint64_t{0} | ... | tensor_reference_bit<Results>(I));
+constexpr uint64_t reference_results() {
+  if constexpr (is_instance_of<Ret, std::tuple>::value) {
+    return tuple_reference_bits(static_cast<Ret*>(nullptr),
+                                std::make_index_sequence<std::tuple_size_v<Ret>>{});
+  } else {
+    return tensor_reference_bit<Ret>(0);
   }
-  static constexpr uint64_t value = bits(std::index_sequence_for<Results...>{});
-};
+}
 
 // A handle's result of a C++ enum within its values: one from a definition whose schema returns
 // `int`, published between the handle's check and its call, was not (sweep 52 B-N2: a
 // ScalarType of -96).
-template <class T, template <class...> class Template>
-struct is_instance_of : std::false_type {};
-template <template <class...> class Template, class... Types>
-struct is_instance_of<Template<Types...>, Template> : std::true_type {};
-
 template <class T>
 void check_enum_result(const std::string& op, const T& value) {
   if constexpr (std::is_same_v<T, at::ScalarType> || std::is_same_v<T, at::Layout> ||
@@ -300,13 +303,13 @@ class OpHandle<Ret(Args...)> {
       auto handle = find_operator(name_);
       schema_changes_ = detail::schema_changes_of(name_);
       if (schema_changes_ != nullptr) checked_at_ = schema_changes_->load();
-      check_handle_signature(handle, signature(), detail::ReferenceResults<Ret>::value);
+      check_handle_signature(handle, signature(), detail::reference_results<Ret>());
       cached_.emplace(handle.template typed<Ret(Args...)>());
     });
     if (schema_changes_ != nullptr) {
       const uint64_t now = schema_changes_->load(std::memory_order_acquire);
       if (now != checked_at_.load(std::memory_order_relaxed)) {
-        check_handle_signature(*cached_, signature(), detail::ReferenceResults<Ret>::value);
+        check_handle_signature(*cached_, signature(), detail::reference_results<Ret>());
         checked_at_.store(now, std::memory_order_relaxed);
       }
     }

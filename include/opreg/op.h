@@ -84,7 +84,8 @@ inline KernelOptions<> on(std::vector<std::string> device_types) {
 OPREG_API c10::OperatorHandle find_operator(const std::string& qualified);
 
 // A ValueError, naming the op, when a handle's C++ signature does not fit the op's schema.
-// `reference_results`: a bit for each result the handle takes as `at::Tensor&`.
+// `reference_results`: a bit for each result the handle takes as a Tensor reference, and
+// detail::kReturnsFirstArgument where PyTorch's typed call returns its first argument for them.
 OPREG_API void check_handle_signature(const c10::OperatorHandle& handle,
                                       const c10::FunctionSchema& handle_signature);
 OPREG_API void check_handle_signature(const c10::OperatorHandle& handle,
@@ -117,11 +118,17 @@ constexpr uint64_t tuple_reference_bits(std::tuple<Results...>* /*results*/,
                                         std::index_sequence<I...> /*indices*/) {
   return (uint64_t{0} | ... | tensor_reference_bit<Results>(I));
 }
-template <class Ret>
+// The last bit says the typed call returns its first argument for them (an in-place op's
+// signature: the first parameter a Tensor reference of the result's constness), not its last ones.
+inline constexpr uint64_t kReturnsFirstArgument = uint64_t{1} << 63;
+template <class Ret, class... Args>
 constexpr uint64_t reference_results() {
   if constexpr (is_instance_of<Ret, std::tuple>::value) {
     return tuple_reference_bits(static_cast<Ret*>(nullptr),
                                 std::make_index_sequence<std::tuple_size_v<Ret>>{});
+  } else if constexpr (sizeof...(Args) > 0 && tensor_reference_bit<Ret>(0) != 0) {
+    using First = std::tuple_element_t<0, std::tuple<Args...>>;
+    return std::is_same_v<First, Ret> ? 1 | kReturnsFirstArgument : 1;
   } else {
     return tensor_reference_bit<Ret>(0);
   }
@@ -303,13 +310,13 @@ class OpHandle<Ret(Args...)> {
       auto handle = find_operator(name_);
       schema_changes_ = detail::schema_changes_of(name_);
       if (schema_changes_ != nullptr) checked_at_ = schema_changes_->load();
-      check_handle_signature(handle, signature(), detail::reference_results<Ret>());
+      check_handle_signature(handle, signature(), detail::reference_results<Ret, Args...>());
       cached_.emplace(handle.template typed<Ret(Args...)>());
     });
     if (schema_changes_ != nullptr) {
       const uint64_t now = schema_changes_->load(std::memory_order_acquire);
       if (now != checked_at_.load(std::memory_order_relaxed)) {
-        check_handle_signature(*cached_, signature(), detail::reference_results<Ret>());
+        check_handle_signature(*cached_, signature(), detail::reference_results<Ret, Args...>());
         checked_at_.store(now, std::memory_order_relaxed);
       }
     }

@@ -32,6 +32,7 @@ import torch
 
 from opreg._after_import import run_after_import
 from opreg._fork import new_rlock
+from opreg._tracing import without_line_events
 
 _PREFIX = "opreg definition "  # no function is named so: torch reads these names as functions
 _MAX_DEPTH = 32
@@ -668,7 +669,30 @@ _TORCH_STATE_READERS = (
     lambda: torch.backends.opt_einsum.enabled,
     lambda: torch.backends.opt_einsum.strategy,
     lambda: torch.backends.fp32_precision,
+    # Sweep 53 A-F1: more state a piece could read, each seen to give one key for two behaviours.
+    lambda: torch.__future__.get_overwrite_module_params_on_conversion(),
+    lambda: torch.__future__.get_swap_module_params_on_conversion(),
+    lambda: torch.sparse.check_sparse_tensor_invariants.is_enabled(),
+    torch.is_anomaly_enabled,
+    torch.is_anomaly_check_nan_enabled,
+    lambda: sorted(vars(torch._tensor_str.PRINT_OPTS).items()),
+    lambda: _plain_config("torch._dynamo.config"),
+    lambda: _plain_config("torch._functorch.config"),
+    lambda: numpy.geterr() if (numpy := sys.modules.get("numpy")) else None,
 )
+
+
+def _plain_config(module: str) -> list[tuple[str, Any]] | None:
+    """A torch config module's plain settings (not callables or objects, whose text would make
+    the key this process's own), if it is imported."""
+    config = sys.modules.get(module)
+    if config is None:
+        return None
+    return sorted(
+        (name, value)
+        for name, value in config.get_config_copy().items()
+        if all(type(item) in _PLAIN for item in _flat(value))
+    )
 
 
 def _torch_state() -> str:
@@ -820,9 +844,10 @@ def _triton_function(value: Any) -> list[Any] | None:
     return [inner, configs] if isinstance(inner, types.FunctionType) else None
 
 
-def fingerprint(pieces: Iterable[Any]) -> str:
+def fingerprint(pieces: Iterable[Any], torch_state: str | None = None) -> str:
+    """``torch_state``: _torch_state() of now, where the caller read it once for many."""
     result = _Fingerprint()
-    result.add(_torch_state())  # see _TORCH_STATE_READERS
+    result.add(torch_state or _torch_state())  # see _TORCH_STATE_READERS
     for piece in pieces:
         result.add(piece)
     return result.digest()
@@ -851,9 +876,14 @@ class _SharedEntries(dict):
         return self
 
     def __reduce__(self) -> tuple[Any, ...]:
+        without_line_events()  # Note [Locks and trace hooks]
         with _lock:
+            state = _torch_state()  # once for all: about 0.3 ms
             now = [  # sorted: ops defined in another order key the same (sweep 48 A-F5)
-                (key, current_fingerprint(key[len(_PREFIX) :]) if value == _PENDING else value)
+                (
+                    key,
+                    current_fingerprint(key[len(_PREFIX) :], state) if value == _PENDING else value,
+                )
                 for key, value in sorted(self.items())
             ]
         return dict, (now,)
@@ -862,14 +892,16 @@ class _SharedEntries(dict):
 _shared = _SharedEntries()
 
 
-def current_fingerprint(subject: str) -> str:
+def current_fingerprint(subject: str, torch_state: str | None = None) -> str:
     """The fingerprint a cache key made now would hold for ``subject``."""
+    without_line_events()  # Note [Locks and trace hooks]
     with _lock:
         pieces = _declared.get(subject)
-        return "not defined" if pieces is None else fingerprint(pieces)
+        return "not defined" if pieces is None else fingerprint(pieces, torch_state)
 
 
 def _sync() -> None:
+    without_line_events()  # Note [Locks and trace hooks]
     with _lock:
         _sync_locked()
 
@@ -907,6 +939,7 @@ def _changed() -> None:
 def declare(subject: str, pieces: Iterable[Any]) -> None:
     """Keys compiled graphs by these pieces of ``subject`` (an op's name, or a library's path)
     from now on, in place of its earlier ones."""
+    without_line_events()  # Note [Locks and trace hooks]
     with _lock:
         _declared[subject] = list(pieces)
         _changed()
@@ -914,6 +947,7 @@ def declare(subject: str, pieces: Iterable[Any]) -> None:
 
 def forget(subject: str) -> None:
     """``subject`` is no longer Python's to key (a library replaced the op)."""
+    without_line_events()  # Note [Locks and trace hooks]
     with _lock:
         if _declared.pop(subject, None) is not None:
             _changed()

@@ -28,7 +28,9 @@ from opreg._registry import (
     op_overload,
     refresh_handles,
     renew_packets,
+    run_between_compiled_calls,
 )
+from opreg._tracing import without_line_events
 from opreg._triton import AotLaunch, decomposition, functional_tensor_mode
 
 
@@ -409,7 +411,7 @@ def _add_note(error: BaseException, note: str) -> None:
         notes = getattr(error, "__notes__", [])
         if isinstance(notes, list) and note not in notes:
             error.add_note(note)
-    except Exception:
+    except BaseException:  # sweep 53 A-F4: even a KeyboardInterrupt its __notes__ raises
         pass
 
 
@@ -768,7 +770,7 @@ def _meta_fake(declaration: OpDeclaration) -> Callable[..., Any]:
 # their update: two threads defining one name (or an op and its companion) check and define in
 # turn, so neither's checks read records the other is changing (reentrant: a fallback may define).
 definition_lock = threading.RLock()
-_defining_here = threading.local()  # .forget: a replace was made; .recording: see _define
+_defining_here = threading.local()  # .forget(_waits): a replace was made; .recording: see _define
 # A fork copies the lock held by the thread defining at that moment, a thread the child does not
 # have: every definition in the child (a DataLoader worker, say) waited forever. A fork waits for
 # the definition to end instead, and holds the lock across, so the child copies no half-made one.
@@ -784,6 +786,7 @@ def defining() -> Iterator[None]:
     """Holds the definition lock. torch.compile's code compiled before a replace is dropped once
     the outermost block releases it: dropping waits for Dynamo's compile lock, which a compile on
     another thread holds while its fake (say) waits for this lock to define an op."""
+    without_line_events()  # Note [Locks and trace hooks]
     outermost = not definition_lock._is_owned()  # not a flag an interruption could leave set
     try:
         with definition_lock:
@@ -792,14 +795,19 @@ def defining() -> Iterator[None]:
             yield
     finally:
         if outermost and _defining_here.__dict__.get("forget", False):
-            forget_compiled_code()  # interrupted before the next line: the next definition does it
+            # Waits only where a replace could not invalidate the compiled code before publishing
+            # (Note [Replacing under compiled calls]); else it is only freed, by its own thread if
+            # not at once. Interrupted before the next line: the next definition does it.
+            forget_compiled_code(wait=_defining_here.__dict__.get("forget_waits", True))
             _defining_here.forget = False
+            _defining_here.forget_waits = False
 
 
 def define(*declarations: OpDeclaration) -> list[torch._ops.OpOverload]:
     """Defines the ops together through the C++ core, which validates everything before it
     changes anything: all are defined, or none and the earlier definitions stay. Then the
     Python-side pieces (fakes, the decomposition under compile) replace the earlier ones."""
+    without_line_events()  # Note [Locks and trace hooks]
     with defining():
         return _define(declarations)
 
@@ -869,7 +877,8 @@ class _Made(NamedTuple):
 
 
 # How long a replace waits for a compile on another thread before it renews torch.ops' packets
-# (renew_packets); past it, forget_compiled_code renews them once opreg's lock is released.
+# (renew_packets), where it could not publish between compiled calls; past it,
+# forget_compiled_code renews them once opreg's lock is released.
 _RENEW_WAIT_S = 0.1
 
 # How often recording a published definition is begun again after an exception interrupted it.
@@ -877,29 +886,44 @@ _RECORD_ATTEMPTS = 8
 
 
 def _publish_and_record(made: _Made, builders: list[Any], outermost: bool, replacing: bool) -> None:
-    """Has the core publish the definitions (all or none), then records their Python pieces and,
-    outermost, those of the ones written over meanwhile (once: later ones stay so, Guarantees:
-    not covered). Once the core has published, an exception arriving (Ctrl-C, a signal handler's,
-    a trace hook's) must not leave the definition half recorded (seen: its companion taken for
-    an op of its own, and every later definition of the name refused): recording is begun again,
-    and the first such exception raised once it is done. Begun again, it is whole: each op's
-    pieces are forgotten before they are made. Every line the uninterrupted path runs after the
-    core published is inside the first try."""
+    """Has the core publish the definitions (all or none), then records their Python pieces. A
+    replace does both between compiled calls (Note [Replacing under compiled calls]); where it
+    could not, compiled code calling these ops through torch.ops' packets compiles again."""
+    if not replacing:
+        _publish_and_record_now(made, builders, outermost)
+        return
+    quiet = False
+    try:
+        quiet = run_between_compiled_calls(
+            lambda: _publish_and_record_now(made, builders, outermost)
+        )
+    finally:
+        if made.published:  # done by defining() once the lock is released
+            _defining_here.forget = True
+            _defining_here.forget_waits = (
+                _defining_here.__dict__.get("forget_waits", False) or not quiet
+            )
+    if not quiet:
+        # A compile holding Dynamo's lock is waited for briefly: it may wait for this thread.
+        renew_packets(made.published, wait_s=_RENEW_WAIT_S)
+
+
+def _publish_and_record_now(made: _Made, builders: list[Any], outermost: bool) -> None:
+    """Once the core has published, an exception arriving (Ctrl-C, a signal handler's, a trace
+    hook's) must not leave the definition half recorded (seen: its companion taken for an op of
+    its own, and every later definition of the name refused): recording is begun again, and the
+    first such exception raised once it is done. Begun again, it is whole: each op's pieces are
+    forgotten before they are made. Outermost, it also records the ones written over meanwhile
+    (once: later ones stay so, Guarantees: not covered). Every line the uninterrupted path runs
+    after the core published is inside the first try."""
     try:
         _C.define_all(builders, made.published)  # filled before it returns
-        if replacing:
-            # Before other Python threads go on: compiled code calling these ops compiles again.
-            # A compile holding Dynamo's lock is waited for briefly: it may wait for this thread.
-            renew_packets(made.published, wait_s=_RENEW_WAIT_S)
-            _defining_here.forget = True  # done by defining() once the lock is released
         _record_with_overwritten(made, outermost)
         return
     except BaseException as error:
         if not made.published:
             raise  # refused, or interrupted before it published: nothing changed
         interruption = error
-    if replacing:
-        _defining_here.forget = True
     for _ in range(_RECORD_ATTEMPTS):
         try:
             _record_with_overwritten(made, outermost)

@@ -20,6 +20,7 @@ import torch
 from opreg import _C
 from opreg._after_import import run_after_import
 from opreg._fork import new_rlock
+from opreg._tracing import without_line_events
 
 _DTENSOR = "torch.distributed.tensor"
 
@@ -35,6 +36,7 @@ _lock = new_rlock()
 
 def declare(qualname: str, strategy: Callable[..., Any] | None) -> None:
     """Record a Python-front op's strategy function (None: it has none), then register."""
+    without_line_events()  # Note [Locks and trace hooks]
     with _lock:
         if strategy is None:
             _strategies.pop(qualname, None)
@@ -46,6 +48,7 @@ def declare(qualname: str, strategy: Callable[..., Any] | None) -> None:
 def sync(qualnames: Iterable[str] | None = None) -> None:
     """Register the strategies of these ops (None: every opreg op) with DTensor, if it is
     imported; else the import hook registers them all when it is."""
+    without_line_events()  # Note [Locks and trace hooks]
     module = sys.modules.get(_DTENSOR)
     if module is None or not hasattr(module, "DTensor"):
         return  # not imported, or still being imported: the hook runs once it is

@@ -25,6 +25,7 @@ from opreg._declaration import (
 )
 from opreg._public import public
 from opreg._registry import Sharding, caller_origin, check_op_name
+from opreg._tracing import without_line_events
 from opreg._triton import AotLaunch, triton_status, uses_wrap_triton
 from opreg._vmap import RuleShape, check_rule_arguments, explicit_rule, vmap_fn_companion
 
@@ -457,6 +458,7 @@ def register_triton_op(
     del max_vmap_level  # see "Coming from EvoX": opreg needs neither it nor device_types
 
     def decorator(fn: Callable[..., Any]) -> torch._ops.OpOverload:
+        without_line_events()  # Note [Locks and trace hooks]
         qualname = _qualified_name(name, fn)
         origin = caller_origin()
         given = dict(

@@ -31,6 +31,7 @@ from opreg._front import _device_types, _schema
 from opreg._opcheck import opcheck as _opreg_opcheck
 from opreg._public import public
 from opreg._registry import caller_origin, check_op_name, op_overload
+from opreg._tracing import without_line_events
 from opreg._triton import faking_launches, triton_status, wrap_triton
 from opreg._vmap import RuleShape, check_rule_arguments, explicit_rule
 
@@ -248,6 +249,7 @@ class CustomOpDef(torch._library.custom_ops.CustomOpDef):
 
     def _with(self, **pieces: Any) -> None:
         """Sets pieces and re-defines the op; a refused definition restores them."""
+        without_line_events()  # Note [Locks and trace hooks]
         with self._lock, defining():  # current when checked, and still when defined
             serial = _C.definition_serial(self._qualname)
             self._check_current()
@@ -359,6 +361,7 @@ class CustomOpDef(torch._library.custom_ops.CustomOpDef):
                 _device_types(self._qualname, "register_kernel", device)
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            without_line_events()  # Note [Locks and trace hooks]
             self._check_callable("register_kernel", fn)
             check_signature(
                 self._qualname, "register_kernel's fn", fn, self._qualname + self._schema
@@ -442,6 +445,7 @@ class CustomOpDef(torch._library.custom_ops.CustomOpDef):
         torch.library.register_torch_dispatch; usable as a decorator."""
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            without_line_events()  # Note [Locks and trace hooks]
             self._check_callable("register_torch_dispatch", fn)
             with self._lock:
                 self._check_current()
@@ -466,6 +470,7 @@ def _new_op(
     schema: str | None,
     triton_fn: Callable[..., Any] | None,
 ) -> CustomOpDef:
+    without_line_events()  # Note [Locks and trace hooks]
     check_op_name(f"opreg.{api}", name)
     if not callable(fn):
         raise TypeError(f"opreg.{api}: op '{name}': fn must be callable, got {type(fn).__name__}")
@@ -497,6 +502,7 @@ def _check_name_free(api: str, name: str) -> None:
 
 def _publish(api: str, op: CustomOpDef) -> CustomOpDef:
     # Checked again with the definition: another thread may have defined the name meanwhile.
+    without_line_events()  # Note [Locks and trace hooks]
     with defining():
         serial = _C.definition_serial(op._qualname)
         _check_name_free(api, op._qualname)
@@ -629,6 +635,7 @@ def _find(api: str, op: Any) -> CustomOpDef | None:
 def find_custom_op(where: str, name: str) -> CustomOpDef | None:
     """The op of :func:`custom_op` or :func:`triton_op` named ``name``, which takes pieces; None
     for ops opreg does not define; ValueError for ops opreg defines otherwise."""
+    without_line_events()  # Note [Locks and trace hooks]
     with defining():  # not between a redefinition and its record
         found = _defined.get(name)
         if found is not None and (found._is_current() or not _C.is_defined(name)):

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import enum
+import functools
 import inspect
+import linecache
 import os
 import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -20,6 +22,7 @@ import torch
 from opreg import _C, _compile_key, _dtensor
 from opreg._fork import new_rlock
 from opreg._public import public
+from opreg._tracing import without_line_events
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -169,6 +172,7 @@ def forget_compiled_code(*, wait: bool = True) -> None:
     forget_compiled_code_later).
 
     Never raises: the definition it follows has taken effect, so a failed reset warns."""
+    without_line_events()  # Note [Locks and trace hooks]
     dynamo = sys.modules.get("torch._dynamo")
     reset_code_caches = getattr(dynamo, "reset_code_caches", None)
     if reset_code_caches is None:
@@ -214,18 +218,22 @@ def renew_packets(names: Iterable[str] | None = None, wait_s: float = 0) -> bool
             names = [report.name for report in _C.describe_ops()]
         except Exception:  # a definition in flight on another thread
             return False
-    if not (lock.acquire(timeout=wait_s) if wait_s > 0 else lock.acquire(blocking=False)):
-        return False
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e6)
-    try:
+
+    def renew() -> bool:
         for qualname in names:
             _renew_packet(qualname)
-    finally:
-        sys.setswitchinterval(interval)
-        lock.release()
-        time.sleep(0)  # as in _threads_in_compiled_code: a waiting thread takes the GIL now
-    return True
+        return True
+
+    return _alone_with_compile_lock(lock, wait_s, renew)
+
+
+def _alone_with_compile_lock(lock: Any, wait_s: float, work: Callable[[], Any]) -> Any:
+    """``work()`` holding Dynamo's compile lock (waited for at most ``wait_s``; False if it was
+    not had), with Python's thread switching held off: no other thread compiles or runs Python
+    meanwhile. Not for a thread that holds the lock already."""
+    without_line_events()  # Note [Locks and trace hooks]
+    with _C.HeldLock(lock, wait_s, alone=True) as had:
+        return work() if had else False
 
 
 def _renew_packet(qualname: str) -> None:
@@ -256,6 +264,160 @@ def _renew_packet(qualname: str) -> None:
         vars(held)[name] = old
         if name not in held._dir:
             held._dir.append(name)
+
+
+# Note [Replacing under compiled calls]
+# Code torch.compile compiled for an op's earlier definition must not run against its new one:
+# its buffers are sized and typed by the earlier fake (sweep 52 A-F2: a thread calling compiled
+# code without pause read a float32 result as float64, a heap overflow). So a replace from Python
+# first invalidates every cache entry of Dynamo's, as Dynamo does when an object its guards name
+# dies: each guard then fails, and a thread calling compiled code goes to compile it again. It
+# publishes once no other thread runs compiled code, or has compiled code it is yet to install,
+# and holds Dynamo's compile lock until the definition's Python pieces are recorded: a thread
+# sent to compile waits at that lock and then traces the new definition. Dynamo's own reset
+# (forget_compiled_code) still follows, to free the entries (Note [Dropping compiled code]).
+def run_between_compiled_calls(work: Callable[[], None]) -> bool:
+    """Runs ``work`` (a replace's publishing and recording, holding the definition lock) as Note
+    [Replacing under compiled calls] says. It waits for a compile on another thread to end (at
+    most _COMPILE_WAIT_S, less if that compile waits to define an op: it waits for this thread),
+    then at most _WAIT_FOR_OTHERS_S for compiled calls to end. Where it cannot (this thread
+    compiles, the time ran out, another torch's Dynamo) it runs ``work`` all the same and says
+    False: a call in flight or a compile under way may then meet the new definition, and
+    torch.ops' packets are left for the caller to renew."""
+    without_line_events()  # Note [Locks and trace hooks]
+    convert_frame = sys.modules.get("torch._dynamo.convert_frame")
+    guards = sys.modules.get("torch._guards")
+    lock = getattr(convert_frame, "compile_lock", None)
+    invalidation = _entry_invalidation()
+    if lock is None or guards is None or invalidation is None:
+        work()
+        return False
+    if guards.CompileContext.try_get() is not None or lock._is_owned():
+        work()
+        return False
+    give_up = time.monotonic() + _COMPILE_WAIT_S
+    while time.monotonic() < give_up and not _compile_waits_to_define(convert_frame):
+        with _C.HeldLock(lock, 0.05) as had:
+            if had:
+                deadline = time.monotonic() + _WAIT_FOR_OTHERS_S
+                quiet = _invalidate_until_quiet(convert_frame, invalidation, deadline)
+                work()
+                return quiet
+    _invalidate_entries(convert_frame, *invalidation)  # code compiled already, at least
+    work()
+    return False
+
+
+# How long a replace waits for a compile on another thread: one traced for the earlier definition
+# would install its code after the replace (sweep 53 A-F3: a heap overflow).
+_COMPILE_WAIT_S = 60.0
+_DECLARATION = os.path.join(
+    os.path.dirname(__file__), "_declaration.py"
+)  # defining(): takes the definition lock
+
+
+def _compile_waits_to_define(convert_frame: Any) -> bool:
+    """Whether another thread compiles and is in (or waits for) an opreg definition, which waits
+    for this thread's."""
+    this_thread = threading.get_ident()
+    for thread, frame in sys._current_frames().items():
+        compiling = defining = False
+        while frame is not None and thread != this_thread:
+            compiling = compiling or frame.f_code.co_filename == convert_frame.__file__
+            defining = defining or (
+                frame.f_code.co_name == "defining" and frame.f_code.co_filename == _DECLARATION
+            )
+            frame = frame.f_back
+        if compiling and defining:
+            return True
+    return False
+
+
+def _entry_invalidation() -> tuple[Any, Any] | None:
+    """Dynamo's cache entries of a code object and the guard manager that fails every check, or
+    None where this torch has no such API (then only packets are renewed)."""
+    eval_frame = sys.modules.get("torch._C._dynamo.eval_frame")
+    dynamo_guards = sys.modules.get("torch._dynamo.guards")
+    entries = getattr(eval_frame, "_debug_get_cache_entry_list", None)
+    deleted = getattr(dynamo_guards, "DeletedGuardManagerWrapper", None)
+    if entries is None or deleted is None or not hasattr(eval_frame, "_ExtraState"):
+        return None
+    return entries, deleted
+
+
+def _invalidate_until_quiet(
+    convert_frame: Any, invalidation: tuple[Any, Any], deadline: float
+) -> bool:
+    """Invalidates Dynamo's cache entries, again until no other thread runs compiled code or
+    holds compiled code not yet installed (a compile that ended before this thread took the lock
+    installs its entry after the first pass); False if the deadline passed first."""
+    without_line_events()  # Note [Locks and trace hooks]
+    delay = 0.0005
+    while True:
+        with _C.HeldLock(None, 0, alone=True):  # no other thread runs between pass and check
+            if not _invalidate_entries(convert_frame, *invalidation):
+                return False
+            if not _threads_running_compiled_code(convert_frame):
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(delay)
+        delay = min(2 * delay, 0.01)
+
+
+def _invalidate_entries(convert_frame: Any, entries: Any, deleted: Any) -> bool:
+    """Dynamo's CheckFunctionManager.invalidate for every live entry; False if this torch's
+    entries are not as expected (nothing more is tried)."""
+    try:
+        for ref in list(convert_frame.input_codes.seen):
+            code = ref()
+            if code is None:
+                continue
+            for entry in entries(code):
+                manager = entry.guard_manager
+                extra_state = getattr(manager, "extra_state", None)
+                if isinstance(manager, deleted) or extra_state is None:
+                    continue
+                extra_state.invalidate(entry, deleted("an op it calls was replaced (opreg)"))
+                # As Dynamo's own invalidate leaves it: a later one for the same entry (a guarded
+                # object dying) finds nothing to do rather than an entry Dynamo's reset freed.
+                manager.cache_entry = None
+                manager.extra_state = None
+    except Exception:
+        return False
+    return True
+
+
+def _threads_running_compiled_code(convert_frame: Any) -> bool:
+    """Whether a thread other than this one has a frame of Dynamo's output code, or of its
+    frame conversion (compiling, or installing what it compiled) other than waiting for the
+    compile lock this thread holds."""
+    this_thread = threading.get_ident()
+    output_codes = {id(code) for ref in convert_frame.output_codes.seen if (code := ref())}
+    waiting_lines = _compile_lock_lines(convert_frame.__file__)
+    for thread, frame in sys._current_frames().items():
+        if thread == this_thread:
+            continue
+        if frame.f_code.co_filename == convert_frame.__file__ and frame.f_lineno in waiting_lines:
+            continue
+        while frame is not None:
+            if (
+                id(frame.f_code) in output_codes
+                or frame.f_code.co_filename == convert_frame.__file__
+            ):
+                return True
+            frame = frame.f_back
+    return False
+
+
+@functools.cache
+def _compile_lock_lines(path: str) -> frozenset[int]:
+    """The lines of Dynamo's convert_frame.py that take the compile lock."""
+    return frozenset(
+        number
+        for number, line in enumerate(linecache.getlines(path), start=1)
+        if line.lstrip().startswith("with compile_lock")
+    )
 
 
 def forget_compiled_code_later() -> None:
@@ -338,14 +500,13 @@ def _threads_in_compiled_code(reset_code_caches: Any, deadline: float) -> set[in
     # thread may wait for a lock the replacing one holds (a user's, around the replace).
     waiting = deadline - time.monotonic()
     lock = convert_frame.compile_lock
-    if not (lock.acquire(timeout=waiting) if waiting > 0 else lock.acquire(blocking=False)):
-        return set()
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e6)
-    try:
+    if lock._is_owned():  # Dynamo's own code on this thread, compiling or resetting
+        return {threading.get_ident()}
+    files = {convert_frame.__file__, eval_frame.__file__}
+
+    def reset_if_none_blocks() -> set[int] | None:
         output_codes = [code for ref in convert_frame.output_codes.seen if (code := ref())]
         ids = {id(code) for code in output_codes}
-        files = {convert_frame.__file__, eval_frame.__file__}
         blocking = set()
         for thread, frame in sys._current_frames().items():
             while frame is not None:
@@ -357,13 +518,9 @@ def _threads_in_compiled_code(reset_code_caches: Any, deadline: float) -> set[in
             return blocking
         _reset_code_caches(reset_code_caches)
         return None
-    finally:
-        sys.setswitchinterval(interval)
-        lock.release()
-        # A thread that asked for the GIL meanwhile waits out the interval it read (a million
-        # seconds) unless the GIL is let go: a thread that replaced ops in a loop starved the
-        # others (seen: a main thread blocked in Thread.start for half an hour under ASan).
-        time.sleep(0)
+
+    result = _alone_with_compile_lock(lock, waiting, reset_if_none_blocks)
+    return set() if result is False else result
 
 
 def _reset_code_caches(reset_code_caches: Any) -> None:
@@ -381,6 +538,7 @@ def _reset_for_all_requests(reset_code_caches: Any) -> None:
     """The worker's loop, which always lets a later request start another worker: one that
     ended by an exception (from a gc callback's code run on its thread, say) and kept its place
     would have left every later replace's compiled code in place (sweep 45 A-F4)."""
+    without_line_events()  # Note [Locks and trace hooks]
     global _reset_worker
     try:
         _serve_reset_requests(reset_code_caches)
@@ -396,6 +554,7 @@ def _reset_for_all_requests(reset_code_caches: Any) -> None:
 
 def _serve_reset_requests(reset_code_caches: Any) -> None:
     """Resets until a reset served every request made."""
+    without_line_events()  # Note [Locks and trace hooks]
     global _reset_worker
     while True:
         with _reset_lock:

@@ -22,6 +22,7 @@ import torch
 from torch._library import custom_ops, simple_registry
 
 from opreg._fork import new_rlock
+from opreg._tracing import without_line_events
 
 # OPDEFS holds its entries weakly: these keep them.
 _entries: dict[str, TorchLibraryEntry] = {}
@@ -105,6 +106,7 @@ class TorchLibraryEntry(custom_ops.CustomOpDef):
 def claim(qualname: str) -> None:
     """Puts opreg's entry for ``qualname`` in torch's table of custom ops, once; an op of that
     name that torch.library defined keeps its own."""
+    without_line_events()  # Note [Locks and trace hooks]
     if "." in qualname:  # an overload's name: torch's table holds ops by name
         return
     with _lock:
@@ -158,6 +160,7 @@ def register_torch_dispatch(
     """opreg's own rule of an op for a Tensor subclass or mode, past its entry in torch's table;
     held back while the user's rule for it is in place (Note [Rules for a mode: the user's
     serve])."""
+    without_line_events()  # Note [Locks and trace hooks]
     key = (qualname, torch_dispatch_class)
     with _lock:
         if simple_registry.singleton.find(qualname).torch_dispatch_rules.find(torch_dispatch_class):
@@ -176,6 +179,7 @@ def register_user_rule(
     library: torch.library.Library, qualname: str, torch_dispatch_class: Any, fn: Callable
 ) -> None:
     """The user's rule of an op for a Tensor subclass or mode, in place of opreg's own."""
+    without_line_events()  # Note [Locks and trace hooks]
     key = (qualname, torch_dispatch_class)
     with _lock:
         own = _own_rules.pop(key, None)
@@ -208,6 +212,7 @@ def _rule_of(key: tuple[str, Any]) -> Any:
 
 def reinstate(qualname: str) -> None:
     """opreg's rules of ``qualname`` that a user's rule held back, where that rule is gone."""
+    without_line_events()  # Note [Locks and trace hooks]
     with _lock:
         for key in [key for key in _displaced if key[0] == qualname]:
             if not _rule_of(key) and (displaced := _displaced.pop(key, None)) is not None:
@@ -216,6 +221,7 @@ def reinstate(qualname: str) -> None:
 
 def forget(qualname: str) -> None:
     """Drops the records of opreg's rules of ``qualname``, whose libraries go with a definition."""
+    without_line_events()  # Note [Locks and trace hooks]
     with _lock:
         for records in (_own_rules, _displaced):
             for key in [key for key in records if key[0] == qualname]:

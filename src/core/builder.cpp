@@ -11,7 +11,7 @@
 namespace opreg {
 
 const std::vector<std::pair<std::string, std::string>>& op_flag_names() {
-  static const std::vector<std::pair<std::string, std::string>> names{
+  static const auto& names = *new std::vector<std::pair<std::string, std::string>>{
 #define OPREG_FLAG_NAME(flag, promise) {#flag, promise},
       OPREG_OP_FLAGS(OPREG_FLAG_NAME)
 #undef OPREG_FLAG_NAME

@@ -384,7 +384,9 @@ void split_name(const std::string& qualified, const std::string& what, std::stri
                     "' is not an identifier (letters, digits and '_', not starting with a digit)");
   TORCH_CHECK_VALUE(overload->empty() || is_identifier(*overload), "opreg: op '", what,
                     "': overload name '", *overload, "' is not an identifier");
-  static const std::set<std::string> kReserved{"aten", "prim", "prims", "torch", "_"};
+  // Immortal, as every static here: threads may define ops while exit handlers run (sweep 53
+  // B-N48: destroyed at std::exit, a segfault in a defining thread).
+  static const auto& kReserved = *new std::set<std::string>{"aten", "prim", "prims", "torch", "_"};
   TORCH_CHECK_VALUE(kReserved.count(*ns) == 0, "opreg: op '", what, "': the namespace '", *ns,
                     "' belongs to PyTorch; define ops in a namespace of your own");
 }
@@ -1931,7 +1933,7 @@ void run_checked(const Definition& d, const c10::KernelFunction& function, const
 }
 
 const std::string& fallback_words(const Definition& d) {
-  static const std::string kFallback = "the fallback";
+  static const auto& kFallback = *new std::string("the fallback");
   return d.spec.fallback_words.empty() ? kFallback : d.spec.fallback_words;
 }
 
@@ -2076,7 +2078,7 @@ class Trampoline final : public c10::OperatorKernel {
   }
 
  private:
-  inline static const std::string kFake = "the fake";
+  inline static const std::string& kFake = *new std::string("the fake");
 
   // A call with a meta tensor among real ones is served at Meta, as torch.library serves it: it
   // computes shapes, not values. A fake that then returns a real tensor (`empty_like` of the CPU
@@ -2573,12 +2575,53 @@ c10::OperatorHandle find_operator(const std::string& qualified) {
   // it serves the op if one of this name is defined later), kept for the life of the process.
   detail::record_load_caller(__builtin_return_address(0));
   detail::record_load_failure(qualified, message + kLookupInLoad);
-  static std::mutex mutex;
+  static auto* mutex = new std::mutex();
   static auto* names = new std::vector<c10::RegistrationHandleRAII>();
-  std::lock_guard<std::mutex> lock(mutex);
+  std::lock_guard<std::mutex> lock(*mutex);
   names->push_back(dispatcher.registerName(name));
   return *dispatcher.findOp(name);
 }
+
+namespace {
+
+// How the schema's results differ from the arguments PyTorch's typed call returns for a
+// handle's Tensor reference results (check_handle_signature's `reference_results`).
+std::optional<std::string> reference_result_difference(const c10::FunctionSchema& schema,
+                                                       uint64_t reference_results) {
+  const auto& arguments = schema.arguments();
+  const auto& returns = schema.returns();
+  const bool first = (reference_results & detail::kReturnsFirstArgument) != 0;
+  for (size_t i = 0; i < returns.size() && i < 63; ++i) {
+    if ((reference_results >> i & 1) == 0) continue;
+    const size_t picked = first ? 0 : arguments.size() + i - returns.size();
+    std::ostringstream said;
+    said << "result " << i << " is a Tensor reference in the handle's C++ signature, which "
+         << "PyTorch's typed call returns as its ";
+    if (picked >= arguments.size()) {
+      said << "argument " << picked << ", but the schema has " << arguments.size();
+      return said.str();
+    }
+    said << "argument " << picked << " ('" << arguments[picked].name() << "')";
+    const auto* alias = returns[i].alias_info();
+    const auto* argument_alias = arguments[picked].alias_info();
+    if (alias == nullptr) {
+      said << ", but the schema returns a new tensor there; type it at::Tensor";
+    } else if (!alias->isWrite()) {
+      said << ", but the schema returns a view there, not an argument written in place; type it "
+              "at::Tensor";
+    } else if (argument_alias == nullptr || argument_alias->beforeSets() != alias->beforeSets()) {
+      said << ", but the schema's result " << i << " is another argument written in place; type "
+           << "it at::Tensor, or order the handle's parameters as PyTorch reads them (an in-place "
+              "argument first, or the written arguments last, in the results' order)";
+    } else {
+      continue;
+    }
+    return said.str();
+  }
+  return std::nullopt;
+}
+
+}  // namespace
 
 void check_handle_signature(const c10::OperatorHandle& handle,
                             const c10::FunctionSchema& handle_signature) {
@@ -2617,16 +2660,12 @@ void check_handle_signature(const c10::OperatorHandle& handle,
     difference = detail::int_read_as_enum(handle_signature.returns(), schema.returns(), "result",
                                           "the handle's C++ signature");
   }
-  // PyTorch's unboxing gives a `Tensor&` result the call's in-place argument: one the schema
-  // returns as a new tensor was dropped for the handle's own argument (sweep 52 B-N43).
-  for (size_t i = 0; !difference && i < schema.returns().size() && i < 64; ++i) {
-    const auto* alias = schema.returns()[i].alias_info();
-    if ((reference_results >> i & 1) != 0 && (alias == nullptr || !alias->isWrite())) {
-      difference = "result " + std::to_string(i) +
-                   " is at::Tensor& in the handle's C++ signature, which PyTorch reads as the "
-                   "call's in-place argument, but the schema returns a new tensor there; type it "
-                   "at::Tensor";
-    }
+  // PyTorch's typed call returns a Tensor reference result as one of its arguments, never reading
+  // the op's result: the first argument for an in-place signature, else the last ones in order.
+  // One the schema returns as a new tensor (sweep 52 B-N43), or as another argument (sweep 53
+  // B-N1: `(Tensor(a!) x, Tensor(b!) y) -> Tensor(b!)` returned x), was another tensor.
+  if (!difference) {
+    difference = reference_result_difference(schema, reference_results);
   }
   if (difference) {
     std::ostringstream signature_text, schema_text;

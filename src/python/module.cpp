@@ -170,6 +170,50 @@ std::vector<std::string> aot_launch_texts(const py::handle& value, const char* f
   return value.cast<std::vector<std::string>>();
 }
 
+// A Python lock (or none) held for a with block, taken with a timeout, and Python's thread
+// switching held off while it is held if asked. Entering and leaving are calls into C++, so no
+// trace hook's line event and no signal handler's exception comes between taking the lock and the
+// block's cleanup (Note [Locks and trace hooks] in python/opreg/_tracing.py): left held, Dynamo's
+// compile lock would make every later compile wait for good.
+class HeldLock {
+ public:
+  HeldLock(py::object lock, double timeout_s, bool alone)
+      : lock_(std::move(lock)), timeout_s_(timeout_s), alone_(alone) {}
+
+  bool enter() {
+    if (!lock_.is_none()) {
+      const py::object acquire = lock_.attr("acquire");
+      held_ = (timeout_s_ > 0 ? acquire(true, timeout_s_) : acquire(false)).cast<bool>();
+    }
+    if ((held_ || lock_.is_none()) && alone_) {
+      const py::module_ sys = py::module_::import("sys");
+      interval_ = sys.attr("getswitchinterval")();
+      sys.attr("setswitchinterval")(1e6);
+    }
+    return held_;
+  }
+
+  void exit(const py::args&) {
+    if (interval_) {
+      py::module_::import("sys").attr("setswitchinterval")(*interval_);
+      interval_.reset();
+    }
+    if (!held_) return;
+    held_ = false;
+    lock_.attr("release")();
+    // A thread that asked for the GIL while switching was held off waits out the interval it
+    // read (a million seconds) unless the GIL is let go (seen: a main thread blocked in
+    // Thread.start for half an hour under ASan while another replaced ops in a loop).
+    py::module_::import("time").attr("sleep")(0);
+  }
+
+ private:
+  py::object lock_;
+  double timeout_s_;
+  bool alone_;
+  bool held_ = false;
+  std::optional<py::object> interval_;
+};
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -390,6 +434,12 @@ PYBIND11_MODULE(_C, m) {
     for (auto& output : outputs) result.append(torch::jit::toPyObject(std::move(output)));
     return result;
   });
+
+  py::class_<HeldLock>(m, "HeldLock")
+      .def(py::init<py::object, double, bool>(), py::arg("lock"), py::arg("timeout_s"),
+           py::arg("alone") = false)
+      .def("__enter__", &HeldLock::enter)
+      .def("__exit__", &HeldLock::exit);
 
   py::class_<TraceBlock>(m, "TraceScope")
       .def(py::init<>())

@@ -516,7 +516,7 @@ class PythonKernel final : public c10::OperatorKernel {
     if (trace_enabled()) {
       detail::record_trace(op_, declined ? "fallback(declined by " + label_ + ")" : label_, device);
     }
-    static const std::string kFallback = "the fallback";
+    static const auto& kFallback = *new std::string("the fallback");
     const std::string& piece = declined ? kFallback : words_;
     // An error of PyTorch's raised deep in the piece (vmap's ".item()" one, say) names no op.
     py::object result = noted(

@@ -115,7 +115,7 @@ std::string failure_of(const std::string& name) {
 
 // The tensor dtype a pointer parameter reads ("*fp32" -> Float), when the kernel says.
 std::optional<at::ScalarType> pointee_dtype(const std::string& type) {
-  static const std::unordered_map<std::string, at::ScalarType> types = {
+  static const auto& types = *new std::unordered_map<std::string, at::ScalarType>{
       {"*fp16", at::kHalf}, {"*bf16", at::kBFloat16}, {"*fp32", at::kFloat}, {"*fp64", at::kDouble},
       {"*i8", at::kChar},   {"*u8", at::kByte},       {"*i16", at::kShort},  {"*i32", at::kInt},
       {"*i64", at::kLong},  {"*i1", at::kBool}};

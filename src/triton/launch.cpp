@@ -11,7 +11,7 @@ namespace opreg::triton {
 
 std::optional<ParamType> param_type_of(const std::string& type) {
   if (!type.empty() && type[0] == '*') return ParamType::kPointer;
-  static const std::unordered_map<std::string, ParamType> types = {
+  static const auto& types = *new std::unordered_map<std::string, ParamType>{
       {"i1", ParamType::kI1},    {"i8", ParamType::kI8},     {"i16", ParamType::kI16},
       {"i32", ParamType::kI32},  {"i64", ParamType::kI64},   {"u8", ParamType::kU8},
       {"u16", ParamType::kU16},  {"u32", ParamType::kU32},   {"u64", ParamType::kU64},

@@ -1468,14 +1468,67 @@ TEST(Reliability, AHandleTakingANewTensorAsAReferenceIsRefused) {
   at::Tensor x = at::ones({1});
   EXPECT_CONTAINS(
       error_of([&] { opreg::OpHandle<at::Tensor&(at::Tensor&)>("opreg_rel::fresh_result")(x); }),
-      "result 0 is at::Tensor& in the handle's C++ signature, which PyTorch reads as the call's "
-      "in-place argument, but the schema returns a new tensor there");
+      "result 0 is a Tensor reference in the handle's C++ signature, which PyTorch's typed call "
+      "returns as its argument 0 ('x'), but the schema returns a new tensor there");
   opreg::op("opreg_rel::in_place_result(Tensor(a!) x) -> Tensor(a!)")
       .fallback([](at::Tensor& x) -> at::Tensor& { return x.mul_(10); })
       .define();
   at::Tensor& same = opreg::OpHandle<at::Tensor&(at::Tensor&)>("opreg_rel::in_place_result")(x);
   EXPECT_EQ(&same, &x);
   EXPECT_EQ(x.item<float>(), 10.0f);
+}
+
+// Sweep 53 B-N1: the handle returned the argument PyTorch's typed call picks (the first for an
+// in-place signature, else the last ones), which the schema's result need not alias: x for y, and
+// two results swapped, with no error.
+TEST(Reliability, AHandleWhoseReferenceResultIsAnotherArgumentIsRefused) {
+  opreg::op("opreg_rel::writes_second(Tensor(a!) x, Tensor(b!) y) -> Tensor(b!)")
+      .fallback([](at::Tensor& x, at::Tensor& y) -> at::Tensor& { return y.add_(100); })
+      .define();
+  at::Tensor x = at::ones({1}) * 2, y = at::ones({1});
+  EXPECT_CONTAINS(
+      error_of([&] {
+        opreg::OpHandle<at::Tensor&(at::Tensor&, at::Tensor&)>("opreg_rel::writes_second")(x, y);
+      }),
+      "returns as its argument 0 ('x'), but the schema's result 0 is another argument "
+      "written in place");
+  opreg::op("opreg_rel::writes_both(Tensor(a!) x, Tensor(b!) y) -> (Tensor(b!), Tensor(a!))")
+      .fallback([](at::Tensor& x, at::Tensor& y) -> std::tuple<at::Tensor&, at::Tensor&> {
+        return {y, x};
+      })
+      .define();
+  EXPECT_CONTAINS(error_of([&] {
+                    opreg::OpHandle<std::tuple<at::Tensor&, at::Tensor&>(at::Tensor&, at::Tensor&)>(
+                        "opreg_rel::writes_both")(x, y);
+                  }),
+                  "result 0 is a Tensor reference in the handle's C++ signature, which PyTorch's "
+                  "typed call returns as its argument 0 ('x')");
+  opreg::op("opreg_rel::views_input(Tensor(a) x) -> Tensor(a)")
+      .fallback([](const at::Tensor& x) { return x.view({-1}); })
+      .define();
+  EXPECT_CONTAINS(
+      error_of([&] {
+        opreg::OpHandle<const at::Tensor&(const at::Tensor&)>("opreg_rel::views_input")(x);
+      }),
+      "but the schema returns a view there, not an argument written in place");
+  // As PyTorch reads them: an out argument last, and the results' outs last in order.
+  opreg::op("opreg_rel::writes_out(Tensor x, *, Tensor(a!) out) -> Tensor(a!)")
+      .fallback([](const at::Tensor& x, at::Tensor& out) -> at::Tensor& { return out.copy_(x); })
+      .define();
+  at::Tensor out = at::zeros({1});
+  at::Tensor& written =
+      opreg::OpHandle<at::Tensor&(const at::Tensor&, at::Tensor&)>("opreg_rel::writes_out")(x, out);
+  EXPECT_EQ(&written, &out);
+  EXPECT_EQ(out.item<float>(), 2.0f);
+  opreg::op("opreg_rel::writes_in_order(Tensor(a!) x, Tensor(b!) y) -> (Tensor(a!), Tensor(b!))")
+      .fallback([](at::Tensor& x, at::Tensor& y) -> std::tuple<at::Tensor&, at::Tensor&> {
+        return {x, y};
+      })
+      .define();
+  auto both = opreg::OpHandle<std::tuple<at::Tensor&, at::Tensor&>(at::Tensor&, at::Tensor&)>(
+      "opreg_rel::writes_in_order")(x, y);
+  EXPECT_EQ(&std::get<0>(both), &x);
+  EXPECT_EQ(&std::get<1>(both), &y);
 }
 
 // Sweep 52 B-N2: a replace to `-> int` published between a handle's check and its call gave an

@@ -246,24 +246,26 @@ def _renew_packet(qualname: str) -> None:
     if not isinstance(old, torch._ops.OpOverloadPacket):
         return  # not looked up yet: nothing compiled against it
     try:
-        del vars(held)[name]
-        held._dir.remove(name)
-        new = getattr(held, name)
-        for key in list(old._dir):
-            overload = vars(old)[key]
-            setattr(new, key, overload)
-            new._dir.append(key)
-            overload._overloadpacket = new
+        # A copy of the packet, with its overload objects: made in Python alone, since looking
+        # the op up again lets the GIL go, and with switching held off the thread taking it kept
+        # it (seen: the CI run of 99b9739 stalled in such a lookup).
+        new = object.__new__(type(old))
+        vars(new).update(vars(old))
+        new._dir = list(old._dir)
+        for key in new._dir:
+            vars(new)[key]._overloadpacket = new
+        vars(held)[name] = new
     except Exception as error:  # another torch's internals: the old packet stays
+        for key in old._dir:
+            if key in vars(old):
+                vars(old)[key]._overloadpacket = old
+        vars(held)[name] = old
         warnings.warn(
             f"opreg: op '{qualname}': torch.ops' handle could not be renewed "
             f"({type(error).__name__}: {error}); code torch.compile compiled before its "
             "replace may run until it can be dropped",
             stacklevel=3,
         )
-        vars(held)[name] = old
-        if name not in held._dir:
-            held._dir.append(name)
 
 
 # Note [Replacing under compiled calls]

@@ -171,10 +171,13 @@ std::vector<std::string> aot_launch_texts(const py::handle& value, const char* f
 }
 
 // A Python lock (or none) held for a with block, taken with a timeout, and Python's thread
-// switching held off while it is held if asked. Entering and leaving are calls into C++, so no
-// trace hook's line event and no signal handler's exception comes between taking the lock and the
-// block's cleanup (Note [Locks and trace hooks] in python/opreg/_tracing.py): left held, Dynamo's
-// compile lock would make every later compile wait for good.
+// switching held off while it is held if asked: for kAloneS, much longer than any block holding
+// it takes, but not for good, since the block may let the GIL go and another thread take it
+// until then (seen: the CI run of 99b9739 stalled when a thread spinning in Python took the GIL
+// from one renewing torch.ops' packets, whose lookup let it go). Entering and leaving are calls
+// into C++, so no trace hook's line event and no signal handler's exception comes between taking
+// the lock and the block's cleanup (Note [Locks and trace hooks] in python/opreg/_tracing.py): left
+// held, Dynamo's compile lock would make every later compile wait for good.
 class HeldLock {
  public:
   HeldLock(py::object lock, double timeout_s, bool alone)
@@ -188,26 +191,29 @@ class HeldLock {
     if ((held_ || lock_.is_none()) && alone_) {
       const py::module_ sys = py::module_::import("sys");
       interval_ = sys.attr("getswitchinterval")();
-      sys.attr("setswitchinterval")(1e6);
+      sys.attr("setswitchinterval")(kAloneS);
     }
     return held_;
   }
 
   void exit(const py::args&) {
-    if (interval_) {
+    const bool alone = interval_.has_value();
+    if (alone) {
       py::module_::import("sys").attr("setswitchinterval")(*interval_);
       interval_.reset();
     }
-    if (!held_) return;
-    held_ = false;
-    lock_.attr("release")();
-    // A thread that asked for the GIL while switching was held off waits out the interval it
-    // read (a million seconds) unless the GIL is let go (seen: a main thread blocked in
-    // Thread.start for half an hour under ASan while another replaced ops in a loop).
-    py::module_::import("time").attr("sleep")(0);
+    if (held_) {
+      held_ = false;
+      lock_.attr("release")();
+    }
+    // A thread that asked for the GIL meanwhile waits out the interval it read unless the GIL is
+    // let go (seen with a million seconds: a main thread blocked in Thread.start for half an hour
+    // under ASan while another replaced ops in a loop).
+    if (alone) py::module_::import("time").attr("sleep")(0);
   }
 
  private:
+  static constexpr double kAloneS = 2.0;
   py::object lock_;
   double timeout_s_;
   bool alone_;

@@ -860,6 +860,11 @@ def load_library(path: str | Path) -> None:
             f"opreg.load_library: {path} is a folder; pass the path of the library file in it "
             "(a folder is taken by the Triton bundle loaders, not by load_library)"
         )
+    if not found and path.exists():  # sweep 53 B-N19: /dev/null was said to be missing
+        raise OSError(
+            f"opreg.load_library: {path} is not a regular file (a device, a pipe or a socket); "
+            "pass the path of a shared library"
+        )
     if not found:
         raise FileNotFoundError(f"opreg.load_library: no library at {path}")
     from opreg import _declaration  # which imports this module

@@ -391,16 +391,27 @@ void split_name(const std::string& qualified, const std::string& what, std::stri
                     "' belongs to PyTorch; define ops in a namespace of your own");
 }
 
-// The schema read from the fallback's C++ signature; what the reading throws names the op.
+// The schema infer_schema reads (from the fallback's C++ signature, unless the builder was given
+// another function); whatever it throws names the op (sweep 53 B-N7: a c10 error named none, and
+// what is not a std::exception reached the caller as it was).
 c10::FunctionSchema inferred_schema(const OpBuilder::State& spec, const std::string& qualified) {
+  static const auto& kThrew = *new std::string(
+      "': its infer_schema (its schema read from a C++ "
+      "signature) threw");
   try {
     return spec.infer_schema();
-  } catch (const c10::Error&) {
+  } catch (c10::Error& error) {
+    if (!detail::names_op(error, qualified)) error.add_context("in infer_schema of " + qualified);
     throw;
   } catch (const std::exception& error) {
-    TORCH_CHECK_VALUE(
-        false, "opreg: op '", qualified,
-        "': reading its schema from the fallback's signature threw: ", detail::what_of(error));
+    TORCH_CHECK_VALUE(false, "opreg: op '", qualified, kThrew, ": ", detail::what_of(error));
+#if defined(__GLIBCXX__)
+  } catch (const abi::__forced_unwind&) {
+    throw;  // a cancelled thread's unwinding must go on
+#endif
+  } catch (...) {
+    TORCH_CHECK_VALUE(false, "opreg: op '", qualified, kThrew,
+                      " something that is not a std::exception");
   }
 }
 
@@ -744,6 +755,12 @@ void add_kernel(Definition& definition, const KernelDeclaration& kernel,
     return;
   }
   if (const auto* served = definition.kernel_at(*key)) {
+    // One name: a kernel listing the device type twice, as often as two kernels named alike
+    // (sweep 53 B-N11: "kernels 'kernel' and 'kernel'").
+    TORCH_CHECK_VALUE(!explicit_device || served->kernel != kernel.name, op, ": kernel '",
+                      kernel.name, "' serves device type '", device_type,
+                      "' twice (it lists it twice, or two kernels have that name); list each "
+                      "device type once, and name kernels apart");
     TORCH_CHECK_VALUE(!explicit_device, op, ": kernels '", served->kernel, "' and '", kernel.name,
                       "' both serve device type '", device_type,
                       "'; give each device type one kernel and decline inside it");

@@ -590,9 +590,29 @@ TEST(Errors, ASchemaReadingThatThrowsNamesTheOp) {
       opreg::detail::typed_kernel(std::function<at::Tensor(const at::Tensor&)>(identity)));
   builder.infer_schema([]() -> c10::FunctionSchema { throw std::runtime_error("cannot read"); });
   EXPECT_EQ(error_of([&] { std::move(builder).define(); }),
-            "opreg: op 'opreg_err::unread': reading its schema from the fallback's signature "
-            "threw: cannot read");
+            "opreg: op 'opreg_err::unread': its infer_schema (its schema read from a C++ "
+            "signature) threw: cannot read");
   EXPECT_FALSE(opreg::is_defined("opreg_err::unread"));
+}
+
+// Sweep 53 B-N7: what is not a std::exception reached define()'s caller as it was, and a c10
+// error named no op.
+TEST(Errors, ASchemaReadingThatThrowsAnythingNamesTheOp) {
+  opreg::OpBuilder thrown_text("opreg_err::unread_text");
+  thrown_text.fallback(
+      opreg::detail::typed_kernel(std::function<at::Tensor(const at::Tensor&)>(identity)));
+  thrown_text.infer_schema([]() -> c10::FunctionSchema { throw std::string("a string"); });
+  EXPECT_EQ(error_of([&] { std::move(thrown_text).define(); }),
+            "opreg: op 'opreg_err::unread_text': its infer_schema (its schema read from a C++ "
+            "signature) threw something that is not a std::exception");
+  opreg::OpBuilder c10_error("opreg_err::unread_c10");
+  c10_error.fallback(
+      opreg::detail::typed_kernel(std::function<at::Tensor(const at::Tensor&)>(identity)));
+  c10_error.infer_schema([]() -> c10::FunctionSchema { TORCH_CHECK(false, "no schema here"); });
+  EXPECT_CONTAINS(error_of([&] { std::move(c10_error).define(); }),
+                  "in infer_schema of opreg_err::unread_c10");
+  EXPECT_FALSE(opreg::is_defined("opreg_err::unread_text"));
+  EXPECT_FALSE(opreg::is_defined("opreg_err::unread_c10"));
 }
 
 // Sweep 35 B-F3: a piece taking other C++ arguments than the schema's was accepted, and every
@@ -782,4 +802,17 @@ TEST(Errors, AKernelOfAnOpWithoutTensorArgumentsIsRefused) {
   opreg::op("opreg_err::made(int n) -> Tensor").fallback(zeros).define();  // fine without one
   EXPECT_TRUE(opreg::is_defined("opreg_err::made"));
   opreg::undefine("opreg_err::made");
+}
+
+// Sweep 53 B-N11: a kernel listing a device type twice was said to be two kernels of one name.
+TEST(Errors, AKernelListingADeviceTypeTwiceIsSaidSo) {
+  EXPECT_CONTAINS(error_of([] {
+                    opreg::op("opreg_err::listed_twice(Tensor x) -> Tensor")
+                        .fallback([](const at::Tensor& x) { return x; })
+                        .kernel([](const at::Tensor& x) { return x; }, opreg::on({"cpu", "cpu"}))
+                        .define();
+                  }),
+                  "serves device type 'cpu' twice (it lists it twice, or two kernels have that "
+                  "name)");
+  EXPECT_FALSE(opreg::is_defined("opreg_err::listed_twice"));
 }

@@ -207,3 +207,9 @@ def test_the_locks_helper_is_one_c_call_each_way() -> None:
     assert not [
         event for event in events if event[0] != "test_the_locks_helper_is_one_c_call_each_way"
     ]
+
+
+def test_a_device_given_to_load_library_is_said_not_to_be_a_file() -> None:
+    # Sweep 53 B-N19: /dev/null was said to be "no library at" a path that exists.
+    with pytest.raises(OSError, match="/dev/null is not a regular file"):
+        opreg.load_library("/dev/null")

@@ -380,7 +380,7 @@ def _invalidate_entries(convert_frame: Any, entries: Any, deleted: Any) -> bool:
                 extra_state = getattr(manager, "extra_state", None)
                 if isinstance(manager, deleted) or extra_state is None:
                     continue
-                extra_state.invalidate(entry, deleted("an op it calls was replaced (opreg)"))
+                _invalidate_entry(extra_state, entry, manager, deleted)
                 # As Dynamo's own invalidate leaves it: a later one for the same entry (a guarded
                 # object dying) finds nothing to do rather than an entry Dynamo's reset freed.
                 manager.cache_entry = None
@@ -388,6 +388,19 @@ def _invalidate_entries(convert_frame: Any, entries: Any, deleted: Any) -> bool:
     except Exception:
         return False
     return True
+
+
+def _invalidate_entry(extra_state: Any, entry: Any, manager: Any, deleted: Any) -> None:
+    """ExtraState.invalidate as this torch takes it: (entry, deleted manager) in torch 2.13;
+    builds of torch's main branch have taken the live manager too, or it alone with no entry."""
+    replacement = deleted("an op it calls was replaced (opreg)")
+    for arguments in ((entry, replacement), (entry, replacement, manager), (replacement, manager)):
+        try:
+            extra_state.invalidate(*arguments)
+            return
+        except TypeError:  # another signature: pybind refused the call before it ran
+            continue
+    raise TypeError("ExtraState.invalidate takes none of the known arguments")
 
 
 def _threads_running_compiled_code(convert_frame: Any) -> bool:

@@ -280,9 +280,9 @@ def _renew_packet(qualname: str) -> None:
 # (forget_compiled_code) still follows, to free the entries (Note [Dropping compiled code]).
 def run_between_compiled_calls(work: Callable[[], None]) -> bool:
     """Runs ``work`` (a replace's publishing and recording, holding the definition lock) as Note
-    [Replacing under compiled calls] says. It waits for a compile on another thread to end (at
-    most _COMPILE_WAIT_S, less if that compile waits to define an op: it waits for this thread),
-    then at most _WAIT_FOR_OTHERS_S for compiled calls to end. Where it cannot (this thread
+    [Replacing under compiled calls] says. It waits for a compile on another thread, then for
+    compiled calls, to end: at most _COMPILE_WAIT_S in all, less where such a thread waits to
+    define an op (it waits for this thread). Where it cannot (this thread
     compiles, the time ran out, another torch's Dynamo) it runs ``work`` all the same and says
     False: a call in flight or a compile under way may then meet the new definition, and
     torch.ops' packets are left for the caller to renew."""
@@ -298,11 +298,10 @@ def run_between_compiled_calls(work: Callable[[], None]) -> bool:
         work()
         return False
     give_up = time.monotonic() + _COMPILE_WAIT_S
-    while time.monotonic() < give_up and not _compile_waits_to_define(convert_frame):
+    while time.monotonic() < give_up and not _waits_for_this_definition(convert_frame):
         with _C.HeldLock(lock, 0.05) as had:
             if had:
-                deadline = time.monotonic() + _WAIT_FOR_OTHERS_S
-                quiet = _invalidate_until_quiet(convert_frame, invalidation, deadline)
+                quiet = _invalidate_until_quiet(convert_frame, invalidation, give_up)
                 work()
                 return quiet
     _invalidate_entries(convert_frame, *invalidation)  # code compiled already, at least
@@ -310,27 +309,43 @@ def run_between_compiled_calls(work: Callable[[], None]) -> bool:
     return False
 
 
-# How long a replace waits for a compile on another thread: one traced for the earlier definition
-# would install its code after the replace (sweep 53 A-F3: a heap overflow).
-_COMPILE_WAIT_S = 60.0
+# How long a replace waits for a compile, or a compiled call, on another thread: one traced for
+# the earlier definition would install its code after the replace (sweep 53 A-F3: a heap
+# overflow), and one in flight would meet the new definition (sweep 54 A c04: a call of 1.5 s).
+_COMPILE_WAIT_S = 30.0
 _DECLARATION = os.path.join(
     os.path.dirname(__file__), "_declaration.py"
 )  # defining(): takes the definition lock
 
 
-def _compile_waits_to_define(convert_frame: Any) -> bool:
-    """Whether another thread compiles and is in (or waits for) an opreg definition, which waits
-    for this thread's."""
+def _waits_for_this_definition(convert_frame: Any) -> bool:
+    """Whether another thread that compiles or runs compiled code is in (or waits for) an opreg
+    definition, which waits for this thread's. Read with switching held off: frames of a thread
+    that runs meanwhile change under the walk (sweep 54 A f02: an AttributeError from it)."""
+    without_line_events()  # Note [Locks and trace hooks]
+    with _C.HeldLock(None, 0, alone=True):
+        return _walk_for_definitions(convert_frame)
+
+
+def _walk_for_definitions(convert_frame: Any) -> bool:
+    try:
+        return _walk_frames_for_definitions(convert_frame)
+    except Exception:  # a frame read as it changed: not known to wait
+        return False
+
+
+def _walk_frames_for_definitions(convert_frame: Any) -> bool:
     this_thread = threading.get_ident()
+    output_codes = {id(code) for ref in convert_frame.output_codes.seen if (code := ref())}
     for thread, frame in sys._current_frames().items():
-        compiling = defining = False
+        compiled = defining = False
         while frame is not None and thread != this_thread:
-            compiling = compiling or frame.f_code.co_filename == convert_frame.__file__
-            defining = defining or (
-                frame.f_code.co_name == "defining" and frame.f_code.co_filename == _DECLARATION
-            )
+            code = frame.f_code
+            compiled = compiled or id(code) in output_codes
+            compiled = compiled or code.co_filename == convert_frame.__file__
+            defining = defining or (code.co_name == "defining" and code.co_filename == _DECLARATION)
             frame = frame.f_back
-        if compiling and defining:
+        if compiled and defining:
             return True
     return False
 
@@ -361,7 +376,7 @@ def _invalidate_until_quiet(
                 return False
             if not _threads_running_compiled_code(convert_frame):
                 return True
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or _waits_for_this_definition(convert_frame):
             return False
         time.sleep(delay)
         delay = min(2 * delay, 0.01)

@@ -389,6 +389,23 @@ void split_name(const std::string& qualified, const std::string& what, std::stri
   static const auto& kReserved = *new std::set<std::string>{"aten", "prim", "prims", "torch", "_"};
   TORCH_CHECK_VALUE(kReserved.count(*ns) == 0, "opreg: op '", what, "': the namespace '", *ns,
                     "' belongs to PyTorch; define ops in a namespace of your own");
+  // Names torch.ops' Python objects hold themselves: `torch.ops.ns.name` reads the namespace's
+  // own attribute, not the op (sweep 54 B-N53: an op named '__init__' broke every later
+  // opreg.load_library).
+  static const auto& kOpsAttributes = *new std::set<std::string>{
+      "_dir", "import_module", "load_library", "loaded_libraries"};  // of torch.ops
+  static const auto& kNamespaceAttributes = *new std::set<std::string>{"name", "_dir"};
+  const auto dunder = [](const std::string& text) {
+    return text.size() > 4 && text.rfind("__", 0) == 0 &&
+           text.compare(text.size() - 2, 2, "__") == 0;
+  };
+  for (const auto& [part, taken] :
+       {std::pair{ns, &kOpsAttributes}, {name, &kNamespaceAttributes}}) {
+    TORCH_CHECK_VALUE(!dunder(*part) && taken->count(*part) == 0, "opreg: op '", what, "': '",
+                      *part,
+                      "' is an attribute of torch.ops' Python objects, which torch.ops would give "
+                      "in place of the op; choose another name");
+  }
 }
 
 // The schema infer_schema reads (from the fallback's C++ signature, unless the builder was given
@@ -2601,6 +2618,32 @@ c10::OperatorHandle find_operator(const std::string& qualified) {
 
 namespace {
 
+// A handle's argument of one C++ enum where the schema declares another (at::Layout for
+// ScalarType): both pass as an int, so c10::findSchemaDifferences sees none, and the op read
+// Layout::Sparse as ScalarType::Char (sweep 54 B-N7).
+std::optional<std::string> enum_passed_as_another(const std::vector<c10::Argument>& cpp,
+                                                  const std::vector<c10::Argument>& declared) {
+  const auto kind_of = [](const std::string& type) -> std::string {
+    for (const char* kind : {"ScalarType", "Layout", "MemoryFormat"}) {
+      if (type.find(kind) != std::string::npos) return kind;
+    }
+    return "";
+  };
+  for (size_t i = 0; i < cpp.size() && i < declared.size(); ++i) {
+    const std::string cpp_type = cpp[i].real_type()->str();
+    const std::string schema_type = declared[i].real_type()->str();
+    const std::string cpp_kind = kind_of(cpp_type);
+    const std::string schema_kind = kind_of(schema_type);
+    if (cpp_kind.empty() || schema_kind.empty() || cpp_kind == schema_kind) continue;
+    const std::string name =
+        declared[i].name().empty() ? std::to_string(i) : "'" + declared[i].name() + "'";
+    return "argument " + name + " is " + cpp_type + " in the handle's C++ signature but " +
+           schema_type + " in the schema, which would read its value as another enum's; pass " +
+           schema_type;
+  }
+  return std::nullopt;
+}
+
 // How the schema's results differ from the arguments PyTorch's typed call returns for a
 // handle's Tensor reference results (check_handle_signature's `reference_results`).
 std::optional<std::string> reference_result_difference(const c10::FunctionSchema& schema,
@@ -2630,6 +2673,13 @@ std::optional<std::string> reference_result_difference(const c10::FunctionSchema
       said << ", but the schema's result " << i << " is another argument written in place; type "
            << "it at::Tensor, or order the handle's parameters as PyTorch reads them (an in-place "
               "argument first, or the written arguments last, in the results' order)";
+    } else if (std::any_of(arguments.begin(), arguments.end(), [&](const c10::Argument& other) {
+                 return &other != &arguments[picked] && other.alias_info() != nullptr &&
+                        other.alias_info()->beforeSets() == alias->beforeSets();
+               })) {
+      // Sweep 54 B-N2: `(Tensor(a!) x, Tensor(a!) y) -> Tensor(a!)` returned y, the handle x.
+      said << ", but the schema gives its alias set to another argument too, so it does not say "
+              "which of them the op returns; type it at::Tensor";
     } else {
       continue;
     }
@@ -2676,6 +2726,9 @@ void check_handle_signature(const c10::OperatorHandle& handle,
   if (!difference) {
     difference = detail::int_read_as_enum(handle_signature.returns(), schema.returns(), "result",
                                           "the handle's C++ signature");
+  }
+  if (!difference) {
+    difference = enum_passed_as_another(handle_signature.arguments(), schema.arguments());
   }
   // PyTorch's typed call returns a Tensor reference result as one of its arguments, never reading
   // the op's result: the first argument for an in-place signature, else the last ones in order.

@@ -184,6 +184,10 @@ class HeldLock {
       : lock_(std::move(lock)), timeout_s_(timeout_s), alone_(alone) {}
 
   bool enter() {
+    // One with block each: a second enter would take the lock twice and release it once (sweep
+    // 54 B-N27: left owned, and the switch interval left changed).
+    TORCH_CHECK(!entered_, "opreg._C.HeldLock: entered while in use; make one for each with block");
+    entered_ = true;
     if (!lock_.is_none()) {
       const py::object acquire = lock_.attr("acquire");
       held_ = (timeout_s_ > 0 ? acquire(true, timeout_s_) : acquire(false)).cast<bool>();
@@ -197,6 +201,7 @@ class HeldLock {
   }
 
   void exit(const py::args&) {
+    entered_ = false;
     const bool alone = interval_.has_value();
     if (alone) {
       py::module_::import("sys").attr("setswitchinterval")(*interval_);
@@ -218,6 +223,7 @@ class HeldLock {
   double timeout_s_;
   bool alone_;
   bool held_ = false;
+  bool entered_ = false;
   std::optional<py::object> interval_;
 };
 }  // namespace

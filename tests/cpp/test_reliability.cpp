@@ -1572,3 +1572,61 @@ TEST(Reliability, AC10ErrorIsSaidWithoutItsBacktrace) {
     EXPECT_EQ(opreg::detail::message_of(error), "said plainly");
   }
 }
+
+// Sweep 54 B-N2: two arguments in the result's alias set: the schema does not say which the op
+// returns, and the handle returned x where the op returned y.
+TEST(Reliability, AHandleWhoseReferenceResultSharesItsAliasSetIsRefused) {
+  opreg::op("opreg_rel::shared_set(Tensor(a!) x, Tensor(a!) y) -> Tensor(a!)")
+      .fallback([](at::Tensor& x, at::Tensor& y) -> at::Tensor& { return y.add_(1); })
+      .define();
+  at::Tensor x = at::zeros({1}), y = at::zeros({1});
+  EXPECT_CONTAINS(error_of([&] {
+                    opreg::OpHandle<at::Tensor&(at::Tensor&, at::Tensor&)>("opreg_rel::shared_set")(
+                        x, y);
+                  }),
+                  "but the schema gives its alias set to another argument too");
+}
+
+// Sweep 54 B-N7: a handle passing at::Layout where the schema declares ScalarType passed the
+// check (both are ints), and the op read Layout::Sparse as ScalarType::Char.
+TEST(Reliability, AHandlePassingAnotherEnumIsRefused) {
+  opreg::op("opreg_rel::takes_dtype(Tensor x, ScalarType dtype) -> Tensor")
+      .fallback([](const at::Tensor& x, at::ScalarType dtype) { return x.to(dtype); })
+      .define();
+  EXPECT_CONTAINS(error_of([] {
+                    opreg::OpHandle<at::Tensor(const at::Tensor&, at::Layout)>(
+                        "opreg_rel::takes_dtype")(at::ones({1}), at::kSparse);
+                  }),
+                  "argument 'dtype' is Layout in the handle's C++ signature but ScalarType in the "
+                  "schema");
+}
+
+// Sweep 54 B-N48: an exception whose what() is blank reached the caller as "std::exception: "
+// alone, naming neither the op nor the piece.
+TEST(Reliability, AnExceptionWithABlankMessageIsSaidWithTheOp) {
+  struct Blank : std::exception {
+    const char* what() const noexcept override { return " "; }
+  };
+  auto handle = opreg::op("opreg_rel::blank_what(Tensor x) -> Tensor")
+                    .fallback([](const at::Tensor&) -> at::Tensor { throw Blank(); })
+                    .define();
+  EXPECT_CONTAINS(error_of([&] { handle(at::ones({1})); }),
+                  "opreg_rel::blank_what: fallback threw: (its what() is blank)");
+}
+
+// Sweep 54 B-N53: an op named after an attribute of torch.ops' Python objects ('__init__',
+// 'name') was defined, and torch.ops gave the attribute in its place: every later
+// opreg.load_library failed.
+TEST(Reliability, AnOpNamedAfterATorchOpsAttributeIsRefused) {
+  for (const char* name : {"opreg_rel::__init__", "opreg_rel::name", "opreg_rel::_dir",
+                           "load_library::f", "__main__::f"}) {
+    EXPECT_CONTAINS(error_of([&] {
+                      opreg::op(std::string(name) + "(Tensor x) -> Tensor")
+                          .fallback([](const at::Tensor& x) { return x; })
+                          .define();
+                    }),
+                    "is an attribute of torch.ops' Python objects")
+        << name;
+    EXPECT_FALSE(opreg::is_defined(name)) << name;
+  }
+}

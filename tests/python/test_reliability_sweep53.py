@@ -213,3 +213,15 @@ def test_a_device_given_to_load_library_is_said_not_to_be_a_file() -> None:
     # Sweep 53 B-N19: /dev/null was said to be "no library at" a path that exists.
     with pytest.raises(OSError, match="/dev/null is not a regular file"):
         opreg.load_library("/dev/null")
+
+
+def test_the_locks_helper_refuses_a_second_enter() -> None:
+    # Sweep 54 B-N27: entered twice, it took the lock twice and released it once.
+    import threading
+
+    lock = threading.RLock()
+    held = _C.HeldLock(lock, 1.0, alone=True)
+    with held, pytest.raises(RuntimeError, match="entered while in use"):
+        held.__enter__()
+    assert not lock._is_owned()
+    assert sys.getswitchinterval() < 1.0

@@ -212,3 +212,47 @@ def test_a_compile_under_way_at_a_replace_installs_no_code_of_the_earlier_defini
     # corruption"). The replace now waits for it to end before it publishes.
     probe = run_with_test_ops(_REPLACES_WHILE_ANOTHER_THREAD_COMPILES, timeout=600)
     assert probe.returncode == 0 and "no compile mixed" in probe.stdout, probe.stdout + probe.stderr
+
+
+_REPLACE_UNDER_A_LONG_COMPILED_CALL = """
+import threading, time, torch, opreg
+
+def define(dtype, factor, replace):
+    opreg.register_vmap_op(
+        lambda x: (x * factor).to(dtype), fake_fn=lambda x: torch.empty_like(x, dtype=dtype),
+        name="inflight::after_slow", schema="(Tensor x) -> Tensor", replace=replace)
+
+entered, slow_now = threading.Event(), threading.Event()
+
+def slow(x):
+    if slow_now.is_set():
+        entered.set()
+        time.sleep(2.5)
+    return x.clone()
+
+define(torch.float64, 2.0, False)
+opreg.register_vmap_op(
+    slow, fake_fn=torch.empty_like, name="inflight::slow", schema="(Tensor x) -> Tensor")
+compiled = torch.compile(lambda a: torch.ops.inflight.after_slow(torch.ops.inflight.slow(a)) + 1)
+x = torch.arange(1.0, 1025.0)
+compiled(x)
+slow_now.set()
+result = {}
+caller = threading.Thread(target=lambda: result.setdefault("r", compiled(x)))
+caller.start()
+entered.wait()
+define(torch.float32, 3.0, True)  # while the call is inside compiled code for 2.5 s
+caller.join()
+r = result["r"]
+assert r.dtype == torch.float64 and torch.equal(r, x.double() * 2 + 1), (r.dtype, r[:3])
+print("the call in flight ran one definition")
+"""
+
+
+def test_a_compiled_call_longer_than_a_second_in_flight_at_a_replace_runs_one_definition():
+    # Sweep 54 A c04: the replace waited a second for the call, then published under it, and the
+    # graph read the new float32 result as float64 ("malloc(): corrupted top size").
+    probe = run_with_test_ops(_REPLACE_UNDER_A_LONG_COMPILED_CALL, timeout=600)
+    assert probe.returncode == 0 and "ran one definition" in probe.stdout, (
+        probe.stdout + probe.stderr
+    )

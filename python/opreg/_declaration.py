@@ -25,6 +25,7 @@ from opreg._registry import (
     check_text,
     forget_compiled_code,
     op_name,
+    op_namespace,
     op_overload,
     refresh_handles,
     renew_packets,
@@ -591,6 +592,16 @@ def cpp_rules() -> list[str]:
     return list(_cpp_rules)
 
 
+def _reachable(qualname: str) -> bool:
+    """Whether torch.ops gives the op's packet: for a name its Python objects hold themselves
+    (an op `__init__` or `name`, a namespace `_dir`) it gives that attribute, and no PyTorch tool
+    reaches the op. A C++ library may define such ops: every later load_library raised reading
+    them (sweep 54 B-N53)."""
+    namespace, name = qualname.split("::")
+    packet = getattr(op_namespace(namespace), name.split(".")[0], None)
+    return isinstance(packet, torch._ops.OpOverloadPacket)
+
+
 def follow_cpp_definitions(names: Sequence[str]) -> None:
     """Gives ops defined in C++ (not from Python) their FakeTensorMode rule where they need one,
     and drops the rules of definitions that are gone."""
@@ -605,7 +616,7 @@ def follow_cpp_definitions(names: Sequence[str]) -> None:
         if held is not None:
             _torch_library.forget(qualname)
             held[1]._destroy()
-        if serial == 0:
+        if serial == 0 or not _reachable(qualname):
             continue
         _torch_library.claim(qualname)
         report = _C.describe_op(qualname)

@@ -389,23 +389,6 @@ void split_name(const std::string& qualified, const std::string& what, std::stri
   static const auto& kReserved = *new std::set<std::string>{"aten", "prim", "prims", "torch", "_"};
   TORCH_CHECK_VALUE(kReserved.count(*ns) == 0, "opreg: op '", what, "': the namespace '", *ns,
                     "' belongs to PyTorch; define ops in a namespace of your own");
-  // Names torch.ops' Python objects hold themselves: `torch.ops.ns.name` reads the namespace's
-  // own attribute, not the op (sweep 54 B-N53: an op named '__init__' broke every later
-  // opreg.load_library).
-  static const auto& kOpsAttributes = *new std::set<std::string>{
-      "_dir", "import_module", "load_library", "loaded_libraries"};  // of torch.ops
-  static const auto& kNamespaceAttributes = *new std::set<std::string>{"name", "_dir"};
-  const auto dunder = [](const std::string& text) {
-    return text.size() > 4 && text.rfind("__", 0) == 0 &&
-           text.compare(text.size() - 2, 2, "__") == 0;
-  };
-  for (const auto& [part, taken] :
-       {std::pair{ns, &kOpsAttributes}, {name, &kNamespaceAttributes}}) {
-    TORCH_CHECK_VALUE(!dunder(*part) && taken->count(*part) == 0, "opreg: op '", what, "': '",
-                      *part,
-                      "' is an attribute of torch.ops' Python objects, which torch.ops would give "
-                      "in place of the op; choose another name");
-  }
 }
 
 // The schema infer_schema reads (from the fallback's C++ signature, unless the builder was given

@@ -193,8 +193,13 @@ class HeldLock {
       held_ = (timeout_s_ > 0 ? acquire(true, timeout_s_) : acquire(false)).cast<bool>();
     }
     if ((held_ || lock_.is_none()) && alone_) {
+      // The interval before the first of the blocks under way, on any thread: each saving its
+      // own, two threads' blocks ending out of order left the process at kAloneS for good.
+      // (Under the GIL, as every enter and exit.)
       const py::module_ sys = py::module_::import("sys");
-      interval_ = sys.attr("getswitchinterval")();
+      if (alone_blocks_ == 0) *interval_before_ = sys.attr("getswitchinterval")();
+      ++alone_blocks_;
+      alone_entered_ = true;
       sys.attr("setswitchinterval")(kAloneS);
     }
     return held_;
@@ -202,10 +207,12 @@ class HeldLock {
 
   void exit(const py::args&) {
     entered_ = false;
-    const bool alone = interval_.has_value();
+    const bool alone = alone_entered_;
     if (alone) {
-      py::module_::import("sys").attr("setswitchinterval")(*interval_);
-      interval_.reset();
+      alone_entered_ = false;
+      if (--alone_blocks_ == 0) {
+        py::module_::import("sys").attr("setswitchinterval")(*interval_before_);
+      }
     }
     if (held_) {
       held_ = false;
@@ -224,7 +231,9 @@ class HeldLock {
   bool alone_;
   bool held_ = false;
   bool entered_ = false;
-  std::optional<py::object> interval_;
+  bool alone_entered_ = false;
+  inline static int alone_blocks_ = 0;
+  inline static py::object* interval_before_ = new py::object();  // immortal: see kReserved
 };
 }  // namespace
 

@@ -1613,20 +1613,3 @@ TEST(Reliability, AnExceptionWithABlankMessageIsSaidWithTheOp) {
   EXPECT_CONTAINS(error_of([&] { handle(at::ones({1})); }),
                   "opreg_rel::blank_what: fallback threw: (its what() is blank)");
 }
-
-// Sweep 54 B-N53: an op named after an attribute of torch.ops' Python objects ('__init__',
-// 'name') was defined, and torch.ops gave the attribute in its place: every later
-// opreg.load_library failed.
-TEST(Reliability, AnOpNamedAfterATorchOpsAttributeIsRefused) {
-  for (const char* name : {"opreg_rel::__init__", "opreg_rel::name", "opreg_rel::_dir",
-                           "load_library::f", "__main__::f"}) {
-    EXPECT_CONTAINS(error_of([&] {
-                      opreg::op(std::string(name) + "(Tensor x) -> Tensor")
-                          .fallback([](const at::Tensor& x) { return x; })
-                          .define();
-                    }),
-                    "is an attribute of torch.ops' Python objects")
-        << name;
-    EXPECT_FALSE(opreg::is_defined(name)) << name;
-  }
-}

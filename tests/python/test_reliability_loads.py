@@ -532,3 +532,29 @@ def test_a_library_that_undefines_its_own_op_loads_again(scripted):
     )
     assert "errors: []" in out, out
     assert "kept: True False" in out, out
+
+
+def test_an_op_torch_ops_cannot_reach_leaves_later_loads_working(scripted):
+    # Sweep 54 B-N53: a C++ library's op named after an attribute of torch.ops' Python objects
+    # ('__init__') made every later opreg.load_library raise an internal AttributeError.
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            PRELUDE
+            + f"""
+opreg.load_library({scripted("a")!r})
+opreg.load_library({scripted("b")!r})
+print("second load", defined("sweep54_names::__init__"), defined("sweep54_names::after"))
+""",
+        ],
+        capture_output=True,
+        text=True,
+        env={
+            **os.environ,
+            "OPREG_SCRIPT_a": "defin:sweep54_names:__init__:1",
+            "OPREG_SCRIPT_b": "defin:sweep54_names:after:2",
+        },
+        timeout=300,
+    )
+    assert "second load True True" in result.stdout, result.stdout + result.stderr

@@ -1600,16 +1600,3 @@ TEST(Reliability, AHandlePassingAnotherEnumIsRefused) {
                   "argument 'dtype' is Layout in the handle's C++ signature but ScalarType in the "
                   "schema");
 }
-
-// Sweep 54 B-N48: an exception whose what() is blank reached the caller as "std::exception: "
-// alone, naming neither the op nor the piece.
-TEST(Reliability, AnExceptionWithABlankMessageIsSaidWithTheOp) {
-  struct Blank : std::exception {
-    const char* what() const noexcept override { return " "; }
-  };
-  auto handle = opreg::op("opreg_rel::blank_what(Tensor x) -> Tensor")
-                    .fallback([](const at::Tensor&) -> at::Tensor { throw Blank(); })
-                    .define();
-  EXPECT_CONTAINS(error_of([&] { handle(at::ones({1})); }),
-                  "opreg_rel::blank_what: fallback threw: (its what() is blank)");
-}

@@ -143,16 +143,15 @@ Ret run_user_code(const std::string& op, const char* what, std::string_view labe
     if (is_python_error(error)) throw;
     // Passes as it is, but for one whose message Python could not read (sweep 44 B-F2: a
     // UnicodeDecodeError in its place, naming nothing; sweep 51 B-N6: a null what(), a segfault)
-    // and for the base class itself, whose message is "std::exception" (sweep 51 B-N8), and for
-    // one whose message is blank (sweep 54 B-N48: "std::exception: " alone).
+    // and for the base class itself, whose message is "std::exception" (sweep 51 B-N8). Not for a
+    // blank one (sweep 54 B-N48): an error carrying Python's exception reads blank until asked.
     // what() read once: a user's may give a new pointer on each call (sweep 52 B-N1: it rebuilt
     // its message, and the first pointer read afterwards was freed).
     const char* message = error.what();
     const std::string readable = valid_utf8(what_of(message));
-    const bool blank = readable.find_first_not_of(" \t\r\n") == std::string::npos;
-    TORCH_CHECK(message != nullptr && readable == message &&
-                    typeid(error) != typeid(std::exception) && !blank,
-                op, ": ", what, label, " threw: ", blank ? "(its what() is blank)" : readable);
+    TORCH_CHECK(
+        message != nullptr && readable == message && typeid(error) != typeid(std::exception), op,
+        ": ", what, label, " threw: ", readable);
     throw;
 #if defined(__GLIBCXX__)
   } catch (const abi::__forced_unwind&) {
